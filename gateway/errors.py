@@ -1,0 +1,155 @@
+"""One error tree for everything the gateway itself answers, and one renderer.
+
+Each class knows its HTTP status, its OpenAI error `type` and `code`, and whether a retry
+on another replica may help. Transport exceptions are mapped to this tree in exactly one
+place (the upstream seam); the ASGI boundary renders it with `render_error`.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import orjson
+
+
+class GatewayError(Exception):
+    status: ClassVar[int] = 500
+    error_type: ClassVar[str] = "server_error"
+    code: ClassVar[str | None] = None
+    retryable: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.headers = headers or {}
+
+    def body(self) -> bytes:
+        return orjson.dumps(
+            {
+                "error": {
+                    "message": self.message,
+                    "type": self.error_type,
+                    "param": self.param,
+                    "code": self.code,
+                }
+            }
+        )
+
+
+class ConfigError(GatewayError):
+    """Invalid configuration; raised at start-up, never on the request path."""
+
+    code = "invalid_config"
+
+
+class BadRequest(GatewayError):
+    status = 400
+    error_type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class InvalidJSON(BadRequest):
+    code = "invalid_json"
+
+
+class UnsupportedMediaType(GatewayError):
+    status = 415
+    error_type = "invalid_request_error"
+    code = "unsupported_media_type"
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    error_type = "invalid_request_error"
+    code = "payload_too_large"
+
+
+class Unauthorized(GatewayError):
+    status = 401
+    error_type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class NotFound(GatewayError):
+    status = 404
+    error_type = "invalid_request_error"
+    code = "not_found"
+
+
+class ModelNotFound(GatewayError):
+    status = 404
+    error_type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class RateLimited(GatewayError):
+    """429 the SDKs will retry after `Retry-After`."""
+
+    status = 429
+    error_type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0, param: str | None = None):
+        seconds = max(1, int(retry_after_s + 0.999))
+        super().__init__(
+            message,
+            param=param,
+            headers={"retry-after": str(seconds), "retry-after-ms": str(int(retry_after_s * 1000))},
+        )
+
+
+class NoHealthyReplica(GatewayError):
+    status = 503
+    error_type = "service_unavailable_error"
+    code = "no_healthy_replica"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1, param: str | None = None):
+        super().__init__(message, param=param, headers={"retry-after": str(retry_after_s)})
+
+
+class UpstreamError(GatewayError):
+    """The chosen replica failed before the response started."""
+
+    status = 502
+    error_type = "server_error"
+    code = "upstream_error"
+
+
+class UpstreamConnectError(UpstreamError):
+    retryable = True
+    code = "upstream_connect_error"
+
+
+class UpstreamStatusError(UpstreamError):
+    """The replica answered 502/503/504: retryable elsewhere, as long as nothing was sent."""
+
+    retryable = True
+    code = "upstream_unavailable"
+
+    def __init__(self, message: str, *, upstream_status: int) -> None:
+        super().__init__(message)
+        self.upstream_status = upstream_status
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
+    retryable = True
+    code = "upstream_timeout"
+
+
+def error_response_parts(err: GatewayError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """Status, raw ASGI headers and body for a gateway-made error."""
+    body = err.body()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    headers.extend((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in err.headers.items())
+    return err.status, headers, body

@@ -1,0 +1,142 @@
+"""The routing-policy contract and the registry that resolves policies by name.
+
+A policy is a small synchronous object: `choose(request, view) -> Choice`. It holds its
+own frozen pydantic config and may keep private state that it updates through the optional
+abilities below (never through I/O). The same object runs in the live proxy, the offline
+simulator and unit tests.
+
+Resolution order for a name: built-ins, then the `kvgate.policies` entry-points group,
+then a literal `module:Class`. Resolution happens once, at start-up.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from gateway.errors import ConfigError
+from gateway.types import ClusterView, Choice, ReplicaId, ReplicaState, RouteRequest
+
+ENTRY_POINT_GROUP = "kvgate.policies"
+
+# Name -> import string. Data, not imports: nothing is loaded until a name is asked for.
+BUILTIN_POLICIES: dict[str, str] = {
+    "round_robin": "plugins.round_robin:RoundRobin",
+    "consistent_hash": "plugins.consistent_hash:ConsistentHash",
+    "least_load": "plugins.least_load:LeastLoad",
+    "prefix_affinity": "plugins.prefix_affinity:PrefixAffinity",
+}
+
+
+class PolicyConfig(BaseModel):
+    """Base for every policy's config section: frozen, unknown keys rejected."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Ranks replicas for one request. Must not block, await or do I/O."""
+
+    name: ClassVar[str]
+
+    def choose(self, request: RouteRequest, view: ClusterView) -> Choice: ...
+
+
+@runtime_checkable
+class ObservesPlacement(Protocol):
+    """Told where a request was actually sent (after retries), e.g. to index its prefix."""
+
+    def placed(self, request: RouteRequest, replica: ReplicaId) -> None: ...
+
+
+@runtime_checkable
+class ObservesOutcome(Protocol):
+    """Told how a request ended, e.g. for latency-tracking policies."""
+
+    def finished(
+        self, request: RouteRequest, replica: ReplicaId, ok: bool, latency_s: float
+    ) -> None: ...
+
+
+@runtime_checkable
+class ReactsToMembership(Protocol):
+    """Told when the replica set changes (add/remove/weight), e.g. to rebuild a ring."""
+
+    def membership_changed(self, replicas: Sequence[ReplicaState]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyContext:
+    """What a policy may receive at construction besides its own config."""
+
+    replicas: tuple[ReplicaState, ...] = ()
+    seed: int = 0
+
+
+class PolicyFactory(Protocol):
+    Config: ClassVar[type[PolicyConfig]]
+
+    def __call__(self, config: Any, context: PolicyContext) -> Policy: ...
+
+
+def known_policy_names() -> list[str]:
+    names = set(BUILTIN_POLICIES)
+    names.update(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+    return sorted(names)
+
+
+def _import_string(target: str) -> Any:
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"policy import string {target!r} must look like 'module:Class'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import policy module {module_name!r}: {exc}") from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError as exc:
+        raise ConfigError(f"module {module_name!r} has no attribute {attr!r}") from exc
+
+
+def resolve_policy_class(name: str) -> PolicyFactory:
+    """Find a policy class by registered name or `module:Class`."""
+    if name in BUILTIN_POLICIES:
+        cls: PolicyFactory = _import_string(BUILTIN_POLICIES[name])
+        return cls
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == name:
+            loaded: PolicyFactory = ep.load()
+            return loaded
+    if ":" in name:
+        target: PolicyFactory = _import_string(name)
+        return target
+    raise ConfigError(
+        f"unknown routing policy {name!r}; known policies: {', '.join(known_policy_names())}"
+        " (or give a 'module:Class' import string)",
+        param="routing.policy",
+    )
+
+
+def build_policy(
+    name: str, raw_config: Mapping[str, Any] | None, context: PolicyContext
+) -> Policy:
+    """Resolve `name`, validate its config section and construct it."""
+    cls = resolve_policy_class(name)
+    config_cls: type[PolicyConfig] = getattr(cls, "Config", PolicyConfig)
+    try:
+        config = config_cls.model_validate(dict(raw_config or {}))
+    except ValidationError as exc:
+        raise ConfigError(
+            f"invalid config for policy {name!r}: {exc}", param=f"routing.policies.{name}"
+        ) from exc
+    policy = cls(config, context)
+    if not isinstance(policy, Policy):
+        raise ConfigError(f"{name!r} does not implement choose(request, view)")
+    return policy

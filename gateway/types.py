@@ -1,0 +1,139 @@
+"""Value objects shared by the proxy, the policies, the simulator and the tests.
+
+Everything here is immutable: a policy receives a `RouteRequest` and a `ClusterView` and
+must be able to run with no event loop, no I/O and no shared mutable state in sight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from types import MappingProxyType
+from typing import NewType
+
+ReplicaId = NewType("ReplicaId", str)
+SessionKey = NewType("SessionKey", str)
+
+EMPTY_INFLIGHT: Mapping[ReplicaId, int] = MappingProxyType({})
+_EMPTY_BY_ID: Mapping[ReplicaId, "ReplicaState"] = MappingProxyType({})
+
+
+class Role(str, Enum):
+    """What a replica does in prefill/decode disaggregation."""
+
+    BOTH = "both"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class Endpoint(str, Enum):
+    CHAT = "chat"
+    COMPLETIONS = "completions"
+    EMBEDDINGS = "embeddings"
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """What a policy may know about a request: no bodies, no Starlette objects.
+
+    `prefix_hashes` are chained block hashes of the prompt (block i depends on blocks
+    0..i), so equal leading entries mean an equal prompt prefix.
+    """
+
+    request_id: str
+    model: str
+    session_key: SessionKey
+    key_source: str = "conversation"
+    endpoint: Endpoint = Endpoint.CHAT
+    prefix_hashes: tuple[int, ...] = ()
+    block_tokens: int = 16
+    prompt_tokens: int = 0
+    max_tokens: int | None = None
+    priority_class: str = "default"
+    tenant: str | None = None
+    stream: bool = False
+    # Where the shared session store says this session lives, if anywhere (see gateway.store).
+    sticky_replica: ReplicaId | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """One scrape of one replica's engine metrics. `None` fields were not exposed."""
+
+    waiting: float
+    running: float
+    kv_usage: float | None = None
+    prefix_hit_rate: float | None = None
+    kv_capacity_tokens: int | None = None
+    scraped_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaState:
+    """A replica as the policies see it at one instant."""
+
+    id: ReplicaId
+    url: str
+    weight: float = 1.0
+    healthy: bool = True
+    models: frozenset[str] = frozenset()
+    pool: str | None = None
+    role: Role = Role.BOTH
+    load: EngineLoad | None = None
+    kv_capacity_tokens: int | None = None
+
+    def serves(self, model: str) -> bool:
+        # An empty model set means "not discovered yet": do not exclude on that alone.
+        return not self.models or model in self.models
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """An immutable snapshot of the cluster handed to `Policy.choose`.
+
+    `in_flight` is a read-only mapping over the gateway's live counters. It cannot change
+    while a synchronous `choose` runs (the event loop is single-threaded), so policies see a
+    consistent picture without the proxy copying the counters on every request.
+    """
+
+    replicas: tuple[ReplicaState, ...]
+    now: float = 0.0
+    stale_after: float = 2.0
+    in_flight: Mapping[ReplicaId, int] = field(default_factory=lambda: EMPTY_INFLIGHT)
+    by_id: Mapping[ReplicaId, ReplicaState] = field(default_factory=lambda: _EMPTY_BY_ID)
+
+    def __post_init__(self) -> None:
+        if not self.by_id and self.replicas:
+            object.__setattr__(
+                self, "by_id", MappingProxyType({r.id: r for r in self.replicas})
+            )
+
+    def inflight(self, replica: ReplicaId) -> int:
+        return self.in_flight.get(replica, 0)
+
+    def load_of(self, replica: ReplicaState) -> EngineLoad | None:
+        """The replica's scraped load, or None when absent or older than `stale_after`.
+
+        Callers must treat None as *saturated*, never as idle.
+        """
+        load = replica.load
+        if load is None or self.now - load.scraped_at > self.stale_after:
+            return None
+        return load
+
+    def healthy(self) -> tuple[ReplicaState, ...]:
+        return tuple(r for r in self.replicas if r.healthy)
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """A policy's answer: replicas in preference order, and why the first one won."""
+
+    ranked: tuple[ReplicaId, ...]
+    reason: str
+    policy: str = ""
+
+    @property
+    def first(self) -> ReplicaId | None:
+        return self.ranked[0] if self.ranked else None
