@@ -1,0 +1,155 @@
+"""`kvgate sim`: serve N simulated engines from one process on consecutive ports."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from typing import Any
+
+from gateway.sim.cluster import SimCluster
+from gateway.sim.faults import NO_FAULTS, FaultConfig
+from gateway.sim.profiles import PROFILES
+from gateway.sim.tokenizer import FileTokenizer
+from gateway.types import Role
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the `sim` subcommand to a `kvgate` argparse subparsers object."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "sim",
+        help="run simulated vLLM/SGLang engines",
+        description="Serve simulated engines with vLLM's HTTP surface on consecutive ports.",
+    )
+    add_arguments(parser)
+    parser.set_defaults(handler=run)
+    return parser
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--replicas", type=int, default=1, help="number of engines (default 1)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8100, help="port of the first engine")
+    parser.add_argument("--profile", default="h200-sparse", choices=sorted(PROFILES))
+    parser.add_argument("--model", default="kvgate-sim", help="served model name")
+    parser.add_argument(
+        "--flavor", default="vllm", choices=["vllm", "sglang"], help="metric names to expose"
+    )
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="run simulated time this many times faster than real time",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--role",
+        action="append",
+        choices=[r.value for r in Role],
+        help="role per replica, repeat in replica order (last one repeats)",
+    )
+    parser.add_argument(
+        "--priority-scheduling",
+        action="store_true",
+        help="honour the request 'priority' field (else non-zero is a 400)",
+    )
+    parser.add_argument(
+        "--tokenizer-file",
+        default=None,
+        metavar="PATH",
+        help="a tokenizer.json to count tokens with (needs the 'tokenizers' "
+        "package; default: about 4 characters a token)",
+    )
+    parser.add_argument(
+        "--bootstrap-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a decode engine waits for an SGLang bootstrap room",
+    )
+    faults = parser.add_argument_group("fault injection (also: POST /admin/faults)")
+    faults.add_argument("--fault-slow", type=float, default=0.0, metavar="SECONDS")
+    faults.add_argument("--fault-error", type=int, default=None, metavar="STATUS")
+    faults.add_argument("--fault-error-rate", type=float, default=1.0)
+    faults.add_argument("--fault-stall", type=int, default=None, metavar="TOKENS")
+    faults.add_argument("--fault-refuse-for", type=float, default=None, metavar="SECONDS")
+    faults.add_argument("--fault-unhealthy", action="store_true")
+    faults.add_argument(
+        "--fault-replica",
+        type=int,
+        action="append",
+        default=None,
+        help="replica index the faults apply to (repeatable; default all)",
+    )
+
+
+def fault_config(args: argparse.Namespace) -> FaultConfig:
+    if args.fault_refuse_for is not None:
+        refuse: dict[str, Any] = {"refuse": True, "refuse_for": args.fault_refuse_for}
+    else:
+        refuse = {}
+    config = FaultConfig(
+        slow=args.fault_slow,
+        error=args.fault_error,
+        error_rate=args.fault_error_rate,
+        stall=args.fault_stall,
+        unhealthy=args.fault_unhealthy,
+        **refuse,
+    )
+    return config if config.active else NO_FAULTS
+
+
+def cluster_from_args(args: argparse.Namespace) -> SimCluster:
+    return SimCluster(
+        args.replicas,
+        args.profile,
+        model=args.model,
+        flavor=args.flavor,
+        seed=args.seed,
+        time_scale=args.time_scale,
+        roles=args.role,
+        priority_scheduling=args.priority_scheduling,
+        host=args.host,
+        base_port=args.port,
+        faults=fault_config(args),
+        fault_replicas=args.fault_replica,
+        bootstrap_timeout_s=args.bootstrap_timeout,
+        tokenizer=FileTokenizer(args.tokenizer_file) if args.tokenizer_file else None,
+    )
+
+
+async def serve(args: argparse.Namespace) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    async with cluster_from_args(args) as cluster:
+        for engine in cluster.engines:
+            print(
+                f"engine {engine.index} ({engine.role.value}, {engine.profile.name}, "
+                f"{engine.flavor}) at {engine.url}",
+                flush=True,
+            )
+        await stop.wait()
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        asyncio.run(serve(args))
+    except (OSError, RuntimeError) as exc:
+        print(f"kvgate sim: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kvgate")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.handler(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,365 @@
+"""`SimEngine`: one simulated replica (engine model + runner + metrics + faults) and its
+Starlette app with vLLM's HTTP surface (see gateway.sim.wire for the bodies).
+
+Endpoints: POST /v1/chat/completions, /v1/completions, /v1/embeddings; GET /v1/models,
+/health, /metrics; POST|GET /admin/faults; POST /reset_prefix_cache; GET /sim/state.
+PD hand-off (sim-only transport standing in for NIXL / Mooncake): GET /sim/kv/{request_id}
+(a decode engine pulls and releases a prefill leg's KV) and GET /sim/bootstrap/{room}
+(SGLang-style rendezvous on the prefill engine's own HTTP port).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.serving import RunningServer, start_server
+from gateway.sim.clock import RealClock
+from gateway.sim.engine import EngineModel
+from gateway.sim.faults import NO_FAULTS, FaultConfig, FaultState
+from gateway.sim.generate import Generation
+from gateway.sim.metrics import CONTENT_TYPE, Flavor, SimMetrics
+from gateway.sim.profiles import HardwareProfile
+from gateway.sim.runner import EngineRunner
+from gateway.sim.tokenizer import Tokenizer
+from gateway.sim.wire import Kind, WireError, embeddings, error_body, parse_generation
+from gateway.types import Role
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BOOTSTRAP_TIMEOUT_S = 30.0
+DEFAULT_REQUEST_LOG_SIZE = 10_000
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One served generation request, for tests and the CLI's state endpoint."""
+
+    request_id: str
+    endpoint: str
+    status: int
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    finish_reason: str | None = None
+    priority: int = 0
+    pd: str | None = None
+    disconnected: bool = False
+    preemptions: int = 0
+    transfer_bytes: int = 0
+
+
+class SimEngine:
+    """One simulated replica. Tests read `model`, `aborted`, `blocks_in_use`, `request_log`."""
+
+    def __init__(
+        self,
+        profile: HardwareProfile,
+        *,
+        index: int = 0,
+        model_name: str = "kvgate-sim",
+        flavor: Flavor = "vllm",
+        seed: int = 0,
+        time_scale: float = 1.0,
+        role: Role = Role.BOTH,
+        priority_scheduling: bool = False,
+        faults: FaultConfig = NO_FAULTS,
+        bootstrap_timeout_s: float = DEFAULT_BOOTSTRAP_TIMEOUT_S,
+        request_log_size: int = DEFAULT_REQUEST_LOG_SIZE,
+        tokenizer: Tokenizer | None = None,
+    ) -> None:
+        self.index = index
+        self.profile = profile
+        self.model_name = model_name
+        self.flavor = flavor
+        self.seed = seed
+        self.role = Role(role)
+        self.priority_scheduling = priority_scheduling
+        self.engine_id = f"kvgate-sim-{index}-{uuid.uuid4().hex[:8]}"
+        self.model = EngineModel(
+            profile, priority_scheduling=priority_scheduling, seed=seed, tokenizer=tokenizer
+        )
+        self.metrics = SimMetrics(self.model, model_name, flavor)
+        self.model.on_finished = self.metrics.observe_finished
+        self.runner = EngineRunner(self.model, RealClock(time_scale))
+        self.faults = FaultState(faults, seed=seed + index)
+        self.bootstrap_timeout_s = bootstrap_timeout_s
+        self.request_log: deque[RequestRecord] = deque(maxlen=request_log_size)
+        self.kv_pull_failures = 0
+        self.rooms: dict[int, str] = {}
+        self.closing = asyncio.Event()
+        self.http: httpx.AsyncClient | None = None
+        self.server: RunningServer | None = None
+        self._refuse_task: asyncio.Task[None] | None = None
+        self.app = self._build_app()
+
+    # ---- what tests inspect ----------------------------------------------------------
+    @property
+    def aborted(self) -> int:
+        """Requests aborted because the client disconnected."""
+        return self.metrics.client_disconnects
+
+    @property
+    def blocks_in_use(self) -> int:
+        return self.model.kv.blocks_in_use
+
+    @property
+    def url(self) -> str:
+        if self.server is None:
+            raise RuntimeError("engine not started")
+        return self.server.url
+
+    @property
+    def host(self) -> str:
+        return self.server.host if self.server else "127.0.0.1"
+
+    @property
+    def port(self) -> int:
+        return self.server.port if self.server else 0
+
+    # ---- lifecycle -------------------------------------------------------------------
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.server = await start_server(self.app, host, port)
+        if self.faults.config.refuse:
+            await self.set_faults(self.faults.config, force=True)
+
+    async def stop(self) -> None:
+        if self._refuse_task is not None:
+            self._refuse_task.cancel()
+        # Release stalled responses first, or the server's graceful shutdown waits for them.
+        self.closing.set()
+        if self.server is not None:
+            await self.server.stop()
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        self.closing.clear()
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(10.0), trust_env=False)
+        await self.runner.start()
+        try:
+            yield
+        finally:
+            self.closing.set()
+            await self.runner.stop()
+            await self.http.aclose()
+            self.http = None
+
+    async def set_faults(self, config: FaultConfig, *, force: bool = False) -> None:
+        """Apply a fault set; `refuse` closes/re-opens the listening socket."""
+        old = self.faults.config
+        self.faults.config = config
+        server = self.server
+        if server is None:
+            return
+        if config.refuse and (force or not old.refuse):
+            server.pause_listening()
+            if config.refuse_for is not None:
+                self._refuse_task = asyncio.get_running_loop().create_task(
+                    self._unrefuse_after(config.refuse_for)
+                )
+        elif not config.refuse and old.refuse:
+            if self._refuse_task is not None:
+                self._refuse_task.cancel()
+                self._refuse_task = None
+            await server.resume_listening()
+
+    async def _unrefuse_after(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+        self._refuse_task = None
+        cleared = self.faults.config.model_copy(update={"refuse": False, "refuse_for": None})
+        await self.set_faults(cleared)
+
+    # ---- HTTP ------------------------------------------------------------------------
+    def _build_app(self) -> Starlette:
+        routes = [
+            Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/v1/completions", self._completions, methods=["POST"]),
+            Route("/v1/embeddings", self._embeddings, methods=["POST"]),
+            Route("/v1/models", self._models, methods=["GET"]),
+            Route("/health", self._health, methods=["GET"]),
+            Route("/metrics", self._metrics, methods=["GET"]),
+            Route("/admin/faults", self._faults, methods=["GET", "POST"]),
+            Route("/reset_prefix_cache", self._reset_prefix_cache, methods=["POST"]),
+            Route("/sim/state", self._state, methods=["GET"]),
+            Route("/sim/kv/{request_id}", self._kv_pull, methods=["GET"]),
+            Route("/sim/bootstrap/{room:int}", self._bootstrap, methods=["GET"]),
+        ]
+        return Starlette(
+            routes=routes, lifespan=self._lifespan, middleware=[Middleware(EchoRequestId)]
+        )
+
+    async def _chat(self, request: Request) -> Response:
+        return await self._generate(request, "chat")
+
+    async def _completions(self, request: Request) -> Response:
+        return await self._generate(request, "completions")
+
+    async def _generate(self, request: Request, kind: Kind) -> Response:
+        if self.faults.config.slow:
+            # Interruptible, so stopping the engine does not wait out the injected delay.
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.closing.wait(), self.faults.config.slow)
+            if self.closing.is_set():
+                return _error(503, "engine is shutting down")
+        status = self.faults.should_error()
+        if status is not None:
+            return _error(status, f"simulated fault: replica {self.index} answers {status}")
+        raw = await request.body()
+        try:
+            parsed = parse_generation(raw, kind)
+        except WireError as exc:
+            return _error(exc.status, exc.message, exc.param)
+        if parsed.model is not None and parsed.model != self.model_name:
+            return _error(404, f"The model `{parsed.model}` does not exist.", "model")
+        if parsed.priority != 0 and not self.priority_scheduling:
+            return _error(
+                400, f"Got priority {parsed.priority} but Priority scheduling is not enabled."
+            )
+        rid = request.headers.get("x-request-id") or parsed.body_request_id or uuid.uuid4().hex
+        return Generation(self, parsed, rid)
+
+    async def _embeddings(self, request: Request) -> Response:
+        status = self.faults.should_error()
+        if status is not None:
+            return _error(status, f"simulated fault: replica {self.index} answers {status}")
+        raw = await request.body()
+        try:
+            body, _ = embeddings(raw, self.model_name)
+        except WireError as exc:
+            return _error(exc.status, exc.message, exc.param)
+        return _json(body, request)
+
+    async def _models(self, request: Request) -> Response:
+        card = {
+            "id": self.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "vllm",
+            "root": self.model_name,
+            "parent": None,
+            "max_model_len": min(self.profile.max_model_len, self.profile.kv_capacity_tokens),
+            "permission": [],
+        }
+        return _json({"object": "list", "data": [card]}, request)
+
+    async def _health(self, request: Request) -> Response:
+        if self.faults.config.unhealthy or self.runner.error is not None:
+            return Response(status_code=503)
+        return Response(status_code=200)
+
+    async def _metrics(self, request: Request) -> Response:
+        return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+
+    async def _faults(self, request: Request) -> Response:
+        if request.method == "POST":
+            try:
+                config = FaultConfig.model_validate_json(await request.body() or b"{}")
+            except ValueError as exc:
+                return _error(400, f"invalid fault set: {exc}")
+            await self.set_faults(config)
+        return _json(self.faults.config.model_dump(), request)
+
+    async def _reset_prefix_cache(self, request: Request) -> Response:
+        if not self.model.kv.reset_prefix_cache():
+            return _error(400, "cannot reset the prefix cache while requests hold blocks")
+        return Response(status_code=200)
+
+    async def _state(self, request: Request) -> Response:
+        m = self.model
+        return _json(
+            {
+                "index": self.index,
+                "role": self.role.value,
+                "engine_id": self.engine_id,
+                "profile": self.profile.name,
+                "running": m.num_running,
+                "waiting": m.num_waiting,
+                "kv_usage": m.kv_usage,
+                "blocks_in_use": m.kv.blocks_in_use,
+                "num_gpu_blocks": m.kv.num_blocks,
+                "cached_blocks": m.kv.num_cached_blocks,
+                "held": m.num_held,
+                "aborted": self.aborted,
+                "faults": self.faults.config.model_dump(),
+            },
+            request,
+        )
+
+    async def _kv_pull(self, request: Request) -> Response:
+        released = self.runner.release_held(request.path_params["request_id"])
+        if released is None:
+            return _error(404, "no KV held for that request id")
+        tokens, blocks = released
+        return _json(self._kv_payload(tokens, blocks), request)
+
+    async def _bootstrap(self, request: Request) -> Response:
+        room: int = request.path_params["room"]
+        rid = self.rooms.get(room)
+        if rid is not None and self.model.is_held(rid):
+            released = self.runner.release_held(rid)
+            self.rooms.pop(room, None)
+            if released is not None:
+                return _json(self._kv_payload(*released), request)
+        if rid is not None and self.model.get(rid) is None:
+            self.rooms.pop(room, None)  # finished without holding (aborted / expired)
+        return _error(404, f"bootstrap room {room} is not ready")
+
+    def _kv_payload(self, tokens: int, blocks: tuple[int, ...]) -> dict[str, Any]:
+        return {
+            "engine_id": self.engine_id,
+            "tokens": tokens,
+            "block_ids": list(blocks),
+            "kv_bytes": tokens * self.profile.kv_bytes_per_token,
+        }
+
+
+def _json(body: Any, request: Request | None = None) -> Response:
+    return Response(orjson.dumps(body), media_type="application/json")
+
+
+class EchoRequestId:
+    """Pure ASGI middleware: copy the caller's X-Request-Id onto every response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = next((v for k, v in scope["headers"] if k == b"x-request-id"), None)
+        if rid is None:
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [
+                    (k, v) for k, v in message.get("headers", []) if k.lower() != b"x-request-id"
+                ]
+                headers.append((b"x-request-id", rid))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+def _error(status: int, message: str, param: str | None = None) -> Response:
+    return Response(
+        error_body(status, message, param), status_code=status, media_type="application/json"
+    )
