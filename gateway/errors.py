@@ -83,6 +83,12 @@ class NotFound(GatewayError):
     code = "not_found"
 
 
+class MethodNotAllowed(GatewayError):
+    status = 405
+    error_type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
 class ModelNotFound(GatewayError):
     status = 404
     error_type = "invalid_request_error"

@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gateway.errors import ConfigError
-from gateway.types import ClusterView, Choice, ReplicaId, ReplicaState, RouteRequest
+from gateway.types import Choice, ClusterView, ReplicaId, ReplicaState, RouteRequest
 
 ENTRY_POINT_GROUP = "kvgate.policies"
 
@@ -69,6 +69,17 @@ class ReactsToMembership(Protocol):
     """Told when the replica set changes (add/remove/weight), e.g. to rebuild a ring."""
 
     def membership_changed(self, replicas: Sequence[ReplicaState]) -> None: ...
+
+
+@runtime_checkable
+class EstimatesCachedTokens(Protocol):
+    """How many leading prompt tokens `replica` likely holds in its prefix cache.
+
+    Policies with a prefix index implement it; admission (to rank waiting requests by
+    uncached work) and PD (to decide whether disaggregation pays) ask it. Cheap and pure.
+    """
+
+    def cached_tokens(self, request: RouteRequest, replica: ReplicaId) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)

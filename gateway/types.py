@@ -16,7 +16,7 @@ ReplicaId = NewType("ReplicaId", str)
 SessionKey = NewType("SessionKey", str)
 
 EMPTY_INFLIGHT: Mapping[ReplicaId, int] = MappingProxyType({})
-_EMPTY_BY_ID: Mapping[ReplicaId, "ReplicaState"] = MappingProxyType({})
+_EMPTY_BY_ID: Mapping[ReplicaId, ReplicaState] = MappingProxyType({})
 
 
 class Role(str, Enum):

@@ -1,0 +1,222 @@
+"""`build_app(settings) -> Starlette`: creates every component on one `GatewayState`.
+
+Nothing is created at import time. Background work (embedded simulated engines when no
+replica is configured, model discovery, health probes, feature services) starts in the
+lifespan and stops in reverse order. Feature packages wire themselves in through
+`FEATURE_INSTALLERS`: each is an import string of `install(state) -> None`, called at the
+end of `build_app`, which may set the hooks described in `gateway.hooks`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from gateway.cluster import Cluster
+from gateway.errors import GatewayError, MethodNotAllowed, NotFound, error_response_parts
+from gateway.health import HealthMonitor
+from gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from gateway.middleware.request_id import RequestIdMiddleware
+from gateway.models import ModelsCache
+from gateway.policy import PolicyContext, ReactsToMembership
+from gateway.proxy import ProxyEndpoint
+from gateway.routing import build_router
+from gateway.settings import KvgateSettings, ReplicaSettings
+from gateway.state import GatewayState
+from gateway.types import Endpoint, ReplicaId, ReplicaState
+from gateway.upstream import Timeouts, make_client
+
+log = logging.getLogger("kvgate")
+
+# Import strings of `install(state)` functions, run in order by build_app. Feature helpers
+# add their line here (the module must exist and import cleanly).
+FEATURE_INSTALLERS: tuple[str, ...] = (
+    # Pools first: one composed router per pool behind the pool selector, which the
+    # store's sticky wrapper then sits around (it only reorders the pool-safe ranking).
+    "gateway.pools.install:install",
+    "gateway.store.install:install",
+    "gateway.pd.install:install",
+    "gateway.trace.install:install",
+    "gateway.scrape.install:install",
+    # Last: it detects the final router's abilities (e.g. a prefix index) once.
+    "gateway.admission.install:install",
+)
+
+ROUTES = (
+    ("/v1/chat/completions", Endpoint.CHAT),
+    ("/v1/completions", Endpoint.COMPLETIONS),
+    ("/v1/embeddings", Endpoint.EMBEDDINGS),
+)
+
+
+def replica_state(r: ReplicaSettings) -> ReplicaState:
+    return ReplicaState(
+        id=ReplicaId(r.id),
+        url=r.url,
+        weight=r.weight,
+        models=frozenset(r.models),
+        pool=r.pool,
+        role=r.role,
+    )
+
+
+def _error_response(err: GatewayError) -> Response:
+    status, headers, body = error_response_parts(err)
+    return Response(
+        body, status_code=status, headers={k.decode(): v.decode() for k, v in headers}
+    )
+
+
+def build_state(settings: KvgateSettings) -> GatewayState:
+    replicas = tuple(replica_state(r) for r in settings.replicas)
+    cluster = Cluster(replicas)
+    t = settings.timeouts
+    client = make_client(
+        settings.upstream.client,
+        Timeouts(t.connect_s, t.response_headers_s, t.read_s),
+        settings.upstream.max_connections,
+    )
+    router = build_router(settings.routing, PolicyContext(replicas=replicas))
+    if isinstance(router, ReactsToMembership):
+        cluster.on_membership_change(router.membership_changed)
+    metrics = GatewayMetrics(cluster)
+    health = HealthMonitor(cluster, client, settings.health)
+    models = ModelsCache(cluster, client, settings.models.cache_ttl_s, t.probe_s)
+    return GatewayState(
+        settings=settings,
+        cluster=cluster,
+        router=router,
+        client=client,
+        metrics=metrics,
+        health=health,
+        models=models,
+    )
+
+
+async def _start_embedded_sim(state: GatewayState) -> Any:
+    """Start simulated engines and make them the cluster (only when no replica is set)."""
+    from gateway.sim.cluster import SimCluster
+
+    sim = state.settings.sim
+    cluster = SimCluster(
+        replicas=sim.replicas, profile=sim.profile, time_scale=sim.time_scale, model=sim.model
+    )
+    await cluster.start()
+    state.cluster.set_members(
+        ReplicaState(id=ReplicaId(f"sim-{i}"), url=url, models=frozenset({sim.model}))
+        for i, url in enumerate(cluster.urls)
+    )
+    return cluster
+
+
+def _lifespan(state: GatewayState) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        settings = state.settings
+        sim = None
+        tasks: list[asyncio.Task[None]] = []
+        started: list[Any] = []
+        try:
+            if not settings.replicas and not state.cluster.members:
+                sim = await _start_embedded_sim(state)
+                state.extras["sim"] = sim
+            if settings.models.discover and state.cluster.members:
+                await state.models.refresh()
+            tasks.append(asyncio.create_task(state.health.run(), name="kvgate-health"))
+            if settings.models.discover:
+                tasks.append(
+                    asyncio.create_task(
+                        state.models.run(settings.models.refresh_s), name="kvgate-models"
+                    )
+                )
+            for service in state.services:
+                await service.start()
+                started.append(service)
+            yield
+        finally:
+            for service in reversed(started):
+                try:
+                    await service.stop()
+                except Exception:
+                    log.exception("stopping %r failed", service)
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await state.client.aclose()
+            if sim is not None:
+                await sim.stop()
+
+    return lifespan
+
+
+def build_app(settings: KvgateSettings | None = None) -> Starlette:
+    """A fresh gateway app; everything it uses hangs on `app.state.gateway`."""
+    settings = settings or KvgateSettings()
+    state = build_state(settings)
+    for target in FEATURE_INSTALLERS:
+        module_name, _, attr = target.partition(":")
+        getattr(importlib.import_module(module_name), attr)(state)
+
+    async def health(request: Request) -> Response:
+        return Response(b'{"status":"ok"}', media_type="application/json")
+
+    async def ready(request: Request) -> Response:
+        healthy = [r for r in state.cluster.members if state.cluster.is_healthy(r)]
+        body = orjson.dumps({"ready": bool(healthy), "healthy_replicas": len(healthy)})
+        return Response(body, status_code=200 if healthy else 503, media_type="application/json")
+
+    async def metrics(request: Request) -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+    async def models(request: Request) -> Response:
+        return Response(await state.models.body(), media_type="application/json")
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        if exc.status_code == 405:
+            return _error_response(
+                MethodNotAllowed(f"method {request.method} is not allowed on {request.url.path}")
+            )
+        return _error_response(NotFound(f"no route for {request.method} {request.url.path}"))
+
+    routes: list[BaseRoute] = [
+        Route(path, ProxyEndpoint(state, endpoint, path), methods=["POST"]) for path, endpoint in ROUTES
+    ]
+    routes += [
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/ready", ready, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    routes += state.routes
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(RequestIdMiddleware)],
+        exception_handlers={HTTPException: http_error},
+        lifespan=_lifespan(state),
+    )
+    app.state.gateway = state
+    return app
+
+
+def app_from_env() -> Starlette:
+    """Factory for multi-worker `kvgate serve`: settings file named by KVGATE_CONFIG_FILE."""
+    import os
+
+    from gateway.settings import CONFIG_FILE_ENV, load_settings
+
+    return build_app(load_settings(os.environ.get(CONFIG_FILE_ENV) or None))

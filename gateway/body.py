@@ -1,0 +1,150 @@
+"""Reading and validating an OpenAI request body, before anything is routed.
+
+Every failure is a `gateway.errors` exception with an OpenAI error body; nothing here can
+raise anything else for any input (a test feeds it malformed bodies).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import orjson
+
+from gateway.errors import BadRequest, InvalidJSON, PayloadTooLarge, UnsupportedMediaType
+from gateway.types import Endpoint
+
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+
+
+class ClientGone(Exception):
+    """The client disconnected while we were still reading its body."""
+
+
+async def read_body(receive: Receive, limit: int, declared_length: int | None) -> bytes:
+    """The whole request body, refusing more than `limit` bytes without buffering them."""
+    if declared_length is not None and declared_length > limit:
+        raise PayloadTooLarge(f"request body of {declared_length} bytes exceeds the {limit}-byte limit")
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise ClientGone()
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body", False):
+        if len(body) > limit:
+            raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
+        return body
+    chunks = [body]
+    size = len(body)
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def check_content_type(value: bytes | None) -> None:
+    # A missing content type is accepted (curl -d without -H); a different one is not.
+    if value is None:
+        return
+    media = value.split(b";", 1)[0].strip().lower()
+    if media not in (b"application/json", b"") and not media.endswith(b"+json"):
+        raise UnsupportedMediaType(
+            f"Content-Type must be application/json, got {value.decode('latin-1')!r}"
+        )
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values() if isinstance(v, (dict, list)))
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node if isinstance(v, (dict, list)))
+    return False
+
+
+def parse_json(raw: bytes, max_depth: int) -> dict[str, Any]:
+    if not raw:
+        raise InvalidJSON("request body is empty; expected a JSON object")
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidJSON(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidJSON("request body nests too deeply") from None
+    if not isinstance(data, dict):
+        raise InvalidJSON("request body must be a JSON object")
+    # Counting openers is C-speed; the exact walk only runs for bodies that could be deep.
+    if raw.count(b"[") + raw.count(b"{") > max_depth and _depth_exceeds(data, max_depth):
+        raise BadRequest(f"request body nests deeper than {max_depth} levels", param=None)
+    return data
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_prompt(value: Any, field: str) -> None:
+    """str | list[str] | list[int] | list[list[int]], non-empty."""
+    if isinstance(value, str):
+        return
+    if isinstance(value, list) and value:
+        if all(isinstance(v, str) for v in value):
+            return
+        if all(_is_int(v) for v in value):
+            return
+        if all(isinstance(v, list) and v and all(_is_int(t) for t in v) for v in value):
+            return
+    raise BadRequest(
+        f"'{field}' must be a string, a list of strings, or a (list of) list of token ids",
+        param=field,
+    )
+
+
+def _check_messages(value: Any) -> None:
+    if not isinstance(value, list) or not value:
+        raise BadRequest("'messages' must be a non-empty array of message objects", param="messages")
+    for i, message in enumerate(value):
+        if not isinstance(message, dict):
+            raise BadRequest(f"messages[{i}] must be an object", param=f"messages.{i}")
+        if not isinstance(message.get("role"), str):
+            raise BadRequest(f"messages[{i}].role must be a string", param=f"messages.{i}.role")
+        content = message.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise BadRequest(
+                f"messages[{i}].content must be a string or an array of content parts",
+                param=f"messages.{i}.content",
+            )
+
+
+_NUMERIC_FIELDS = ("max_tokens", "max_completion_tokens", "n")
+
+
+def validate(body: dict[str, Any], endpoint: Endpoint) -> str:
+    """Check the fields the gateway relies on; return the model name."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("'model' is required and must be a non-empty string", param="model")
+    if endpoint is Endpoint.CHAT:
+        _check_messages(body.get("messages"))
+    elif endpoint is Endpoint.COMPLETIONS:
+        _check_prompt(body.get("prompt"), "prompt")
+    else:
+        _check_prompt(body.get("input"), "input")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise BadRequest("'stream' must be a boolean", param="stream")
+    for field in _NUMERIC_FIELDS:
+        value = body.get(field)
+        if value is not None and (not _is_int(value) or not 0 <= value < 1 << 31):
+            raise BadRequest(f"'{field}' must be a non-negative integer below 2^31", param=field)
+    return model

@@ -1,0 +1,128 @@
+"""`kvgate`: serve, check-config, and the subcommands feature packages register.
+
+Each module in `FEATURE_CLIS` exposes `register(subparsers)` and sets a `handler` default
+on its parsers: `handler(args) -> int` exit status. A module that does not
+exist (yet) is skipped; any other import error is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from gateway.errors import ConfigError
+
+FEATURE_CLIS: tuple[str, ...] = ("gateway.sim.cli", "gateway.trace.cli")
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from gateway.settings import CONFIG_FILE_ENV, load_settings
+
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as exc:
+        print(f"kvgate: {exc.message}", file=sys.stderr)
+        return 2
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port), ("workers", args.workers)) if v is not None}
+    if overrides:
+        settings = settings.model_copy(update={"server": settings.server.model_copy(update=overrides)})
+    server = settings.server
+    logging.basicConfig(level=server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    import uvicorn
+
+    options: dict[str, Any] = {
+        "host": server.host,
+        "port": server.port,
+        "loop": "uvloop",
+        "http": "httptools",
+        "log_level": server.log_level,
+        "access_log": server.access_log,
+        "lifespan": "on",
+        # The engines' own Date/Server headers are relayed; do not add a second pair.
+        "server_header": False,
+        "date_header": False,
+    }
+    if server.workers > 1:
+        if not settings.replicas:
+            print(
+                "kvgate: --workers > 1 needs configured replicas (each worker would start its "
+                "own simulated engines); run `kvgate sim` and list its URLs under replicas:",
+                file=sys.stderr,
+            )
+            return 2
+        if settings.store.backend == "memory":
+            logging.getLogger("kvgate").warning(
+                "%d workers with store.backend=memory: each worker keeps its own session "
+                "placements, so a conversation may change replica between workers; set "
+                "store.backend: redis to share them",
+                server.workers,
+            )
+        if args.config:
+            os.environ[CONFIG_FILE_ENV] = os.path.abspath(args.config)
+        uvicorn.run("gateway.app:app_from_env", factory=True, workers=server.workers, **options)
+        return 0
+    from gateway.app import build_app
+
+    uvicorn.run(build_app(settings), **options)
+    return 0
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    from gateway.settings import check_config
+
+    problems = check_config(args.file)
+    if not problems:
+        print(f"{args.file}: OK")
+        return 0
+    print(f"{args.file}: {len(problems)} problem(s)", file=sys.stderr)
+    for line in problems:
+        print(f"  {line}", file=sys.stderr)
+    return 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvgate", description="KV-cache-aware LLM gateway")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the gateway (simulated engines if no replicas)")
+    serve.add_argument("-c", "--config", help="YAML settings file (see gateway.example.yaml)")
+    serve.add_argument("--host", help="override server.host")
+    serve.add_argument("--port", type=int, help="override server.port")
+    serve.add_argument("--workers", type=int, help="override server.workers")
+    serve.set_defaults(handler=_serve)
+
+    check = sub.add_parser("check-config", help="validate a settings file, explaining every error")
+    check.add_argument("file")
+    check.set_defaults(handler=_check_config)
+
+    for module_name in FEATURE_CLIS:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and module_name.startswith(exc.name):
+                continue  # the feature is not installed/written yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Handler | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.error(f"subcommand {args.command!r} registered no handler")
+    result = handler(args)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""Opening one upstream leg: the helper both the proxy and dispatchers (PD) forward with.
+
+A `Leg` owns one in-flight slot on its replica from `open_leg` until `aclose()`; the slot
+is released exactly once whatever happens (error, cancellation, double close).
+"""
+
+from __future__ import annotations
+
+from gateway.cluster import Cluster
+from gateway.errors import GatewayError, UpstreamStatusError
+from gateway.health import HealthMonitor
+from gateway.types import ReplicaId
+from gateway.upstream import RawHeaders, UpstreamClient, UpstreamResponse
+
+RETRYABLE_STATUSES = frozenset({502, 503, 504})
+
+
+class Leg:
+    __slots__ = ("_cluster", "_released", "replica", "response")
+
+    def __init__(self, cluster: Cluster, replica: ReplicaId, response: UpstreamResponse) -> None:
+        self.replica = replica
+        self.response = response
+        self._cluster = cluster
+        self._released = False
+
+    async def aclose(self) -> None:
+        if not self._released:
+            self._released = True
+            self._cluster.release(self.replica)
+        await self.response.aclose()
+
+
+async def open_leg(
+    cluster: Cluster,
+    client: UpstreamClient,
+    health: HealthMonitor,
+    replica: ReplicaId,
+    path: str,
+    headers: RawHeaders,
+    body: bytes,
+) -> Leg:
+    """POST `body` to `replica` + `path`; return once the response headers arrived.
+
+    Raises a retryable `GatewayError` on connect errors, timeouts and 502/503/504 (the
+    response is closed first); any other status is returned for the caller to relay.
+    """
+    url = cluster.url_of(replica) + path
+    cluster.acquire(replica)
+    try:
+        response = await client.send("POST", url, headers, body)
+    except GatewayError:
+        cluster.release(replica)
+        health.passive_failure(replica)
+        raise
+    except BaseException:
+        cluster.release(replica)
+        raise
+    status = response.status
+    if status in RETRYABLE_STATUSES:
+        cluster.release(replica)
+        await response.aclose()
+        health.passive_failure(replica)
+        raise UpstreamStatusError(
+            f"replica {replica} answered {status}", upstream_status=status
+        )
+    if status >= 500:
+        health.passive_failure(replica)
+    else:
+        health.passive_success(replica)
+    return Leg(cluster, replica, response)

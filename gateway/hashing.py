@@ -1,0 +1,64 @@
+"""Pure hashing primitives: ring positions and chained prompt-block hashes.
+
+Everything here is deterministic across processes and machines (xxh3-64 with fixed seeds),
+so two gateway replicas place the same key on the same replica without talking.
+"""
+
+from __future__ import annotations
+
+import xxhash
+
+_xxh3 = xxhash.xxh3_64_intdigest
+
+RING_SEED = 0x6B76_6761_7465  # "kvgate": separates ring positions from other xxhash users
+CHARS_PER_TOKEN = 4
+
+
+def hash_key(key: str | bytes) -> int:
+    """Position of a routing key on the ring (64-bit)."""
+    return _xxh3(key.encode() if isinstance(key, str) else key, seed=RING_SEED)
+
+
+def vnode_hash(replica_id: str, index: int) -> int:
+    """Position of a replica's `index`-th virtual node."""
+    return _xxh3(f"{replica_id}#{index}".encode(), seed=RING_SEED)
+
+
+def model_seed(model: str, salt: str | None = None) -> int:
+    """Seed for prefix hashes: blocks of different models (or cache salts) never collide."""
+    data = model if salt is None else f"{model}\x00{salt}"
+    return _xxh3(data.encode())
+
+
+def block_hashes(
+    data: bytes, block_bytes: int, seed: int, max_blocks: int = 0
+) -> tuple[int, ...]:
+    """Chained hashes of the full `block_bytes` blocks of `data`.
+
+    Block i is hashed with block i-1's hash as seed, so equal leading entries mean an equal
+    leading byte prefix. A trailing partial block is left out, as engines only reuse full
+    blocks. `max_blocks` > 0 caps the work for very long prompts (cost is linear in it).
+    """
+    if block_bytes <= 0:
+        raise ValueError("block_bytes must be positive")
+    n = len(data) // block_bytes
+    if max_blocks > 0 and n > max_blocks:
+        n = max_blocks
+    view = memoryview(data)
+    out: list[int] = []
+    h = seed
+    for i in range(n):
+        start = i * block_bytes
+        h = _xxh3(view[start : start + block_bytes], seed=h)
+        out.append(h)
+    return tuple(out)
+
+
+def approx_tokens(char_count: int) -> int:
+    """Rough token count (4 characters per token); cheap enough for the event loop."""
+    return (char_count + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+
+
+def digest_hex(data: str | bytes) -> str:
+    """Short, stable, non-reversible identifier for a value (for session keys)."""
+    return xxhash.xxh3_128_hexdigest(data.encode() if isinstance(data, str) else data)

@@ -1,0 +1,166 @@
+"""Replica health: active `/health` probes plus passive failure detection.
+
+State machine per replica (a circuit breaker):
+
+* HEALTHY: takes traffic. `failure_threshold` consecutive failures (probe or passive:
+  connect refused, timeout, 5xx) -> EJECTED.
+* EJECTED: no traffic for `cooldown_s`; after that the next probe success -> HALF_OPEN.
+  Without active probing, the cooldown's end alone moves it to HALF_OPEN.
+* HALF_OPEN: takes traffic on trial. One failure -> EJECTED again;
+  `success_threshold` successes -> HEALTHY.
+
+Only the health of the replica changes; its ring positions stay, so sessions come back when
+it recovers. Probes never block a request: they run in a lifespan task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+from gateway.cluster import Cluster
+from gateway.errors import GatewayError
+from gateway.settings import HealthSettings
+from gateway.types import ReplicaId
+from gateway.upstream import Timeouts, UpstreamClient
+
+log = logging.getLogger("kvgate.health")
+
+
+class Health(str, Enum):
+    HEALTHY = "healthy"
+    EJECTED = "ejected"
+    HALF_OPEN = "half_open"
+
+
+@dataclass(slots=True)
+class _Tracker:
+    state: Health = Health.HEALTHY
+    failures: int = 0
+    successes: int = 0
+    ejected_until: float = 0.0
+
+
+class HealthMonitor:
+    def __init__(
+        self,
+        cluster: Cluster,
+        client: UpstreamClient,
+        settings: HealthSettings,
+        *,
+        clock: Callable[[], float] | None = None,
+        on_change: Callable[[ReplicaId, Health], None] | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.client = client
+        self.settings = settings
+        self.clock = clock or cluster.clock
+        self.on_change = on_change
+        self._trackers: dict[ReplicaId, _Tracker] = {}
+        self._probe_timeouts = Timeouts(
+            connect_s=settings.timeout_s,
+            response_headers_s=settings.timeout_s,
+            read_s=settings.timeout_s,
+        )
+
+    def state(self, replica: ReplicaId) -> Health:
+        return self._tracker(replica).state
+
+    def _tracker(self, replica: ReplicaId) -> _Tracker:
+        tracker = self._trackers.get(replica)
+        if tracker is None:
+            tracker = self._trackers[replica] = _Tracker()
+        return tracker
+
+    def _set(self, replica: ReplicaId, tracker: _Tracker, state: Health) -> None:
+        if tracker.state is state:
+            return
+        tracker.state = state
+        tracker.failures = tracker.successes = 0
+        self.cluster.set_healthy(replica, state is not Health.EJECTED)
+        log.info("replica %s is now %s", replica, state.value)
+        if self.on_change is not None:
+            self.on_change(replica, state)
+
+    def record_success(self, replica: ReplicaId, *, probe: bool = False) -> None:
+        tracker = self._tracker(replica)
+        if tracker.state is Health.HEALTHY:
+            tracker.failures = 0
+            return
+        if tracker.state is Health.EJECTED:
+            if probe and self.clock() >= tracker.ejected_until:
+                self._set(replica, tracker, Health.HALF_OPEN)
+                tracker.successes = 1
+            return
+        tracker.successes += 1
+        if tracker.successes >= self.settings.success_threshold:
+            self._set(replica, tracker, Health.HEALTHY)
+
+    def record_failure(self, replica: ReplicaId) -> None:
+        tracker = self._tracker(replica)
+        if tracker.state is Health.EJECTED:
+            return
+        tracker.failures += 1
+        if tracker.state is Health.HALF_OPEN or tracker.failures >= self.settings.failure_threshold:
+            self._set(replica, tracker, Health.EJECTED)
+            tracker.ejected_until = self.clock() + self.settings.cooldown_s
+
+    def passive_failure(self, replica: ReplicaId) -> None:
+        if self.settings.passive:
+            self.record_failure(replica)
+
+    def passive_success(self, replica: ReplicaId) -> None:
+        # Cheap on the hot path: only a non-healthy replica needs bookkeeping.
+        tracker = self._trackers.get(replica)
+        if tracker is not None and tracker.state is not Health.HEALTHY:
+            self.record_success(replica)
+        elif tracker is not None:
+            tracker.failures = 0
+
+    def tick(self) -> None:
+        """Move cooled-down ejected replicas to half-open when nothing probes them."""
+        now = self.clock()
+        for replica, tracker in self._trackers.items():
+            if tracker.state is Health.EJECTED and now >= tracker.ejected_until:
+                self._set(replica, tracker, Health.HALF_OPEN)
+
+    async def probe(self, replica: ReplicaId) -> bool:
+        if replica not in self.cluster.members:
+            return False  # removed while the probe round was being scheduled
+        url = self.cluster.url_of(replica) + self.settings.path
+        try:
+            resp = await self.client.send("GET", url, (), None, timeouts=self._probe_timeouts)
+        except GatewayError:
+            self.record_failure(replica)
+            return False
+        try:
+            await resp.read()
+            ok = 200 <= resp.status < 300
+        except GatewayError:
+            ok = False
+        finally:
+            await resp.aclose()
+        if ok:
+            self.record_success(replica, probe=True)
+            return True
+        self.record_failure(replica)
+        return False
+
+    async def probe_all(self) -> None:
+        replicas = list(self.cluster.members)
+        await asyncio.gather(*(self.probe(r) for r in replicas))
+
+    async def run(self) -> None:
+        """Lifespan task: probe every replica every `interval_s` (or only tick if disabled)."""
+        while True:
+            try:
+                if self.settings.enabled:
+                    await self.probe_all()
+                else:
+                    self.tick()
+            except Exception:  # the prober must outlive any single bad round
+                log.exception("health probe round failed")
+            await asyncio.sleep(self.settings.interval_s)

@@ -1,0 +1,140 @@
+"""Seams the feature packages plug into the request path (see docs/architecture.md).
+
+All hooks live on `GatewayState` (gateway/state.py); each defaults to "absent" so the
+request path pays nothing for a feature that is not configured:
+
+* `state.admission: AdmissionGate | None` -- `classify` resolves the priority class before
+  routing; after the routing decision `must_wait` (sync, free) says whether the chosen
+  replica is saturated, and only then `wait` queues (or raises `RateLimited`, 429);
+  `payload` gives the body bytes per replica; `finished(request, replica)` is called
+  after the in-flight slot of a request is released, on every exit path.
+* `state.placements: SessionPlacements | None` -- where the session lives (lookup before
+  choosing -> `RouteRequest.sticky_replica`; record after headers arrived). Default: a
+  local in-memory LRU; the store package swaps in a shared one.
+* `state.dispatcher: Dispatcher | None` -- may take over forwarding of a request (PD
+  hand-off). It receives a `ForwardContext` with the proxy's own leg-opening helper and
+  returns the `Leg` whose response the proxy relays, or None to decline.
+* `state.observers: list[OutcomeObserver]` -- called once per request with the final
+  `RequestOutcome` (cost accounting, trace capture). Must be quick and must not raise;
+  schedule I/O elsewhere. The router's `ObservesPlacement.placed` and
+  `ObservesOutcome.finished` are called by the proxy itself when it implements them.
+* `state.cluster.publish_load(replica, EngineLoad)` -- the scraper's input.
+* `state.services: list[Service]` -- started in order in the lifespan, stopped in reverse.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from gateway.types import Choice, ClusterView, ReplicaId, RouteRequest, SessionKey
+
+if TYPE_CHECKING:
+    from gateway.forward import Leg
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutcome:
+    """How one request ended. Token counts come from the response `usage` when present."""
+
+    request: RouteRequest | None  # None when the request failed before it was understood
+    request_id: str
+    endpoint: str
+    replica: ReplicaId | None  # the replica that produced the response (None: gateway error)
+    status: int
+    ok: bool
+    stream: bool
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    ttfb_s: float | None = None
+    latency_s: float = 0.0
+    retries: int = 0
+    disconnected: bool = False
+    error_code: str | None = None
+    started_at: float = 0.0  # wall clock (time.time) at arrival
+
+
+OutcomeObserver = Callable[[RequestOutcome], None]
+Release = Callable[[], None]
+
+
+class AdmissionGate(Protocol):
+    """See gateway.admission.gate for the full contract."""
+
+    def classify(
+        self, request: RouteRequest, body: Any, headers: list[tuple[bytes, bytes]]
+    ) -> RouteRequest: ...
+
+    def must_wait(self, request: RouteRequest, replica: ReplicaId, view: ClusterView) -> bool: ...
+
+    async def wait(self, request: RouteRequest, replica: ReplicaId) -> float:
+        """Queue until `replica` has room, or raise a GatewayError (429)."""
+        ...
+
+    def payload(
+        self, request: RouteRequest, body: Any, raw: bytes, replica: ReplicaId
+    ) -> bytes: ...
+
+    def finished(self, request: RouteRequest, replica: ReplicaId | None) -> None: ...
+
+
+class SessionPlacements(Protocol):
+    async def lookup(self, key: SessionKey) -> ReplicaId | None: ...
+
+    async def record(self, key: SessionKey, replica: ReplicaId) -> None: ...
+
+
+class Service(Protocol):
+    """A background component with a lifespan (scraper, store sync, trace writer...)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+@dataclass(slots=True)
+class ForwardContext:
+    """Everything a dispatcher needs to forward one request its own way."""
+
+    request: RouteRequest
+    body: dict[str, Any]  # the parsed JSON body (do not mutate; copy to change)
+    raw_body: bytes
+    path: str
+    headers: list[tuple[bytes, bytes]]  # filtered request headers, x-request-id included
+    choice: Choice
+    view: ClusterView
+    open_leg: Callable[[ReplicaId, bytes, list[tuple[bytes, bytes]] | None], Awaitable[Leg]]
+    """`await open_leg(replica, body, headers=None)`: send `body` to `replica` at the same
+    path and return once response headers arrived. In-flight accounting, passive health
+    and error mapping are included; `leg.aclose()` must be called (the proxy does it for
+    the leg you return)."""
+
+
+class Dispatcher(Protocol):
+    async def dispatch(self, ctx: ForwardContext) -> Leg | None:
+        """Return the leg whose response goes to the client, or None to let the proxy send."""
+        ...
+
+
+class LocalPlacements:
+    """Default `SessionPlacements`: a bounded in-process LRU (per gateway process)."""
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        self.capacity = capacity
+        self._map: OrderedDict[SessionKey, ReplicaId] = OrderedDict()
+
+    async def lookup(self, key: SessionKey) -> ReplicaId | None:
+        return self._map.get(key)
+
+    async def record(self, key: SessionKey, replica: ReplicaId) -> None:
+        m = self._map
+        if m.get(key) == replica:
+            m.move_to_end(key)
+            return
+        m[key] = replica
+        m.move_to_end(key)
+        if len(m) > self.capacity:
+            m.popitem(last=False)

@@ -1,0 +1,214 @@
+"""Pure session-key extraction and `RouteRequest` building.
+
+What to hash is decided here; how a key maps to a replica is the ring's business.
+
+Session key rule (first match wins):
+
+1. the configured session header (default ``X-Session-Id``)       -> source ``header``
+2. the body's ``prompt_cache_key`` (string)                        -> source ``prompt_cache_key``
+3. the body's ``user`` (string)                                    -> source ``user``
+4. derived from the conversation itself                            -> source ``conversation``:
+   * chat: the model, every message up to and including the *first user message*
+     (normally the system prompt plus the opening question). A later turn repeats those
+     messages and appends more, so it gets the same key; two conversations that share only
+     a system prompt differ in their first user message, so they get different keys.
+     Two conversations that open with the very same system prompt *and* first question share
+     a key, which is harmless: they share that KV prefix too.
+   * completions: the model and the first ``completion_key_chars`` characters of the prompt
+     (a completion "conversation" grows by appending to the prompt).
+   * embeddings: the model and the whole input.
+
+Values are hashed (xxh3-128) before use, so no raw user identifiers travel further.
+
+`prefix_hashes` are chained xxh3 hashes of fixed-size blocks of the prompt text, assuming
+4 bytes per token (no tokenizer on the event loop), seeded by the model, so that equal
+leading entries mean an equal leading prefix on the same model.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+import xxhash
+
+from gateway.hashing import CHARS_PER_TOKEN, approx_tokens, block_hashes, digest_hex, model_seed
+from gateway.types import Endpoint, RouteRequest, SessionKey
+
+# Separators that cannot occur inside JSON-decoded text boundaries in a confusing way:
+# they keep ("ab", "c") and ("a", "bc") apart in the hashed stream.
+_ROLE_SEP = b"\x1e"
+_MSG_SEP = b"\x1f"
+
+
+def _part_bytes(content: Any) -> bytes:
+    if isinstance(content, str):
+        return content.encode()
+    if content is None:
+        return b""
+    if isinstance(content, list):
+        out: list[bytes] = []
+        for part in content:
+            if isinstance(part, Mapping) and part.get("type") == "text" and isinstance(
+                part.get("text"), str
+            ):
+                out.append(part["text"].encode())
+            else:
+                out.append(orjson.dumps(part))
+        return b"".join(out)
+    return orjson.dumps(content)
+
+
+def message_bytes(message: Mapping[str, Any]) -> bytes:
+    """Canonical bytes of one chat message (role, content, tool calls)."""
+    role = message.get("role")
+    parts = [
+        role.encode() if isinstance(role, str) else b"",
+        _ROLE_SEP,
+        _part_bytes(message.get("content")),
+    ]
+    tool_calls = message.get("tool_calls")
+    if tool_calls:
+        parts.append(orjson.dumps(tool_calls))
+    parts.append(_MSG_SEP)
+    return b"".join(parts)
+
+
+def _conversation_head(messages: Sequence[Mapping[str, Any]]) -> int:
+    """Number of leading messages that identify a conversation (through the first user one)."""
+    for i, message in enumerate(messages):
+        if message.get("role") == "user":
+            return i + 1
+    return min(len(messages), 1) if messages else 0
+
+
+def _prompt_bytes(value: Any) -> bytes:
+    """Prompt/input of completions or embeddings as bytes; token ids as 4 bytes each."""
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, list) and value:
+        first = value[0]
+        if isinstance(first, int) and not isinstance(first, bool):
+            try:
+                return array("I", value).tobytes()
+            except (OverflowError, TypeError):
+                return orjson.dumps(value)
+        if isinstance(first, str):
+            return _MSG_SEP.join(s.encode() for s in value if isinstance(s, str))
+        if isinstance(first, list):
+            return _MSG_SEP.join(_prompt_bytes(v) for v in value)
+    return orjson.dumps(value)
+
+
+def _opt_str(body: Mapping[str, Any], field: str) -> str | None:
+    value = body.get(field)
+    return value if isinstance(value, str) and value else None
+
+
+def session_key(
+    body: Mapping[str, Any],
+    endpoint: Endpoint,
+    header_value: str | None,
+    completion_key_chars: int = 1024,
+    encoded: Sequence[bytes] | None = None,
+) -> tuple[SessionKey, str]:
+    """The session key and where it came from (see the module docstring for the rule).
+
+    `encoded` may carry the already-encoded prompt parts (chat messages) to avoid doing it twice.
+    """
+    if header_value:
+        return SessionKey("h:" + digest_hex(header_value)), "header"
+    cache_key = _opt_str(body, "prompt_cache_key")
+    if cache_key is not None:
+        return SessionKey("p:" + digest_hex(cache_key)), "prompt_cache_key"
+    user = _opt_str(body, "user")
+    if user is not None:
+        return SessionKey("u:" + digest_hex(user)), "user"
+    model = body.get("model", "")
+    hasher = xxhash.xxh3_128(f"{model}".encode() + _MSG_SEP)
+    if endpoint is Endpoint.CHAT:
+        messages = body.get("messages") or ()
+        n = _conversation_head(messages)
+        parts = encoded if encoded is not None else [message_bytes(m) for m in messages[:n]]
+        for part in parts[:n]:
+            hasher.update(part)
+    elif endpoint is Endpoint.COMPLETIONS:
+        data = encoded[0] if encoded else _prompt_bytes(body.get("prompt"))
+        hasher.update(memoryview(data)[:completion_key_chars])
+    else:
+        hasher.update(encoded[0] if encoded else _prompt_bytes(body.get("input")))
+    return SessionKey("c:" + hasher.hexdigest()), "conversation"
+
+
+def prompt_parts(body: Mapping[str, Any], endpoint: Endpoint) -> list[bytes]:
+    """The prompt as byte parts (one per chat message), in the order the engine sees it."""
+    if endpoint is Endpoint.CHAT:
+        return [message_bytes(m) for m in body.get("messages") or ()]
+    if endpoint is Endpoint.COMPLETIONS:
+        return [_prompt_bytes(body.get("prompt"))]
+    return [_prompt_bytes(body.get("input"))]
+
+
+def _leading(parts: Sequence[bytes], limit: int) -> bytes:
+    out: list[bytes] = []
+    for part in parts:
+        if len(part) >= limit:
+            out.append(part[:limit])
+            break
+        out.append(part)
+        limit -= len(part)
+    return b"".join(out)
+
+
+def _max_tokens(body: Mapping[str, Any]) -> int | None:
+    for field in ("max_completion_tokens", "max_tokens"):
+        value = body.get(field)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def route_request(
+    body: Mapping[str, Any],
+    endpoint: Endpoint,
+    request_id: str,
+    *,
+    session_header: str | None = None,
+    block_tokens: int = 16,
+    max_prefix_blocks: int = 0,
+    completion_key_chars: int = 1024,
+    priority_class: str | None = None,
+    tenant: str | None = None,
+) -> RouteRequest:
+    """Build the policy-facing view of a validated request body.
+
+    `max_prefix_blocks` = 0 means no prefix hashes at all (the cheapest setting for
+    policies that do not look at prefixes); otherwise at most that many blocks are hashed.
+    """
+    model = body["model"]
+    parts = prompt_parts(body, endpoint)
+    key, source = session_key(body, endpoint, session_header, completion_key_chars, parts)
+    size = sum(map(len, parts))
+    hashes: tuple[int, ...] = ()
+    if max_prefix_blocks:
+        block_bytes = block_tokens * CHARS_PER_TOKEN
+        # Only the bytes the capped hash will read are joined.
+        data = _leading(parts, block_bytes * max_prefix_blocks)
+        salt = _opt_str(body, "cache_salt")
+        hashes = block_hashes(data, block_bytes, model_seed(model, salt), max_prefix_blocks)
+    return RouteRequest(
+        request_id=request_id,
+        model=model,
+        session_key=key,
+        key_source=source,
+        endpoint=endpoint,
+        prefix_hashes=hashes,
+        block_tokens=block_tokens,
+        prompt_tokens=approx_tokens(size),
+        max_tokens=_max_tokens(body),
+        priority_class=priority_class or "default",
+        tenant=tenant,
+        stream=body.get("stream") is True,
+    )

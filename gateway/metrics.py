@@ -1,0 +1,130 @@
+"""The gateway's own Prometheus series, on a per-app `CollectorRegistry`.
+
+Features register their own series on `GatewayMetrics.registry`. Per-replica gauges
+(in-flight, health) are read from the live cluster at scrape time by a collector, so the
+request path never touches a gauge for them.
+
+| series | type | labels |
+|---|---|---|
+| kvgate_requests_total | counter | endpoint, replica, status |
+| kvgate_errors_total | counter | code |
+| kvgate_request_duration_seconds | histogram | endpoint, stream |
+| kvgate_ttfb_seconds | histogram | endpoint, stream |
+| kvgate_retries_total | counter | reason |
+| kvgate_routing_decisions_total | counter | policy, reason |
+| kvgate_client_disconnects_total | counter | phase |
+| kvgate_upstream_failures_total | counter | replica, kind |
+| kvgate_in_flight | gauge | replica |
+| kvgate_replica_healthy | gauge | replica |
+
+`kvgate_errors_total` counts only errors the gateway made itself (not relayed engine
+statuses); `phase` of a disconnect is `before_response` or `mid_stream`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.cluster import Cluster
+
+# Latencies of LLM calls span milliseconds (cached, short) to minutes (100K-token prefill).
+LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
+)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _ClusterCollector(Collector):
+    def __init__(self, cluster: Cluster) -> None:
+        self._cluster = cluster
+
+    def collect(self) -> Iterator[Metric]:
+        inflight = GaugeMetricFamily(
+            "kvgate_in_flight", "Requests in flight per replica", labels=["replica"]
+        )
+        healthy = GaugeMetricFamily(
+            "kvgate_replica_healthy", "1 when the replica takes traffic", labels=["replica"]
+        )
+        cluster = self._cluster
+        for rid, count in cluster.in_flight.items():
+            inflight.add_metric([rid], count)
+        for rid in cluster.members:
+            healthy.add_metric([rid], 1.0 if cluster.is_healthy(rid) else 0.0)
+        yield inflight
+        yield healthy
+
+
+class GatewayMetrics:
+    def __init__(self, cluster: Cluster, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "kvgate_requests", "Requests answered", ["endpoint", "replica", "status"], registry=r
+        )
+        self.errors = Counter("kvgate_errors", "Gateway-made error responses", ["code"], registry=r)
+        self.latency = Histogram(
+            "kvgate_request_duration_seconds",
+            "Request start to last byte",
+            ["endpoint", "stream"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttfb = Histogram(
+            "kvgate_ttfb_seconds",
+            "Request start to first response byte",
+            ["endpoint", "stream"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.retries = Counter("kvgate_retries", "Attempts after the first", ["reason"], registry=r)
+        self.decisions = Counter(
+            "kvgate_routing_decisions", "Routing decisions", ["policy", "reason"], registry=r
+        )
+        self.disconnects = Counter(
+            "kvgate_client_disconnects", "Clients that left early", ["phase"], registry=r
+        )
+        self.upstream_failures = Counter(
+            "kvgate_upstream_failures", "Failed attempts per replica", ["replica", "kind"], registry=r
+        )
+        r.register(_ClusterCollector(cluster))
+        # label tuple -> child; prometheus_client's labels() takes a lock on every call.
+        self._children: dict[tuple[object, ...], Callable[..., None]] = {}
+
+    def _child(self, metric: Counter | Histogram, method: str, *labels: str) -> Callable[..., None]:
+        key = (id(metric), *labels)
+        fn = self._children.get(key)
+        if fn is None:
+            fn = getattr(metric.labels(*labels), method)
+            self._children[key] = fn
+        return fn
+
+    def request_done(
+        self, endpoint: str, replica: str, status: int, stream: bool, latency: float, ttfb: float | None
+    ) -> None:
+        s = "true" if stream else "false"
+        self._child(self.requests, "inc", endpoint, replica, str(status))()
+        self._child(self.latency, "observe", endpoint, s)(latency)
+        if ttfb is not None:
+            self._child(self.ttfb, "observe", endpoint, s)(ttfb)
+
+    def error(self, code: str) -> None:
+        self._child(self.errors, "inc", code)()
+
+    def retry(self, reason: str) -> None:
+        self._child(self.retries, "inc", reason)()
+
+    def decision(self, policy: str, reason: str) -> None:
+        self._child(self.decisions, "inc", policy, reason)()
+
+    def disconnect(self, phase: str) -> None:
+        self._child(self.disconnects, "inc", phase)()
+
+    def upstream_failure(self, replica: str, kind: str) -> None:
+        self._child(self.upstream_failures, "inc", replica, kind)()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,281 @@
+"""Root settings: a YAML file (``kvgate serve -c FILE``) with ``KVGATE_`` environment overrides.
+
+Precedence, highest first: environment (``KVGATE_SERVER__PORT=9000``; ``__`` nests, JSON
+for lists such as ``KVGATE_REPLICAS``), then the YAML file / keyword values, then defaults.
+A feature adds its section as one field here whose model lives in its own package.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from gateway.admission.config import AdmissionSettings
+from gateway.errors import ConfigError
+from gateway.pd.config import PDSettings
+from gateway.pools.config import PoolsSettings
+from gateway.routing import RoutingSettings
+from gateway.scrape.config import ScrapeSettings
+from gateway.store.config import StoreSettings
+from gateway.trace.config import TraceCaptureSettings
+from gateway.types import Role
+
+ENV_PREFIX = "KVGATE_"
+CONFIG_FILE_ENV = "KVGATE_CONFIG_FILE"
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class EngineKind(str, Enum):
+    AUTO = "auto"
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    TGI = "tgi"
+
+
+class ServerSettings(Section):
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port (0 = pick a free one)")
+    workers: int = Field(1, ge=1, le=256, description="worker processes")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    access_log: bool = Field(False, description="uvicorn access log (costs throughput)")
+
+
+class ReplicaSettings(Section):
+    id: str = Field("", description="stable replica id; defaults to host:port of the url")
+    url: str = Field(..., description="base URL of the engine, e.g. http://10.0.0.5:8000")
+    weight: float = Field(1.0, gt=0, le=1000, description="share of the hash ring")
+    models: tuple[str, ...] = Field((), description="models served; empty = discover")
+    engine: EngineKind = Field(EngineKind.AUTO, description="engine kind for metric scraping")
+    pool: str | None = Field(None, description="hardware pool name")
+    role: Role = Field(Role.BOTH, description="both | prefill | decode")
+    priority_scheduling: bool = Field(False, description="engine runs priority scheduling")
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http(s) URL with a host, e.g. http://10.0.0.5:8000")
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _default_id(self) -> ReplicaSettings:
+        if not self.id:
+            parts = urlsplit(self.url)
+            object.__setattr__(self, "id", parts.netloc)
+        return self
+
+
+class EmbeddedSimSettings(Section):
+    """Simulated engines started in-process when no replicas are configured."""
+
+    replicas: int = Field(4, ge=1, le=64)
+    profile: str = Field("h200-sparse", description="gateway.sim hardware profile name")
+    time_scale: float = Field(1.0, gt=0, description="multiplier on simulated durations")
+    model: str = Field("kvgate-sim", description="model name the simulated engines serve")
+
+
+class SessionSettings(Section):
+    header: str = Field("X-Session-Id", description="request header carrying a session id")
+    priority_header: str = Field("X-Priority", description="header naming a priority class")
+    tenant_header: str = Field("X-Tenant-Id", description="header naming the tenant")
+    block_tokens: int = Field(16, ge=1, le=4096, description="tokens per prefix-hash block")
+    max_prefix_blocks: int = Field(
+        256, ge=0, le=1 << 20, description="prefix blocks hashed per request (0 = none)"
+    )
+    completion_key_chars: int = Field(
+        1024, ge=1, description="leading prompt characters that key a /v1/completions session"
+    )
+
+
+class HealthSettings(Section):
+    enabled: bool = Field(True, description="actively probe each replica")
+    path: str = Field("/health", description="probe path")
+    interval_s: float = Field(2.0, gt=0, description="seconds between probes")
+    timeout_s: float = Field(1.0, gt=0, description="probe timeout")
+    failure_threshold: int = Field(3, ge=1, description="consecutive failures that eject")
+    success_threshold: int = Field(2, ge=1, description="half-open successes that re-admit")
+    cooldown_s: float = Field(5.0, ge=0, description="ejection time before half-open")
+    passive: bool = Field(True, description="count proxied connect errors/timeouts/5xx")
+
+
+class RetrySettings(Section):
+    max_attempts: int = Field(3, ge=1, le=16, description="attempts per request, first included")
+    budget_s: float = Field(15.0, gt=0, description="stop retrying this long after the first failure")
+    backoff_s: float = Field(0.0, ge=0, le=10, description="pause between attempts")
+
+
+class TimeoutSettings(Section):
+    connect_s: float = Field(3.0, gt=0, description="TCP connect to a replica")
+    response_headers_s: float = Field(
+        600.0, gt=0, description="request sent -> response headers (covers long prefills)"
+    )
+    read_s: float = Field(600.0, gt=0, description="max gap between two body chunks")
+    probe_s: float = Field(2.0, gt=0, description="GET requests to replicas (models)")
+
+
+class LimitSettings(Section):
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="request body limit")
+    max_json_depth: int = Field(64, ge=4, le=1000, description="deepest JSON nesting accepted")
+
+
+class ModelsSettings(Section):
+    cache_ttl_s: float = Field(5.0, ge=0, description="GET /v1/models cache lifetime")
+    discover: bool = Field(True, description="ask replicas for their models at start-up")
+    refresh_s: float = Field(30.0, gt=0, description="re-discover replicas' models this often")
+
+
+class UpstreamSettings(Section):
+    client: Literal["aiohttp", "httpx"] = Field("aiohttp", description="HTTP client to engines")
+    max_connections: int = Field(1024, ge=1, description="connection pool size")
+
+
+class KvgateSettings(BaseSettings):
+    """Everything `build_app` needs. Unknown keys are errors."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    replicas: tuple[ReplicaSettings, ...] = ()
+    sim: EmbeddedSimSettings = Field(default_factory=EmbeddedSimSettings)
+    routing: RoutingSettings = Field(default_factory=RoutingSettings)
+    session: SessionSettings = Field(default_factory=SessionSettings)
+    health: HealthSettings = Field(default_factory=HealthSettings)
+    retries: RetrySettings = Field(default_factory=RetrySettings)
+    timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
+    limits: LimitSettings = Field(default_factory=LimitSettings)
+    models: ModelsSettings = Field(default_factory=ModelsSettings)
+    upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
+    pools: PoolsSettings | None = Field(None, description="card pools (gateway.pools)")
+    pd: PDSettings = Field(default_factory=PDSettings, description="prefill/decode hand-off")
+    admission: AdmissionSettings = Field(
+        default_factory=AdmissionSettings, description="priority classes and admission queue"
+    )
+    scrape: ScrapeSettings = Field(
+        default_factory=ScrapeSettings, description="engine /metrics polling (gateway.scrape)"
+    )
+    trace_capture: TraceCaptureSettings = Field(
+        default_factory=TraceCaptureSettings, description="private trace of proxied requests"
+    )
+    store: StoreSettings = Field(
+        default_factory=StoreSettings, description="shared routing state (gateway.store)"
+    )
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> KvgateSettings:
+        seen: set[str] = set()
+        for replica in self.replicas:
+            if replica.id in seen:
+                raise ValueError(f"replica id {replica.id!r} is used twice")
+            seen.add(replica.id)
+        return self
+
+    @model_validator(mode="after")
+    def _replica_pools_known(self) -> KvgateSettings:
+        if self.pools is not None:
+            known = {p.name for p in self.pools.pools}
+            for i, replica in enumerate(self.replicas):
+                if replica.pool is not None and replica.pool not in known:
+                    raise ValueError(f"replicas[{i}].pool {replica.pool!r} is not in pools.pools")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The environment wins over the file (passed in as init values): ops override a
+        # shipped YAML per deployment without editing it.
+        return (env_settings, init_settings)
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return data
+
+
+def describe_errors(exc: ValidationError) -> list[str]:
+    """One line per error: dotted key, what is wrong, and the offending value."""
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(root)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown setting (check the spelling against gateway.example.yaml)"
+        given = err.get("input")
+        shown = "" if err["type"] in ("missing", "extra_forbidden") else f" (got {given!r:.80})"
+        lines.append(f"{key}: {msg}{shown}")
+    return lines
+
+
+def load_settings(path: str | Path | None = None, **values: Any) -> KvgateSettings:
+    """Load the YAML file (if any) merged with `values`, then environment overrides.
+
+    Raises ConfigError whose message lists every problem with its dotted key.
+    """
+    data: dict[str, Any] = read_yaml(path) if path else {}
+    data.update(values)
+    try:
+        return KvgateSettings(**data)
+    except ValidationError as exc:
+        raise ConfigError(
+            "invalid configuration:\n  " + "\n  ".join(describe_errors(exc))
+        ) from exc
+
+
+def _routing_problems(routing: RoutingSettings) -> list[str]:
+    from gateway.policy import PolicyContext
+    from gateway.routing import build_router
+
+    try:
+        build_router(routing, PolicyContext())
+    except ConfigError as exc:
+        return [f"{exc.param or 'routing'}: {exc.message}"]
+    return []
+
+
+def check_config(path: str | Path) -> list[str]:
+    """Every problem in a config file (empty list = valid), including the routing policy."""
+    try:
+        settings = load_settings(path)
+    except ConfigError as exc:
+        if not isinstance(exc.__cause__, ValidationError):
+            return [exc.message]
+        problems = describe_errors(exc.__cause__)
+        # The rest of the file is broken, but a bad policy name is worth reporting too.
+        raw = read_yaml(path).get("routing")
+        try:
+            routing = RoutingSettings.model_validate(raw or {})
+        except ValidationError:
+            return problems
+        return problems + _routing_problems(routing)
+    return _routing_problems(settings.routing)

@@ -1,0 +1,60 @@
+"""The one typed object `build_app` hangs everything on (no globals anywhere)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.routing import BaseRoute
+
+from gateway.cluster import Cluster
+from gateway.health import HealthMonitor
+from gateway.hooks import (
+    AdmissionGate,
+    Dispatcher,
+    LocalPlacements,
+    OutcomeObserver,
+    Service,
+    SessionPlacements,
+)
+from gateway.metrics import GatewayMetrics
+from gateway.models import ModelsCache
+from gateway.policy import ObservesOutcome, ObservesPlacement, Policy
+from gateway.settings import KvgateSettings
+from gateway.types import ReplicaId, RouteRequest
+from gateway.upstream import UpstreamClient
+
+
+@dataclass(eq=False)
+class GatewayState:
+    settings: KvgateSettings
+    cluster: Cluster
+    router: Policy
+    client: UpstreamClient
+    metrics: GatewayMetrics
+    health: HealthMonitor
+    models: ModelsCache
+    observers: list[OutcomeObserver] = field(default_factory=list)
+    admission: AdmissionGate | None = None
+    dispatcher: Dispatcher | None = None
+    placements: SessionPlacements | None = field(default_factory=LocalPlacements)
+    services: list[Service] = field(default_factory=list)
+    # Feature-owned objects by feature name (e.g. extras["pd"]), for their own endpoints.
+    extras: dict[str, Any] = field(default_factory=dict)
+    # Extra routes a feature serves (e.g. GET /admin/pools); build_app mounts them.
+    routes: list[BaseRoute] = field(default_factory=list)
+    # Public model name -> name sent upstream (aliases); None: names pass unchanged.
+    resolve_model: Callable[[str], str] | None = None
+    # Router abilities, detected once (see set_router), never probed per request.
+    router_placed: Callable[[RouteRequest, ReplicaId], None] | None = None
+    router_finished: Callable[[RouteRequest, ReplicaId, bool, float], None] | None = None
+
+    def __post_init__(self) -> None:
+        self.set_router(self.router)
+
+    def set_router(self, router: Policy) -> None:
+        """Replace the router (e.g. a wrapper policy) and re-detect its abilities."""
+        self.router = router
+        self.router_placed = router.placed if isinstance(router, ObservesPlacement) else None
+        self.router_finished = router.finished if isinstance(router, ObservesOutcome) else None

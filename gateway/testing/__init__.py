@@ -1,0 +1,8 @@
+"""Helpers for tests and for third-party policy authors.
+
+* `gateway.testing.views`: `make_request`, `ViewBuilder` (policies, no event loop needed);
+* `gateway.testing.clock`: `FakeClock`;
+* `gateway.testing.servers`: `sim_engines`, `gateway` (real uvicorn servers on loopback).
+
+Import the submodules directly; this package imports nothing heavy by itself.
+"""

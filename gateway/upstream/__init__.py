@@ -1,0 +1,29 @@
+"""Upstream HTTP seam: see `gateway.upstream.base` for the contract."""
+
+from __future__ import annotations
+
+from gateway.upstream.base import RawHeaders, Timeouts, UpstreamClient, UpstreamResponse
+from gateway.upstream.headers import request_headers, response_headers
+
+__all__ = [
+    "RawHeaders",
+    "Timeouts",
+    "UpstreamClient",
+    "UpstreamResponse",
+    "make_client",
+    "request_headers",
+    "response_headers",
+]
+
+
+def make_client(kind: str, timeouts: Timeouts, max_connections: int = 1024) -> UpstreamClient:
+    """Construct the configured client implementation (`aiohttp` or `httpx`)."""
+    if kind == "httpx":
+        from gateway.upstream.httpx_client import HttpxClient
+
+        return HttpxClient(timeouts, max_connections)
+    if kind == "aiohttp":
+        from gateway.upstream.aiohttp_client import AiohttpClient
+
+        return AiohttpClient(timeouts, max_connections)
+    raise ValueError(f"unknown upstream client {kind!r}")

@@ -1,0 +1,59 @@
+"""The narrow seam between the proxy and an HTTP client library.
+
+`UpstreamClient.send()` returns an `UpstreamResponse` once the status line and headers have
+arrived: status, raw headers, an async byte iterator and `aclose()`. Nothing else of the
+client library leaks out, so a second implementation can be swapped in by config.
+
+Contract:
+* Transport failures surface as `gateway.errors` exceptions (mapped once, in
+  `gateway.upstream.errors.map_transport_error`), from `send()` and from the iterator.
+* `aclose()` on a response whose body was not read to the end closes the TCP connection
+  instead of returning it to the pool: that is how the engine learns the client left and
+  aborts generation. `aclose()` is idempotent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+RawHeaders = Sequence[tuple[bytes, bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    connect_s: float = 3.0
+    response_headers_s: float = 600.0
+    read_s: float = 600.0
+
+
+class UpstreamResponse(Protocol):
+    status: int
+    headers: RawHeaders  # as received (names may be any case)
+
+    def iter_bytes(self) -> AsyncIterator[bytes]:
+        """Body chunks as they arrive (no decompression, no re-chunking)."""
+        ...
+
+    async def read(self) -> bytes:
+        """The whole body."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class UpstreamClient(Protocol):
+    name: str
+
+    async def send(
+        self,
+        method: str,
+        url: str,
+        headers: RawHeaders,
+        body: bytes | None = None,
+        *,
+        timeouts: Timeouts | None = None,
+    ) -> UpstreamResponse: ...
+
+    async def aclose(self) -> None: ...

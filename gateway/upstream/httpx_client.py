@@ -1,0 +1,87 @@
+"""`UpstreamClient` on httpx (the alternative; see loadtests/bench_overhead.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import httpx
+
+from gateway.upstream.base import RawHeaders, Timeouts
+from gateway.upstream.errors import map_transport_error
+
+_TRANSPORT_ERRORS = (httpx.HTTPError, httpx.StreamError, OSError, TimeoutError)
+
+
+class HttpxResponse:
+    __slots__ = ("_closed", "_resp", "_url", "headers", "status")
+
+    def __init__(self, resp: httpx.Response, url: str) -> None:
+        self.status = resp.status_code
+        self.headers: RawHeaders = resp.headers.raw
+        self._resp = resp
+        self._url = url
+        self._closed = False
+
+    async def iter_bytes(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._resp.aiter_raw():
+                yield chunk
+        except _TRANSPORT_ERRORS as exc:
+            raise map_transport_error(exc, self._url) from exc
+
+    async def read(self) -> bytes:
+        chunks = [chunk async for chunk in self.iter_bytes()]
+        return b"".join(chunks)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        # httpcore closes (rather than pools) a connection whose response was not drained.
+        await self._resp.aclose()
+
+
+class HttpxClient:
+    name = "httpx"
+
+    def __init__(self, timeouts: Timeouts, max_connections: int = 1024) -> None:
+        self._timeouts = timeouts
+        self._client = httpx.AsyncClient(
+            timeout=self._to_httpx_timeout(timeouts),
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
+            follow_redirects=False,
+        )
+
+    @staticmethod
+    def _to_httpx_timeout(t: Timeouts) -> httpx.Timeout:
+        return httpx.Timeout(connect=t.connect_s, read=t.read_s, write=t.read_s, pool=t.connect_s)
+
+    async def send(
+        self,
+        method: str,
+        url: str,
+        headers: RawHeaders,
+        body: bytes | None = None,
+        *,
+        timeouts: Timeouts | None = None,
+    ) -> HttpxResponse:
+        t = timeouts or self._timeouts
+        request = self._client.build_request(
+            method,
+            url,
+            headers=list(headers),
+            content=body,
+            timeout=httpx.USE_CLIENT_DEFAULT if timeouts is None else self._to_httpx_timeout(t),
+        )
+        try:
+            async with asyncio.timeout(t.response_headers_s):
+                resp = await self._client.send(request, stream=True)
+        except _TRANSPORT_ERRORS as exc:
+            raise map_transport_error(exc, url) from exc
+        return HttpxResponse(resp, url)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

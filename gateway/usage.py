@@ -1,0 +1,49 @@
+"""Token usage from an OpenAI response, read cheaply after the fact.
+
+Non-streaming: one JSON parse of the body. Streaming: the proxy keeps only the tail of the
+stream; vLLM (with `stream_options.include_usage`) puts the usage in the last data event
+before `[DONE]`, so only that event is parsed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+USAGE_TAIL_BYTES = 16384
+
+
+def usage_from_json(raw: bytes) -> dict[str, Any] | None:
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    usage = data.get("usage") if isinstance(data, dict) else None
+    return usage if isinstance(usage, dict) else None
+
+
+def usage_from_sse(tail: bytes) -> dict[str, Any] | None:
+    """The last non-null `usage` object among the SSE events in `tail`."""
+    if b'"usage":{' not in tail and b'"usage": {' not in tail:
+        return None
+    for event in reversed(tail.split(b"\n\n")):
+        line = event.strip()
+        if line.startswith(b"data:") and b'"usage"' in line:
+            usage = usage_from_json(line[5:].strip())
+            if usage is not None:
+                return usage
+    return None
+
+
+def usage_tokens(usage: dict[str, Any] | None) -> tuple[int | None, int | None, int | None]:
+    """(prompt, cached, completion) tokens; None where the engine did not say."""
+    if usage is None:
+        return None, None, None
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+
+    def count(value: Any) -> int | None:
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    return count(usage.get("prompt_tokens")), count(cached), count(usage.get("completion_tokens"))

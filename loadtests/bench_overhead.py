@@ -1,0 +1,244 @@
+"""Gateway overhead: the `instant` simulated engine directly vs. through kvgate.
+
+Three separate processes so nothing shares an event loop: the engine (`kvgate sim`), the
+gateway (`kvgate serve`, uvloop + httptools) and the load generator (this file with
+`--loadgen`, aiohttp on uvloop). For each upstream client (aiohttp, httpx), concurrency
+(1, 32) and mode (non-streaming, streaming) it prints requests/s, p50/p99 latency, p50 time
+to first byte, and the gateway/direct throughput ratio plus the added p50 latency.
+
+    python loadtests/bench_overhead.py                # full matrix, ~5 s per cell
+    python loadtests/bench_overhead.py --duration 2 --clients aiohttp
+
+Targets (2-core machine, everything sharing it): ratio >= 0.35 at 32 concurrent, added
+p50 <= 0.5 ms at 1 concurrent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "kvgate-sim"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(url: str, timeout: float = 30.0) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} did not become ready")
+
+
+# -- load generator (runs in its own process) -----------------------------------------
+async def _loadgen(url: str, concurrency: int, duration: float, stream: bool, warmup: float) -> dict[str, Any]:
+    import aiohttp
+
+    body = json.dumps(
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Say something short about caching."}],
+            "max_tokens": 8,
+            "stream": stream,
+        }
+    ).encode()
+    headers = {"content-type": "application/json"}
+    latencies: list[float] = []
+    ttfbs: list[float] = []
+    errors = 0
+    connector = aiohttp.TCPConnector(limit=concurrency * 2)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        start = time.perf_counter()
+        measure_from = start + warmup
+        stop_at = measure_from + duration
+
+        async def worker(i: int) -> None:
+            nonlocal errors
+            n = 0
+            while True:
+                t0 = time.perf_counter()
+                if t0 >= stop_at:
+                    return
+                n += 1
+                try:
+                    async with session.post(url, data=body, headers={**headers, "x-session-id": f"c{i}-{n % 8}"}) as resp:
+                        first = None
+                        async for _ in resp.content.iter_any():
+                            if first is None:
+                                first = time.perf_counter()
+                        ok = resp.status == 200
+                except aiohttp.ClientError:
+                    ok, first = False, None
+                t1 = time.perf_counter()
+                if t0 < measure_from:
+                    continue
+                if not ok:
+                    errors += 1
+                    continue
+                latencies.append(t1 - t0)
+                ttfbs.append((first or t1) - t0)
+
+        await asyncio.gather(*(worker(i) for i in range(concurrency)))
+    latencies.sort()
+    ttfbs.sort()
+
+    def pct(values: list[float], q: float) -> float:
+        return values[min(len(values) - 1, int(q * len(values)))] * 1000 if values else float("nan")
+
+    return {
+        "requests": len(latencies),
+        "errors": errors,
+        "rps": len(latencies) / duration,
+        "p50_ms": pct(latencies, 0.5),
+        "p99_ms": pct(latencies, 0.99),
+        "ttfb_p50_ms": pct(ttfbs, 0.5),
+        "mean_ms": statistics.fmean(latencies) * 1000 if latencies else float("nan"),
+    }
+
+
+def run_loadgen(url: str, concurrency: int, duration: float, stream: bool, warmup: float) -> dict[str, Any]:
+    cmd = [
+        sys.executable, __file__, "--loadgen", url, "--concurrency", str(concurrency),
+        "--duration", str(duration), "--warmup", str(warmup),
+    ] + (["--stream"] if stream else [])
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User+system CPU of a process (Linux): a figure that contention inflates far less than
+    latency does."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# -- orchestration ----------------------------------------------------------------------
+class Proc:
+    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.p = subprocess.Popen(
+            args, cwd=ROOT, env={**os.environ, **(env or {})},
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGINT)
+            try:
+                self.p.wait(10)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+        if self.p.stderr:
+            self.p.stderr.close()
+
+
+def start_gateway(engine_url: str, client: str) -> tuple[Proc, str]:
+    port = free_port()
+    cfg = Path(tempfile.mkdtemp()) / "bench.yaml"
+    cfg.write_text(
+        f"server:\n  port: {port}\n  log_level: warning\n"
+        f"replicas:\n  - url: {engine_url}\n    id: engine\n    models: [{MODEL}]\n"
+        f"upstream:\n  client: {client}\nhealth:\n  interval_s: 5\n"
+    )
+    proc = Proc([sys.executable, "-m", "gateway.cli", "serve", "-c", str(cfg)])
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(url + "/ready")
+    return proc, url
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--loadgen", help=argparse.SUPPRESS)
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds measured per cell")
+    parser.add_argument("--warmup", type=float, default=1.0, help="seconds discarded per cell")
+    parser.add_argument("--stream", action="store_true")
+    parser.add_argument("--clients", default="aiohttp,httpx", help="upstream clients to compare")
+    parser.add_argument("--levels", default="1,32", help="concurrency levels")
+    args = parser.parse_args()
+
+    if args.loadgen:
+        try:
+            import uvloop
+
+            uvloop.install()
+        except ImportError:
+            pass
+        result = asyncio.run(_loadgen(args.loadgen, args.concurrency, args.duration, args.stream, args.warmup))
+        print(json.dumps(result))
+        return 0
+
+    levels = [int(x) for x in args.levels.split(",")]
+    clients = [c for c in args.clients.split(",") if c]
+    engine_port = free_port()
+    engine = Proc([sys.executable, "-m", "gateway.cli", "sim", "--profile", "instant", "--port", str(engine_port)])
+    engine_url = f"http://127.0.0.1:{engine_port}"
+    rows: list[dict[str, Any]] = []
+    try:
+        wait_ready(engine_url + "/health")
+        direct: dict[tuple[int, bool], dict[str, Any]] = {}
+        for stream in (False, True):
+            for c in levels:
+                direct[(c, stream)] = run_loadgen(engine_url + "/v1/chat/completions", c, args.duration, stream, args.warmup)
+                rows.append({"target": "direct", "client": "-", "conc": c, "stream": stream, **direct[(c, stream)]})
+        for client in clients:
+            gw, gw_url = start_gateway(engine_url, client)
+            try:
+                for stream in (False, True):
+                    for c in levels:
+                        cpu0 = cpu_seconds(gw.p.pid)
+                        r = run_loadgen(gw_url + "/v1/chat/completions", c, args.duration, stream, args.warmup)
+                        cpu1 = cpu_seconds(gw.p.pid)
+                        if cpu0 is not None and cpu1 is not None:
+                            # Warm-up requests are not counted in r["requests"]: scale them in.
+                            total = r["requests"] * (args.duration + args.warmup) / args.duration
+                            r["gw_cpu_us"] = (cpu1 - cpu0) / max(1.0, total) * 1e6
+                        d = direct[(c, stream)]
+                        r["ratio"] = r["rps"] / d["rps"] if d["rps"] else float("nan")
+                        r["added_p50_ms"] = r["p50_ms"] - d["p50_ms"]
+                        rows.append({"target": "gateway", "client": client, "conc": c, "stream": stream, **r})
+            finally:
+                gw.stop()
+    finally:
+        engine.stop()
+
+    print(f"{'target':8} {'upstream':8} {'conc':>4} {'stream':>6} {'req/s':>8} {'p50ms':>7} {'p99ms':>7} "
+          f"{'ttfb50':>7} {'err':>4} {'ratio':>6} {'+p50ms':>7} {'gwCPUus':>8}")
+    for r in rows:
+        print(f"{r['target']:8} {r['client']:8} {r['conc']:>4} {r['stream']!s:>6} {r['rps']:>8.0f} "
+              f"{r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} {r['ttfb_p50_ms']:>7.2f} {r['errors']:>4} "
+              f"{r.get('ratio', float('nan')):>6.2f} {r.get('added_p50_ms', float('nan')):>7.2f} "
+              f"{r.get('gw_cpu_us', float('nan')):>8.0f}")
+    print("gwCPUus: gateway process CPU (user+system) per request, approximate.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

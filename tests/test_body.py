@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway.body import ClientGone, check_content_type, parse_json, read_body, validate
+from gateway.errors import BadRequest, InvalidJSON, PayloadTooLarge, UnsupportedMediaType
+from gateway.types import Endpoint
+
+
+def receiver(*messages: dict[str, Any]):  # type: ignore[no-untyped-def]
+    queue = list(messages)
+
+    async def receive() -> dict[str, Any]:
+        return queue.pop(0)
+
+    return receive
+
+
+async def test_read_body_joins_chunks_and_enforces_limit() -> None:
+    rx = receiver({"type": "http.request", "body": b"ab", "more_body": True}, {"type": "http.request", "body": b"c"})
+    assert await read_body(rx, 10, None) == b"abc"
+    with pytest.raises(PayloadTooLarge):
+        await read_body(receiver({"type": "http.request", "body": b"x" * 11}), 10, None)
+    with pytest.raises(PayloadTooLarge):
+        await read_body(receiver(), 10, 11)  # declared length refused before reading
+    chunks = [{"type": "http.request", "body": b"x" * 6, "more_body": True}] * 2
+    with pytest.raises(PayloadTooLarge):
+        await read_body(receiver(*chunks), 10, None)
+    with pytest.raises(ClientGone):
+        await read_body(receiver({"type": "http.disconnect"}), 10, None)
+
+
+@pytest.mark.parametrize("value", [None, b"application/json", b"application/json; charset=utf-8", b"application/vnd.x+json"])
+def test_content_type_accepted(value: bytes | None) -> None:
+    check_content_type(value)
+
+
+@pytest.mark.parametrize("value", [b"text/plain", b"multipart/form-data; boundary=x", b"application/xml"])
+def test_content_type_refused(value: bytes) -> None:
+    with pytest.raises(UnsupportedMediaType):
+        check_content_type(value)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"", b"{", b"[1, 2]", b'"s"', b'{"a": "\xff"}', b'{"a": 1e999}', b'{"a": NaN}', b"\x00\x01", b"null"],
+)
+def test_parse_json_refuses_malformed(raw: bytes) -> None:
+    with pytest.raises(InvalidJSON):
+        parse_json(raw, 64)
+
+
+def test_parse_json_depth() -> None:
+    deep = b'{"a": ' + b"[" * 100 + b"]" * 100 + b"}"
+    with pytest.raises(BadRequest):
+        parse_json(deep, 64)
+    wide = b'{"a": [' + b",".join([b"[]"] * 500) + b"]}"
+    assert parse_json(wide, 64)["a"][0] == []
+    very_deep = b"[" * 100_000 + b"]" * 100_000
+    with pytest.raises(InvalidJSON):
+        parse_json(very_deep, 64)
+
+
+def test_huge_numbers_parse_or_fail_cleanly() -> None:
+    assert isinstance(parse_json(b'{"a": 123456789012345678901234567890}', 64)["a"], (int, float))
+
+
+GOOD_CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"messages": [{"role": "user", "content": "hi"}]}, "model"),
+        ({"model": 3, "messages": []}, "model"),
+        ({"model": "", "messages": []}, "model"),
+        ({"model": "m"}, "messages"),
+        ({"model": "m", "messages": "hi"}, "messages"),
+        ({"model": "m", "messages": []}, "messages"),
+        ({"model": "m", "messages": ["hi"]}, "messages.0"),
+        ({"model": "m", "messages": [{"content": "x"}]}, "messages.0.role"),
+        ({"model": "m", "messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+        ({**GOOD_CHAT, "stream": "yes"}, "stream"),
+        ({**GOOD_CHAT, "max_tokens": "10"}, "max_tokens"),
+        ({**GOOD_CHAT, "max_tokens": 1e300}, "max_tokens"),
+        ({**GOOD_CHAT, "max_tokens": 10**30}, "max_tokens"),
+        ({**GOOD_CHAT, "max_tokens": True}, "max_tokens"),
+        ({**GOOD_CHAT, "n": -1}, "n"),
+    ],
+)
+def test_validate_chat_errors_name_the_param(body: dict[str, Any], param: str) -> None:
+    with pytest.raises(BadRequest) as info:
+        validate(body, Endpoint.CHAT)
+    assert info.value.param == param
+
+
+@pytest.mark.parametrize("prompt", ["x", ["a", "b"], [1, 2], [[1], [2, 3]]])
+def test_validate_prompt_shapes(prompt: Any) -> None:
+    assert validate({"model": "m", "prompt": prompt}, Endpoint.COMPLETIONS) == "m"
+    assert validate({"model": "m", "input": prompt}, Endpoint.EMBEDDINGS) == "m"
+
+
+@pytest.mark.parametrize("prompt", [None, 3, [], [1, "a"], [[]], {"a": 1}, [True]])
+def test_validate_prompt_errors(prompt: Any) -> None:
+    with pytest.raises(BadRequest) as info:
+        validate({"model": "m", "prompt": prompt}, Endpoint.COMPLETIONS)
+    assert info.value.param == "prompt"
+
+
+def test_validate_ok() -> None:
+    assert validate({**GOOD_CHAT, "stream": True, "max_tokens": 5}, Endpoint.CHAT) == "m"

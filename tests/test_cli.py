@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.cli import build_parser, main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_check_config_ok_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check-config", str(ROOT / "gateway.example.yaml")]) == 0
+    assert "OK" in capsys.readouterr().out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("server:\n  port: -1\nretries:\n  max_attempts: 0\n")
+    assert main(["check-config", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "server.port:" in err and "retries.max_attempts:" in err and "2 problem(s)" in err
+
+
+def test_parser_lists_feature_subcommands() -> None:
+    parser = build_parser()
+    help_text = parser.format_help()
+    assert "serve" in help_text and "check-config" in help_text
+
+
+def test_serve_refuses_bad_config_and_multi_worker_sim(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("nope: 1\n")
+    assert main(["serve", "-c", str(bad)]) == 2
+    assert "nope" in capsys.readouterr().err
+    assert main(["serve", "--workers", "2"]) == 2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_kvgate_serve_without_arguments_answers_openai_requests() -> None:
+    port = free_port()
+    env = {**os.environ, "KVGATE_SIM__PROFILE": "instant", "KVGATE_SIM__REPLICAS": "2", "KVGATE_SERVER__PORT": str(port)}
+    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/ready").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+            assert time.monotonic() < deadline, "kvgate serve did not become ready"
+            time.sleep(0.1)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions",
+                       json={"model": "kvgate-sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        assert r.status_code == 200 and r.headers["x-kvgate-replica"].startswith("sim-")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout:
+            proc.stdout.close()

@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.keys import route_request, session_key
+from gateway.types import Endpoint
+
+SYSTEM = {"role": "system", "content": "You are a careful assistant. " * 20}
+
+
+def chat(*messages: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": list(messages), **extra}
+
+
+def key(body: dict[str, Any], endpoint: Endpoint = Endpoint.CHAT, header: str | None = None) -> tuple[str, str]:
+    return session_key(body, endpoint, header)
+
+
+def test_precedence_header_then_cache_key_then_user_then_conversation() -> None:
+    body = chat(SYSTEM, {"role": "user", "content": "hi"}, prompt_cache_key="pck", user="u1")
+    assert key(body, header="sess")[1] == "header"
+    assert key(body)[1] == "prompt_cache_key"
+    del body["prompt_cache_key"]
+    assert key(body)[1] == "user"
+    del body["user"]
+    assert key(body)[1] == "conversation"
+
+
+def test_sources_do_not_collide_and_values_are_hashed() -> None:
+    body = chat({"role": "user", "content": "x"})
+    h, _ = key(body, header="abc")
+    p, _ = key({**body, "prompt_cache_key": "abc"})
+    u, _ = key({**body, "user": "abc"})
+    assert len({h, p, u}) == 3
+    assert "abc" not in h + p + u
+
+
+def test_later_turns_keep_the_conversation_key() -> None:
+    turn1 = chat(SYSTEM, {"role": "user", "content": "plan a trip to Lyon"})
+    turn2 = chat(
+        SYSTEM,
+        {"role": "user", "content": "plan a trip to Lyon"},
+        {"role": "assistant", "content": "Day 1: ..."},
+        {"role": "user", "content": "and day 2?"},
+    )
+    turn3 = chat(*turn2["messages"], {"role": "assistant", "content": "Day 2"}, {"role": "user", "content": "thanks"})
+    assert key(turn1) == key(turn2) == key(turn3)
+
+
+def test_conversations_sharing_only_the_system_prompt_differ() -> None:
+    a = chat(SYSTEM, {"role": "user", "content": "question A"})
+    b = chat(SYSTEM, {"role": "user", "content": "question B"})
+    assert key(a)[0] != key(b)[0]
+
+
+def test_model_is_part_of_the_conversation_key() -> None:
+    a = chat({"role": "user", "content": "q"})
+    assert key(a)[0] != key({**a, "model": "other"})[0]
+
+
+def test_content_parts_and_tool_calls_are_hashed() -> None:
+    a = chat({"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": "x"}}]})
+    b = chat({"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": "y"}}]})
+    assert key(a)[0] != key(b)[0]
+    tools = chat({"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]})
+    assert key(tools)[1] == "conversation"
+
+
+def test_completions_key_on_leading_characters() -> None:
+    base = "p" * 2000
+    a = {"model": "m", "prompt": base}
+    b = {"model": "m", "prompt": base + " more turns"}
+    c = {"model": "m", "prompt": "q" + base}
+    assert key(a, Endpoint.COMPLETIONS) == key(b, Endpoint.COMPLETIONS)
+    assert key(a, Endpoint.COMPLETIONS) != key(c, Endpoint.COMPLETIONS)
+    tokens = {"model": "m", "prompt": [1, 2, 3]}
+    assert key(tokens, Endpoint.COMPLETIONS)[1] == "conversation"
+
+
+def test_route_request_fields() -> None:
+    body = chat(SYSTEM, {"role": "user", "content": "x" * 4000}, max_tokens=7, stream=True)
+    req = route_request(body, Endpoint.CHAT, "rid", block_tokens=16, max_prefix_blocks=8, tenant="t", priority_class="hi")
+    assert req.request_id == "rid" and req.model == "m" and req.stream
+    assert req.max_tokens == 7 and req.tenant == "t" and req.priority_class == "hi"
+    assert len(req.prefix_hashes) == 8 and req.block_tokens == 16
+    assert 1000 <= req.prompt_tokens <= 1200  # ~4 chars per token
+    assert route_request(body, Endpoint.CHAT, "r", max_prefix_blocks=0).prefix_hashes == ()
+
+
+def test_prefix_hashes_share_a_prefix_across_turns_and_depend_on_model() -> None:
+    t1 = chat(SYSTEM, {"role": "user", "content": "y" * 1000})
+    t2 = chat(*t1["messages"], {"role": "assistant", "content": "z" * 500}, {"role": "user", "content": "more"})
+    r1 = route_request(t1, Endpoint.CHAT, "1", max_prefix_blocks=1000)
+    r2 = route_request(t2, Endpoint.CHAT, "2", max_prefix_blocks=1000)
+    n = len(r1.prefix_hashes)
+    assert n > 10 and r2.prefix_hashes[: n - 1] == r1.prefix_hashes[: n - 1]
+    other = route_request({**t1, "model": "other"}, Endpoint.CHAT, "3", max_prefix_blocks=1000)
+    assert other.prefix_hashes[0] != r1.prefix_hashes[0]
+    salted = route_request({**t1, "cache_salt": "s"}, Endpoint.CHAT, "4", max_prefix_blocks=1000)
+    assert salted.prefix_hashes[0] != r1.prefix_hashes[0]
+
+
+def test_max_completion_tokens_and_embeddings() -> None:
+    req = route_request(chat({"role": "user", "content": "x"}, max_completion_tokens=3), Endpoint.CHAT, "r")
+    assert req.max_tokens == 3
+    emb = route_request({"model": "m", "input": ["a", "b"]}, Endpoint.EMBEDDINGS, "r")
+    assert emb.endpoint is Endpoint.EMBEDDINGS and emb.key_source == "conversation"

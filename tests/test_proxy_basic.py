@@ -1,0 +1,129 @@
+"""End to end through real servers: openai client -> gateway -> simulated engines."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+import openai
+import pytest
+
+from gateway.sim.server import SimEngine
+from gateway.testing.servers import RunningGateway, gateway, sim_engines
+
+MODEL = "kvgate-sim"
+
+
+@pytest.fixture
+async def engines() -> AsyncIterator[list[SimEngine]]:
+    async with sim_engines(3, "instant") as engines:
+        yield engines
+
+
+@pytest.fixture
+async def gw(engines: list[SimEngine]) -> AsyncIterator[RunningGateway]:
+    async with gateway(engines) as gw:
+        yield gw
+
+
+@pytest.fixture
+async def client(gw: RunningGateway) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client:
+        yield client
+
+
+def user(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+async def test_chat_non_streaming_names_replica_and_request_id(client: openai.AsyncOpenAI, engines: list[SimEngine]) -> None:
+    raw = await client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=user("hello"), max_tokens=4, extra_headers={"X-Request-Id": "my-id-1"}
+    )
+    completion = raw.parse()
+    assert completion.choices[0].message.content
+    assert completion.usage is not None and completion.usage.completion_tokens == 4
+    assert raw.headers["x-kvgate-replica"] in {"e0", "e1", "e2"}
+    assert raw.headers["x-request-id"] == "my-id-1"
+    # The engine saw the same request id (it echoes it in its response id).
+    assert "my-id-1" in completion.id
+    generated = await client.chat.completions.with_raw_response.create(model=MODEL, messages=user("x"), max_tokens=1)
+    assert len(generated.headers["x-request-id"]) >= 16
+
+
+async def test_chat_streaming_passes_chunks_and_usage(client: openai.AsyncOpenAI) -> None:
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=user("stream please"), max_tokens=6, stream=True,
+        stream_options={"include_usage": True},
+    )
+    pieces, usage = [], None
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+        if chunk.usage is not None:
+            usage = chunk.usage
+    assert len(pieces) >= 2
+    assert usage is not None and usage.completion_tokens == 6
+
+
+async def test_completions_and_embeddings(client: openai.AsyncOpenAI) -> None:
+    completion = await client.completions.create(model=MODEL, prompt="Once upon", max_tokens=3)
+    assert completion.choices[0].text
+    stream = await client.completions.create(model=MODEL, prompt="Once upon", max_tokens=3, stream=True)
+    texts = [c.choices[0].text async for c in stream if c.choices]
+    assert texts
+    emb = await client.embeddings.create(model=MODEL, input=["a", "b"])
+    assert len(emb.data) == 2 and emb.data[0].embedding
+
+
+async def test_session_header_is_sticky_and_sessions_spread(client: openai.AsyncOpenAI) -> None:
+    async def served(session: str) -> str:
+        raw = await client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=user(f"q {session}"), max_tokens=1, extra_headers={"X-Session-Id": session}
+        )
+        return raw.headers["x-kvgate-replica"]
+
+    for session in ("alpha", "beta"):
+        assert len({await served(session) for _ in range(5)}) == 1
+    assert len({await served(f"s{i}") for i in range(30)}) == 3
+
+
+async def test_conversation_turns_stay_on_one_replica(client: openai.AsyncOpenAI) -> None:
+    system = {"role": "system", "content": "You are terse."}
+    messages: list[dict[str, str]] = [system, {"role": "user", "content": "first question"}]
+    replicas = set()
+    for turn in range(4):
+        raw = await client.chat.completions.with_raw_response.create(model=MODEL, messages=messages, max_tokens=2)
+        replicas.add(raw.headers["x-kvgate-replica"])
+        messages = messages + [
+            {"role": "assistant", "content": raw.parse().choices[0].message.content or ""},
+            {"role": "user", "content": f"follow-up {turn}"},
+        ]
+    assert len(replicas) == 1
+
+
+async def test_models_health_ready_metrics(client: openai.AsyncOpenAI, gw: RunningGateway) -> None:
+    models = await client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    await client.chat.completions.create(model=MODEL, messages=user("m"), max_tokens=1)
+    async with httpx.AsyncClient(base_url=gw.url) as http:
+        assert (await http.get("/health")).json() == {"status": "ok"}
+        ready = await http.get("/ready")
+        assert ready.status_code == 200 and ready.json()["healthy_replicas"] == 3
+        text = (await http.get("/metrics")).text
+        assert 'kvgate_requests_total{endpoint="chat",replica="' in text
+        assert "kvgate_request_duration_seconds_bucket" in text and "kvgate_ttfb_seconds_count" in text
+        assert 'kvgate_routing_decisions_total{policy="consistent_hash",reason="ring"}' in text
+        assert 'kvgate_in_flight{replica="e0"} 0.0' in text
+        assert 'kvgate_replica_healthy{replica="e1"} 1.0' in text
+        missing = await http.get("/v1/nothing")
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+        wrong = await http.get("/v1/chat/completions")
+        assert wrong.status_code == 405 and wrong.json()["error"]["type"] == "invalid_request_error"
+
+
+async def test_upstream_status_and_error_body_pass_through(client: openai.AsyncOpenAI) -> None:
+    # The engine rejects a non-zero priority (no priority scheduling): a 400 from upstream.
+    with pytest.raises(openai.BadRequestError) as info:
+        await client.chat.completions.create(model=MODEL, messages=user("p"), extra_body={"priority": 5})
+    assert "Priority scheduling" in str(info.value)

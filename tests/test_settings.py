@@ -1,0 +1,120 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import BaseModel
+
+from gateway.errors import ConfigError
+from gateway.settings import KvgateSettings, check_config, load_settings
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "gateway.example.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("KVGATE_"):
+            monkeypatch.delenv(name)
+
+
+def test_defaults() -> None:
+    s = load_settings()
+    assert s.server.port == 8000 and s.replicas == ()
+    assert s.session.header == "X-Session-Id"
+    assert s.routing.policy == "consistent_hash"
+    assert s.sim.replicas == 4
+
+
+def test_yaml_then_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "g.yaml"
+    cfg.write_text("server:\n  port: 9000\n  host: 0.0.0.0\nreplicas:\n  - url: http://a:1/\n")
+    s = load_settings(cfg)
+    assert s.server.port == 9000 and s.server.host == "0.0.0.0"
+    assert s.replicas[0].url == "http://a:1" and s.replicas[0].id == "a:1"
+    monkeypatch.setenv("KVGATE_SERVER__PORT", "9100")
+    monkeypatch.setenv("KVGATE_ROUTING__POLICY", "round_robin")
+    s = load_settings(cfg)
+    assert s.server.port == 9100 and s.server.host == "0.0.0.0"  # nested merge keeps host
+    assert s.routing.policy == "round_robin"
+    monkeypatch.setenv("KVGATE_REPLICAS", '[{"url": "http://b:2", "weight": 2}]')
+    assert load_settings(cfg).replicas[0].weight == 2.0
+
+
+def test_errors_name_their_dotted_key(tmp_path: Path) -> None:
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(
+        "server:\n  port: 99999\n  bogus: 1\nreplicas:\n  - url: ftp://x\n  - url: http://a:1\n"
+        "    weight: 0\nhealth:\n  interval_s: -1\nrouting:\n  policy: nope\n"
+    )
+    problems = check_config(cfg)
+    keys = [p.split(":", 1)[0] for p in problems]
+    assert keys == [
+        "server.port", "server.bogus", "replicas.0.url", "replicas.1.weight", "health.interval_s",
+        "routing.policy",
+    ]
+    assert "unknown setting" in problems[1] and "known policies" in problems[-1]
+    with pytest.raises(ConfigError) as info:
+        load_settings(cfg)
+    assert "server.port" in info.value.message
+
+
+def test_duplicate_ids_unreadable_and_non_mapping(tmp_path: Path) -> None:
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("replicas:\n  - {url: 'http://a:1', id: x}\n  - {url: 'http://b:1', id: x}\n")
+    assert any("used twice" in p for p in check_config(dup))
+    assert "cannot read" in check_config(tmp_path / "missing.yaml")[0]
+    lst = tmp_path / "list.yaml"
+    lst.write_text("- 1\n- 2\n")
+    assert "mapping" in check_config(lst)[0]
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("server: [\n")
+    assert "not valid YAML" in check_config(broken)[0]
+
+
+def test_policy_config_errors_are_reported(tmp_path: Path) -> None:
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text("routing:\n  policies:\n    consistent_hash:\n      vnodes: 0\n")
+    problems = check_config(cfg)
+    assert len(problems) == 1 and problems[0].startswith("routing.policies.consistent_hash")
+
+
+def _leaf_keys(model: type[BaseModel], prefix: str = "") -> set[str]:
+    keys = set()
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        inner = getattr(ann, "__args__", (ann,))
+        sub = next((a for a in inner if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if sub is not None and name != "policies":
+            keys |= _leaf_keys(sub, f"{prefix}{name}.")
+        else:
+            keys.add(f"{prefix}{name}")
+    return keys
+
+
+def _yaml_keys(data: Any, prefix: str = "") -> set[str]:
+    keys = set()
+    if isinstance(data, dict):
+        for k, v in data.items():
+            if isinstance(v, dict) and k != "policies":
+                keys |= _yaml_keys(v, f"{prefix}{k}.")
+            elif isinstance(v, list) and v and isinstance(v[0], dict):
+                keys |= _yaml_keys(v[0], f"{prefix}{k}.")
+            else:
+                keys.add(f"{prefix}{k}")
+    return keys
+
+
+def test_example_yaml_is_valid_and_documents_every_core_setting() -> None:
+    assert check_config(EXAMPLE) == []
+    documented = _yaml_keys(yaml.safe_load(EXAMPLE.read_text()))
+    core = {"server", "replicas", "sim", "routing", "session", "health", "retries", "timeouts",
+            "limits", "models", "upstream"}
+    expected = {k for k in _leaf_keys(KvgateSettings) if k.split(".")[0] in core}
+    missing = expected - documented
+    assert not missing, f"settings missing from gateway.example.yaml: {sorted(missing)}"
