@@ -1,0 +1,205 @@
+"""Engine dialects: turn one parsed `/metrics` exposition into an `EngineReading`.
+
+Parsing is prometheus-client's; this module only knows which series mean what for vLLM
+(current and pre-0.9 names), SGLang and TGI. A missing series stays `None` (unknown),
+never zero.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.errors import GatewayError
+from gateway.scrape.config import EngineKind
+
+Labels = Mapping[str, str]
+Series = Sequence[tuple[Labels, float]]
+SampleIndex = Mapping[str, Series]
+
+
+class MetricsFormatError(GatewayError):
+    """A replica's `/metrics` could not be parsed or speaks no known dialect."""
+
+    code = "metrics_unreadable"
+
+
+@dataclass(frozen=True, slots=True)
+class CounterState:
+    """Prefix-cache counters from the previous scrape, to turn totals into a recent rate."""
+
+    hits: float
+    queries: float
+    rate: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineReading:
+    kind: EngineKind
+    waiting: float
+    running: float
+    kv_usage: float | None
+    prefix_hit_rate: float | None
+    kv_capacity_tokens: int | None
+    counters: CounterState | None = None
+
+
+def index_samples(text: str) -> SampleIndex:
+    """Sample name -> [(labels, value)], with `_created` series dropped."""
+    out: dict[str, list[tuple[Labels, float]]] = defaultdict(list)
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name.endswith("_created"):
+                    continue
+                out[sample.name].append((sample.labels, float(sample.value)))
+    except ValueError as exc:
+        raise MetricsFormatError(f"unparseable metrics exposition: {exc}") from exc
+    return MappingProxyType(dict(out))
+
+
+def _sum(index: SampleIndex, *names: str) -> float | None:
+    """Sum of the first present name's series (vLLM: one series per DP `engine` rank)."""
+    for name in names:
+        series = index.get(name)
+        if series:
+            return sum(v for _, v in series)
+    return None
+
+
+def _mean(index: SampleIndex, *names: str) -> float | None:
+    # A usage *fraction* must be averaged over DP ranks, not summed.
+    for name in names:
+        series = index.get(name)
+        if series:
+            return sum(v for _, v in series) / len(series)
+    return None
+
+
+def _per_dp_rank(
+    index: SampleIndex, name: str, reduce: Callable[[list[float]], float]
+) -> float | None:
+    """SGLang repeats scheduler gauges on every TP rank: take one value per DP rank."""
+    series = index.get(name)
+    if not series:
+        return None
+    by_rank: dict[str, float] = {}
+    for labels, value in series:
+        rank = labels.get("dp_rank", "")
+        by_rank[rank] = max(by_rank.get(rank, value), value)
+    return reduce(list(by_rank.values()))
+
+
+def _hit_rate(
+    hits: float | None, queries: float | None, previous: CounterState | None
+) -> tuple[float | None, CounterState | None]:
+    if hits is None or queries is None:
+        return None, None
+    if previous is None:
+        rate = hits / queries if queries > 0 else None
+        return rate, CounterState(hits, queries, rate)
+    d_hits, d_queries = hits - previous.hits, queries - previous.queries
+    if d_queries < 0 or d_hits < 0:
+        # Counters went backwards: the engine restarted, so its totals are the delta.
+        d_hits, d_queries = hits, queries
+    rate = d_hits / d_queries if d_queries > 0 else previous.rate
+    return rate, CounterState(hits, queries, rate)
+
+
+def _vllm_capacity(index: SampleIndex) -> int | None:
+    series = index.get("vllm:cache_config_info")
+    if not series:
+        return None
+    total = 0
+    for labels, _ in series:
+        try:
+            total += int(labels["num_gpu_blocks"]) * int(labels.get("block_size", "16"))
+        except (KeyError, ValueError):
+            # `num_gpu_blocks` is "None" until the engine profiled memory.
+            return None
+    return total or None
+
+
+def read_vllm(index: SampleIndex, previous: CounterState | None) -> EngineReading | None:
+    waiting = _sum(index, "vllm:num_requests_waiting")
+    running = _sum(index, "vllm:num_requests_running")
+    if waiting is None or running is None:
+        return None
+    rate, counters = _hit_rate(
+        _sum(index, "vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+        _sum(index, "vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
+        previous,
+    )
+    return EngineReading(
+        kind=EngineKind.VLLM,
+        waiting=waiting,
+        running=running,
+        kv_usage=_mean(index, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        prefix_hit_rate=rate,
+        kv_capacity_tokens=_vllm_capacity(index),
+        counters=counters,
+    )
+
+
+def read_sglang(index: SampleIndex, previous: CounterState | None) -> EngineReading | None:
+    waiting = _per_dp_rank(index, "sglang:num_queue_reqs", sum)
+    running = _per_dp_rank(index, "sglang:num_running_reqs", sum)
+    if waiting is None or running is None:
+        return None
+    usage = _per_dp_rank(index, "sglang:token_usage", lambda v: sum(v) / len(v))
+    hit = _per_dp_rank(index, "sglang:cache_hit_rate", lambda v: sum(v) / len(v))
+    capacity = _per_dp_rank(index, "sglang:max_total_num_tokens", sum)
+    return EngineReading(
+        kind=EngineKind.SGLANG,
+        waiting=waiting,
+        running=running,
+        kv_usage=usage,
+        prefix_hit_rate=hit,
+        kv_capacity_tokens=int(capacity) if capacity else None,
+    )
+
+
+def read_tgi(index: SampleIndex, previous: CounterState | None) -> EngineReading | None:
+    waiting = _sum(index, "tgi_queue_size")
+    running = _sum(index, "tgi_batch_current_size")
+    if waiting is None or running is None:
+        return None
+    # TGI exposes neither KV usage nor a prefix-cache signal.
+    return EngineReading(EngineKind.TGI, waiting, running, None, None, None)
+
+
+Reader = Callable[[SampleIndex, CounterState | None], EngineReading | None]
+
+READERS: Mapping[EngineKind, Reader] = MappingProxyType(
+    {EngineKind.VLLM: read_vllm, EngineKind.SGLANG: read_sglang, EngineKind.TGI: read_tgi}
+)
+_PREFIXES: tuple[tuple[str, EngineKind], ...] = (
+    ("vllm:", EngineKind.VLLM),
+    ("sglang:", EngineKind.SGLANG),
+    ("tgi_", EngineKind.TGI),
+)
+
+
+def detect_kind(index: SampleIndex) -> EngineKind | None:
+    for prefix, kind in _PREFIXES:
+        if any(name.startswith(prefix) for name in index):
+            return kind
+    return None
+
+
+def read_engine(
+    text: str, kind: EngineKind = EngineKind.AUTO, previous: CounterState | None = None
+) -> EngineReading:
+    """Parse an exposition and read it in `kind`'s dialect (detected when `auto`)."""
+    index = index_samples(text)
+    resolved = detect_kind(index) if kind is EngineKind.AUTO else kind
+    if resolved is None:
+        raise MetricsFormatError("no vLLM, SGLang or TGI metrics found")
+    reading = READERS[resolved](index, previous)
+    if reading is None:
+        raise MetricsFormatError(f"{resolved.value} queue/running gauges are missing")
+    return reading

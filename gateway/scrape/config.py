@@ -1,0 +1,58 @@
+"""`scrape:` settings section (one field on the root settings model)."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DEFAULT_INTERVAL_S = 0.25
+DEFAULT_STALE_AFTER_S = 2.0
+
+
+class EngineKind(str, Enum):
+    """Which metric dialect a replica speaks; `auto` detects it from the metric prefixes."""
+
+    AUTO = "auto"
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    TGI = "tgi"
+
+
+class ScrapeSettings(BaseModel):
+    """How often and how patiently the gateway reads each replica's `/metrics`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = Field(default=True, description="poll replicas' /metrics in the background")
+    interval_s: float = Field(
+        default=DEFAULT_INTERVAL_S,
+        gt=0,
+        le=60,
+        description="seconds between two scrapes of a replica",
+    )
+    timeout_s: float = Field(default=1.0, gt=0, le=60, description="per-scrape HTTP timeout")
+    stale_after_s: float = Field(
+        default=DEFAULT_STALE_AFTER_S,
+        gt=0,
+        description="a snapshot older than this is unknown load, which policies treat as saturated",
+    )
+    path: str = Field(default="/metrics", description="metrics path appended to each replica URL")
+    engine: EngineKind = Field(
+        default=EngineKind.AUTO, description="default dialect for every replica"
+    )
+    engines: dict[str, EngineKind] = Field(
+        default_factory=dict, description="per-replica dialect override, keyed by replica id"
+    )
+
+    @model_validator(mode="after")
+    def _stale_covers_interval(self) -> ScrapeSettings:
+        # A limit below one interval would flag every healthy replica as unknown between scrapes.
+        if self.stale_after_s <= self.interval_s:
+            raise ValueError("stale_after_s must be larger than interval_s")
+        if not self.path.startswith("/"):
+            raise ValueError("path must start with '/'")
+        return self
+
+    def engine_for(self, replica_id: str) -> EngineKind:
+        return self.engines.get(replica_id, self.engine)

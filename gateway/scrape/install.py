@@ -1,0 +1,57 @@
+"""Wires the scraper into a gateway (listed in `gateway.app.FEATURE_INSTALLERS`)."""
+
+from __future__ import annotations
+
+from gateway.health import HealthMonitor
+from gateway.scrape.config import EngineKind, ScrapeSettings
+from gateway.scrape.scraper import MetricsScraper
+from gateway.state import GatewayState
+from gateway.types import ReplicaId
+
+# Only an unreachable replica says something about its health; a slow or unreadable
+# /metrics (busy engine, metrics disabled) does not, and must not eject it.
+HEALTH_REASONS = frozenset({"connect"})
+
+
+class ScrapeHealth:
+    """`ScrapeHealthSink` over the core's health monitor."""
+
+    def __init__(self, health: HealthMonitor) -> None:
+        self._health = health
+
+    def scrape_succeeded(self, replica: ReplicaId) -> None:
+        self._health.passive_success(replica)
+
+    def scrape_failed(self, replica: ReplicaId, reason: str) -> None:
+        if reason in HEALTH_REASONS:
+            self._health.record_failure(replica)
+
+
+def scrape_settings(state: GatewayState) -> ScrapeSettings:
+    """The `scrape:` section with each replica's configured engine kind folded in."""
+    settings: ScrapeSettings = state.settings.scrape
+    engines = {
+        r.id: EngineKind(r.engine.value)
+        for r in state.settings.replicas
+        if r.engine.value != EngineKind.AUTO.value
+    }
+    engines.update(settings.engines)  # the scrape section has the last word
+    return settings.model_copy(update={"engines": engines})
+
+
+def install(state: GatewayState) -> None:
+    settings = scrape_settings(state)
+    state.cluster.stale_after = settings.stale_after_s
+    if not settings.enabled:
+        return
+    cluster = state.cluster
+    scraper = MetricsScraper(
+        settings,
+        lambda: tuple(cluster.members.values()),
+        registry=state.metrics.registry,
+        on_load=cluster.publish_load,
+        health=ScrapeHealth(state.health),
+        clock=cluster.clock,
+    )
+    state.services.append(scraper)
+    state.extras["scrape"] = scraper

@@ -1,0 +1,216 @@
+"""The background task that keeps one fresh `EngineLoad` per replica.
+
+One asyncio task per replica, so a slow or dead replica never delays the others' scrapes.
+A supervisor task reconciles the task set with the current replica list every interval.
+Snapshots are immutable; a reader gets a read-only mapping and never a lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Protocol
+
+import httpx
+from prometheus_client import CollectorRegistry
+
+from gateway.scrape.adapters import CounterState, MetricsFormatError, read_engine
+from gateway.scrape.config import ScrapeSettings
+from gateway.scrape.metrics import ScrapeMetrics
+from gateway.types import EngineLoad, ReplicaId
+
+log = logging.getLogger(__name__)
+
+
+class ScrapeTarget(Protocol):
+    """Anything with a replica id and a base URL (e.g. `ReplicaState`)."""
+
+    @property
+    def id(self) -> ReplicaId: ...
+
+    @property
+    def url(self) -> str: ...
+
+
+class ScrapeHealthSink(Protocol):
+    """Where scrape outcomes go so that a replica whose /metrics fails counts as unwell."""
+
+    def scrape_succeeded(self, replica: ReplicaId) -> None: ...
+
+    def scrape_failed(self, replica: ReplicaId, reason: str) -> None: ...
+
+
+LoadListener = Callable[[ReplicaId, EngineLoad], None]
+
+# Scraped loads reach the listener within a quarter of an interval.
+FLUSHES_PER_INTERVAL = 4
+
+
+class MetricsScraper:
+    """Polls every target's `/metrics` every `interval_s` and publishes `EngineLoad`s."""
+
+    def __init__(
+        self,
+        settings: ScrapeSettings,
+        targets: Callable[[], Sequence[ScrapeTarget]],
+        *,
+        client: httpx.AsyncClient | None = None,
+        registry: CollectorRegistry | None = None,
+        on_load: LoadListener | None = None,
+        health: ScrapeHealthSink | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self._targets = targets
+        self._client = client
+        self._owns_client = client is None
+        self._on_load = on_load
+        self._health = health
+        self._clock = clock
+        self._loads: dict[ReplicaId, EngineLoad] = {}
+        self._loads_view: Mapping[ReplicaId, EngineLoad] = MappingProxyType(self._loads)
+        self._counters: dict[ReplicaId, CounterState | None] = {}
+        self._pending: dict[ReplicaId, EngineLoad] = {}
+        self._tasks: dict[ReplicaId, asyncio.Task[None]] = {}
+        self._supervisor: asyncio.Task[None] | None = None
+        self.metrics = (
+            ScrapeMetrics(registry, lambda: self._loads_view, clock) if registry else None
+        )
+
+    @property
+    def loads(self) -> Mapping[ReplicaId, EngineLoad]:
+        """Read-only mapping of the latest snapshot per replica (each one immutable)."""
+        return self._loads_view
+
+    async def start(self) -> None:
+        if self._supervisor is not None:
+            return
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=self.settings.timeout_s)
+        self._reconcile()
+        self._supervisor = asyncio.create_task(self._supervise(), name="kvgate-scrape")
+
+    async def stop(self) -> None:
+        tasks = list(self._tasks.values())
+        if self._supervisor is not None:
+            tasks.append(self._supervisor)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        self._supervisor = None
+        if self._owns_client and self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def scrape_once(self, target: ScrapeTarget, *, publish: bool = True) -> EngineLoad | None:
+        """Fetch, parse and publish one replica's load; None (and a health report) on failure.
+
+        With `publish=False` the load waits for the next batched flush (the poll loops).
+        """
+        client = self._client
+        if client is None:
+            raise RuntimeError("scraper not started")
+        url = target.url.rstrip("/") + self.settings.path
+        started = self._clock()
+        try:
+            response = await client.get(url, timeout=self.settings.timeout_s)
+            if response.status_code != 200:
+                self._failed(target.id, f"status_{response.status_code}")
+                return None
+            reading = read_engine(
+                response.text,
+                self.settings.engine_for(target.id),
+                self._counters.get(target.id),
+            )
+        except httpx.TimeoutException:
+            self._failed(target.id, "timeout")
+            return None
+        except httpx.HTTPError:
+            self._failed(target.id, "connect")
+            return None
+        except MetricsFormatError as exc:
+            log.debug("replica %s metrics unreadable: %s", target.id, exc.message)
+            self._failed(target.id, "parse")
+            return None
+        now = self._clock()
+        load = EngineLoad(
+            waiting=reading.waiting,
+            running=reading.running,
+            kv_usage=reading.kv_usage,
+            prefix_hit_rate=reading.prefix_hit_rate,
+            kv_capacity_tokens=reading.kv_capacity_tokens,
+            scraped_at=now,
+        )
+        self._counters[target.id] = reading.counters
+        self._loads[target.id] = load
+        if self.metrics is not None:
+            self.metrics.scrapes.labels(target.id).inc()
+            self.metrics.duration.observe(now - started)
+        if self._health is not None:
+            self._health.scrape_succeeded(target.id)
+        self._pending[target.id] = load
+        if publish:
+            self.flush()
+        return load
+
+    def flush(self) -> None:
+        """Hand the loads scraped since the last flush to the listener, in one burst.
+
+        Each publish invalidates the cluster's view; publishing in bursts bounds the view
+        rebuilds per second by the flush rate instead of by the number of replicas.
+        """
+        pending, self._pending = self._pending, {}
+        if self._on_load is not None:
+            for replica, load in pending.items():
+                self._on_load(replica, load)
+
+    def _failed(self, replica: ReplicaId, reason: str) -> None:
+        # The old snapshot is kept: it turns stale (unknown = saturated) on its own.
+        if self.metrics is not None:
+            self.metrics.errors.labels(replica, reason).inc()
+        if self._health is not None:
+            self._health.scrape_failed(replica, reason)
+
+    def _reconcile(self) -> None:
+        current = {t.id: t for t in self._targets()}
+        for replica in list(self._tasks):
+            if replica not in current:
+                self._tasks.pop(replica).cancel()
+                self._loads.pop(replica, None)
+                self._pending.pop(replica, None)
+                self._counters.pop(replica, None)
+                if self.metrics is not None:
+                    self.metrics.forget(replica)
+        for replica, target in current.items():
+            if replica not in self._tasks:
+                self._tasks[replica] = asyncio.create_task(
+                    self._poll(target), name=f"kvgate-scrape-{replica}"
+                )
+
+    async def _supervise(self) -> None:
+        period = self.settings.interval_s / FLUSHES_PER_INTERVAL
+        ticks = 0
+        while True:
+            await asyncio.sleep(period)
+            self.flush()
+            ticks += 1
+            if ticks % FLUSHES_PER_INTERVAL == 0:
+                self._reconcile()
+
+    async def _poll(self, target: ScrapeTarget) -> None:
+        interval = self.settings.interval_s
+        while True:
+            started = self._clock()
+            try:
+                await self.scrape_once(target, publish=False)
+            except Exception:  # outermost boundary of this task: keep scraping, but say so
+                log.exception("scraping replica %s failed unexpectedly", target.id)
+                self._failed(target.id, "internal")
+            await asyncio.sleep(max(0.0, interval - (self._clock() - started)))

@@ -1,0 +1,161 @@
+from __future__ import annotations
+
+import pytest
+
+from gateway.scrape.adapters import (
+    CounterState,
+    MetricsFormatError,
+    detect_kind,
+    index_samples,
+    read_engine,
+)
+from gateway.scrape.config import EngineKind
+
+VLLM_DP2 = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="qwen"} 3.0
+vllm:num_requests_running{engine="1",model_name="qwen"} 2.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="qwen"} 4.0
+vllm:num_requests_waiting{engine="1",model_name="qwen"} 1.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="qwen"} 0.5
+vllm:kv_cache_usage_perc{engine="1",model_name="qwen"} 0.3
+# HELP vllm:prefix_cache_queries Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{engine="0",model_name="qwen"} 600.0
+vllm:prefix_cache_queries_total{engine="1",model_name="qwen"} 400.0
+vllm:prefix_cache_queries_created{engine="0",model_name="qwen"} 1.7e9
+vllm:prefix_cache_queries_created{engine="1",model_name="qwen"} 1.7e9
+# HELP vllm:prefix_cache_hits Prefix cache hits, in terms of number of cached tokens.
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{engine="0",model_name="qwen"} 300.0
+vllm:prefix_cache_hits_total{engine="1",model_name="qwen"} 200.0
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="0",num_gpu_blocks="1000"} 1.0
+vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="1",num_gpu_blocks="500"} 1.0
+"""
+
+VLLM_OLD = """\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="llama"} 8.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="llama"} 2.0
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{model_name="llama"} 0.75
+# TYPE vllm:gpu_prefix_cache_queries counter
+vllm:gpu_prefix_cache_queries_total{model_name="llama"} 50.0
+# TYPE vllm:gpu_prefix_cache_hits counter
+vllm:gpu_prefix_cache_hits_total{model_name="llama"} 10.0
+"""
+
+SGLANG = """\
+# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{engine_type="unified",model_name="qwen",pp_rank="0",tp_rank="0"} 5.0
+sglang:num_running_reqs{engine_type="unified",model_name="qwen",pp_rank="0",tp_rank="1"} 5.0
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{engine_type="unified",model_name="qwen",pp_rank="0",tp_rank="0"} 7.0
+sglang:num_queue_reqs{engine_type="unified",model_name="qwen",pp_rank="0",tp_rank="1"} 7.0
+# TYPE sglang:token_usage gauge
+sglang:token_usage{engine_type="unified",model_name="qwen",pp_rank="0",tp_rank="0"} 0.28
+# TYPE sglang:cache_hit_rate gauge
+sglang:cache_hit_rate{engine_type="unified",model_name="qwen",pp_rank="0",tp_rank="0"} 0.6
+# TYPE sglang:max_total_num_tokens gauge
+sglang:max_total_num_tokens{engine_type="unified",model_name="qwen",pp_rank="0",tp_rank="0"} 200000.0
+"""
+
+TGI = """\
+# TYPE tgi_queue_size gauge
+tgi_queue_size 3
+# TYPE tgi_batch_current_size gauge
+tgi_batch_current_size 6
+# TYPE tgi_request_count counter
+tgi_request_count 42
+"""
+
+
+def test_vllm_sums_dp_ranks_and_averages_usage() -> None:
+    r = read_engine(VLLM_DP2)
+    assert r.kind is EngineKind.VLLM
+    assert (r.waiting, r.running) == (5.0, 5.0)
+    assert r.kv_usage == pytest.approx(0.4)
+    assert r.prefix_hit_rate == pytest.approx(0.5)
+    assert r.kv_capacity_tokens == 1500 * 16
+
+
+def test_vllm_old_names_are_read() -> None:
+    r = read_engine(VLLM_OLD, EngineKind.VLLM)
+    assert (r.waiting, r.running, r.kv_usage) == (2.0, 8.0, 0.75)
+    assert r.prefix_hit_rate == pytest.approx(0.2)
+    assert r.kv_capacity_tokens is None
+
+
+def test_vllm_hit_rate_comes_from_counter_deltas() -> None:
+    first = read_engine(VLLM_DP2)
+    assert first.counters == CounterState(500.0, 1000.0, 0.5)
+    later = VLLM_DP2.replace('hits_total{engine="0",model_name="qwen"} 300.0',
+                             'hits_total{engine="0",model_name="qwen"} 390.0')
+    later = later.replace('queries_total{engine="0",model_name="qwen"} 600.0',
+                          'queries_total{engine="0",model_name="qwen"} 700.0')
+    r = read_engine(later, previous=first.counters)
+    assert r.prefix_hit_rate == pytest.approx(0.9)  # 90 of the last 100 tokens hit
+
+
+def test_vllm_counter_reset_uses_new_totals() -> None:
+    restarted = CounterState(hits=10_000.0, queries=20_000.0, rate=0.5)
+    r = read_engine(VLLM_OLD, previous=restarted)
+    assert r.prefix_hit_rate == pytest.approx(0.2)
+
+
+def test_no_new_queries_keeps_last_rate() -> None:
+    first = read_engine(VLLM_OLD)
+    again = read_engine(VLLM_OLD, previous=CounterState(10.0, 50.0, 0.33))
+    assert first.prefix_hit_rate == pytest.approx(0.2) and again.prefix_hit_rate == 0.33
+
+
+def test_unprofiled_cache_config_is_unknown_capacity() -> None:
+    text = VLLM_OLD + '# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1.0\n'
+    assert read_engine(text).kv_capacity_tokens is None
+
+
+def test_sglang_counts_tp_ranks_once() -> None:
+    r = read_engine(SGLANG)
+    assert r.kind is EngineKind.SGLANG
+    assert (r.waiting, r.running) == (7.0, 5.0)
+    assert (r.kv_usage, r.prefix_hit_rate, r.kv_capacity_tokens) == (0.28, 0.6, 200000)
+
+
+def test_sglang_sums_dp_ranks() -> None:
+    text = "# TYPE sglang:num_queue_reqs gauge\n# TYPE sglang:num_running_reqs gauge\n"
+    for dp in ("0", "1"):
+        for tp in ("0", "1"):
+            labels = f'{{dp_rank="{dp}",model_name="q",tp_rank="{tp}"}}'
+            text += f"sglang:num_queue_reqs{labels} 7\nsglang:num_running_reqs{labels} 5\n"
+    r = read_engine(text, EngineKind.SGLANG)
+    assert (r.waiting, r.running) == (14.0, 10.0)
+
+
+def test_tgi_has_queue_and_batch_but_no_kv() -> None:
+    r = read_engine(TGI)
+    assert (r.kind, r.waiting, r.running, r.kv_usage, r.prefix_hit_rate) == (
+        EngineKind.TGI, 3.0, 6.0, None, None)
+
+
+def test_detection_and_errors() -> None:
+    assert detect_kind(index_samples(SGLANG)) is EngineKind.SGLANG
+    assert detect_kind(index_samples("# TYPE up gauge\nup 1\n")) is None
+    with pytest.raises(MetricsFormatError, match="no vLLM"):
+        read_engine("# TYPE up gauge\nup 1\n")
+    with pytest.raises(MetricsFormatError, match="missing"):
+        read_engine(SGLANG, EngineKind.VLLM)
+    with pytest.raises(MetricsFormatError, match="unparseable"):
+        read_engine("vllm:num_requests_running{engine=0 3\n")
+
+
+def test_created_series_are_ignored() -> None:
+    assert "vllm:prefix_cache_queries_created" not in index_samples(VLLM_DP2)
