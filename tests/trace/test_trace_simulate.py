@@ -1,0 +1,123 @@
+"""Offline simulation: the engine model behind the real policies, on virtual time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from gateway.sim.cluster import SimCluster
+from gateway.sim.profiles import get_profile
+from gateway.trace.cli import main
+from gateway.trace.format import Trace, TraceHeader, TraceRecord, write_trace
+from gateway.trace.replay import replay
+from gateway.trace.simulate import SimulationOptions, simulate
+from gateway.trace.stats import cluster_hit_rate
+
+BT = 64
+
+
+def conversations(
+    convs: int, turns: int, *, first_blocks: int, growth: int, gap_s: float, out: int = 6
+) -> Trace:
+    """`convs` interleaved conversations; each turn extends the previous prompt."""
+    recs = []
+    t = 0.0
+    for turn in range(turns):
+        for c in range(convs):
+            n = first_blocks + growth * turn
+            hashes = tuple(c * 100_000 + k for k in range(n))
+            recs.append(TraceRecord(t, n * BT, out, hashes, BT))
+            t += gap_s
+    return Trace(TraceHeader(block_tokens=BT), tuple(recs))
+
+
+def test_single_engine_hits_match_the_ideal_cache() -> None:
+    trace = conversations(2, 3, first_blocks=8, growth=8, gap_s=1.0)
+    result = simulate(trace, SimulationOptions(replicas=1))
+    report = result.report
+    assert report.ok == 6 and report.errors == 0
+    # Requests are far apart, so each turn finds the previous turn's whole prompt
+    # (512 tokens per earlier turn; 16-token engine blocks divide 64-token trace blocks).
+    assert [r.cached_tokens for r in report.results] == [0, 0, 512, 512, 1024, 1024]
+    assert report.hit_rate == pytest.approx(cluster_hit_rate(trace, 1, "round_robin").hit_rate)
+    assert all(r.output_tokens == 6 and len(r.itl_s) == 5 for r in report.results)
+    assert result.simulated_s > 5.0 and result.speed_factor > 1.0
+
+
+def test_policies_differ_on_the_same_trace() -> None:
+    # Three conversations on two replicas: round robin moves each one at every turn.
+    trace = conversations(3, 4, first_blocks=8, growth=8, gap_s=0.5)
+    sticky = simulate(trace, SimulationOptions(replicas=2, policy="consistent_hash"))
+    spread = simulate(trace, SimulationOptions(replicas=2, policy="round_robin"))
+    assert sticky.report.hit_rate is not None and spread.report.hit_rate is not None
+    assert sticky.report.hit_rate > spread.report.hit_rate
+    assert set(spread.report.replica_tokens) == {"r0", "r1"}
+    assert spread.report.load_imbalance == pytest.approx(1.0, abs=0.2)
+    assert "load imbalance" in sticky.render()
+
+
+def test_mooncake_sized_blocks_are_rechunked_for_the_engine() -> None:
+    # Two 512-token trace blocks shared: 64 engine blocks of 16 tokens.
+    header = TraceHeader(block_tokens=512)
+    trace = Trace(
+        header, (TraceRecord(0.0, 1100, 2, (1, 2, 3), 76), TraceRecord(5.0, 1030, 2, (1, 2, 4), 6))
+    )
+    result = simulate(trace, SimulationOptions(replicas=1))
+    assert [r.cached_tokens for r in result.report.results] == [0, 1024]
+
+
+def test_requests_an_engine_cannot_hold_are_reported_not_dropped() -> None:
+    trace = Trace(
+        TraceHeader(block_tokens=BT),
+        (
+            TraceRecord(0.0, 5 * BT, 2, tuple(range(5)), BT),
+            TraceRecord(0.1, 40 * BT, 2, tuple(range(40)), BT),
+        ),
+    )
+    result = simulate(trace, SimulationOptions(replicas=1, profile="tiny"))
+    assert result.report.requests == 2
+    assert result.report.error_kinds == {"rejected": 1}
+
+
+async def test_simulation_agrees_with_http_replay() -> None:
+    # Few, long prefills: TTFT (about 1 s simulated, 0.5 s wall) dwarfs the HTTP and event
+    # loop overhead, which is paid in wall time. Replaying at speedup == time_scale keeps
+    # simulated time and trace time aligned, so HTTP TTFT x scale compares with simulate.
+    profile = get_profile("h200-sparse").scaled(prefill_tokens_per_s=2000.0)
+    trace = conversations(2, 2, first_blocks=32, growth=32, gap_s=1.2)
+    scale = 2.0
+    async with SimCluster(1, profile, time_scale=scale) as cluster:
+        http = await replay(trace, cluster.urls[0], speedup=scale, endpoint="completions")
+    sim = simulate(trace, SimulationOptions(replicas=1, profile=profile)).report
+    assert http.errors == 0 and sim.errors == 0
+    assert http.hit_rate is not None and sim.hit_rate is not None
+    assert http.hit_rate == pytest.approx(sim.hit_rate, rel=0.10)
+    assert http.ttft_s.p50 * scale == pytest.approx(sim.ttft_s.p50, rel=0.10)
+
+
+def test_cli_simulate_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "t.jsonl"
+    write_trace(path, conversations(2, 2, first_blocks=4, growth=4, gap_s=0.5))
+    assert (
+        main(
+            [
+                "simulate",
+                str(path),
+                "--replicas",
+                "2",
+                "--policy",
+                "round_robin",
+                "--limit",
+                "3",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    out = orjson.loads(capsys.readouterr().out)
+    assert out["requests"] == 3 and out["replicas"] == 2 and out["policy"] == "round_robin"
+    assert out["speed_factor"] > 0
+    assert main(["simulate", str(path), "--profile", "nope"]) == 2
+    assert "unknown sim profile" in capsys.readouterr().err
