@@ -1,0 +1,49 @@
+"""Wires admission into a gateway app (listed in `gateway.app.FEATURE_INSTALLERS`).
+
+Nothing is installed when `admission.enabled` is false, so the proxy's request path keeps
+its `state.admission is None` branch and pays nothing.
+"""
+
+from __future__ import annotations
+
+from gateway.admission.gate import AdmissionGate
+from gateway.hooks import RequestOutcome
+from gateway.state import GatewayState
+
+
+class _GateService:
+    """Turns waiters away with a 429 when the app shuts down."""
+
+    def __init__(self, gate: AdmissionGate) -> None:
+        self._gate = gate
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        self._gate.close()
+
+
+def install(state: GatewayState) -> None:
+    settings = state.settings.admission
+    if not settings.enabled:
+        return
+    gate = AdmissionGate(
+        settings,
+        state.cluster.view,
+        registry=state.metrics.registry,
+        policy=state.router,
+        priority_replicas={r.id for r in state.settings.replicas if r.priority_scheduling},
+        priority_header=state.settings.session.priority_header,
+    )
+    state.admission = gate
+    state.extras["admission"] = gate
+    state.services.append(_GateService(gate))
+    if settings.learn_tenant_output:
+
+        def observe(outcome: RequestOutcome) -> None:
+            request = outcome.request
+            if outcome.ok and request is not None and outcome.completion_tokens is not None:
+                gate.record_output(request.tenant, outcome.completion_tokens)
+
+        state.observers.append(observe)
