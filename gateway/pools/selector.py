@@ -1,0 +1,250 @@
+"""`PoolSelector`: a policy wrapper that picks a card pool, then lets the inner policy pick
+the replica inside it.
+
+Per request (cost: O(replicas) plus one inner `choose` per allowed pool):
+1. `Placement.place` keeps only healthy replicas of pools allowed to serve the model
+   (404/503 otherwise). Nothing outside that set is ever ranked, even under overload.
+2. The pool: the most specific matching rule's first unsaturated preferred pool; else the
+   pool the session already lives on, unless it is saturated; else the dynamic weights,
+   split by a hash of the session key so a session lands on the same pool every time.
+3. The pool's own instance of the inner policy (one per pool, so rings and prefix indexes
+   stay per pool) ranks a view restricted to that pool; the other allowed pools follow as a
+   failover tail (unsaturated first, heavier weight first).
+
+`Choice.reason` is `<pool>:<why>:<inner reason>`, with `why` one of rule_tenant,
+rule_class, session, weights, weights_home_saturated, all_saturated: a small label set,
+since the proxy counts decisions by reason.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import ClassVar
+
+import xxhash
+
+from gateway.errors import GatewayError
+from gateway.policy import ObservesOutcome, ObservesPlacement, Policy, ReactsToMembership
+from gateway.pools.config import PoolRule, PoolsSettings
+from gateway.pools.controller import WeightSnapshot
+from gateway.pools.placement import Placement
+from gateway.pools.utilisation import replica_utilisation
+from gateway.types import Choice, ClusterView, ReplicaId, ReplicaState, RouteRequest
+
+_UNPOOLED = ""
+_HASH_SPAN = float(2**64)
+
+
+def session_point(session_key: str) -> float:
+    """Where a session falls on [0, 1): stable across processes and restarts."""
+    return xxhash.xxh3_64_intdigest(session_key.encode()) / _HASH_SPAN
+
+
+def split_by_weight(point: float, weights: Sequence[tuple[str, float]]) -> str:
+    """The pool whose cumulative-weight interval holds `point` (weights need not sum to 1)."""
+    total = sum(w for _, w in weights)
+    if total <= 0:
+        return weights[int(point * len(weights))][0]
+    edge = 0.0
+    for name, weight in weights:
+        edge += weight / total
+        if point < edge:
+            return name
+    return weights[-1][0]
+
+
+class PoolSelector:
+    """Pool choice in front of any policy (see module docstring)."""
+
+    name: ClassVar[str] = "pools"
+
+    def __init__(
+        self,
+        inner_factory: Callable[[tuple[ReplicaState, ...]], Policy],
+        settings: PoolsSettings,
+        weights: Callable[[], WeightSnapshot],
+        replicas: Sequence[ReplicaState] = (),
+    ) -> None:
+        self._inner_factory = inner_factory
+        self._inners: dict[str, Policy] = {}
+        self._subviews: tuple[tuple[ReplicaState, ...], dict[str, ClusterView]] = ((), {})
+        self.placement = Placement(settings)
+        self._settings = settings
+        self._weights = weights
+        self._specs = {p.name: p for p in settings.pools}
+        self._rules = sorted(
+            enumerate(settings.rules), key=lambda ir: (-ir[1].specificity, ir[0])
+        )
+        self._sessions: OrderedDict[str, str] = OrderedDict()
+        self._replica_pool: dict[ReplicaId, str] = {}
+        self.membership_changed(replicas)
+
+    # -- choose ---------------------------------------------------------------------------
+
+    def choose(self, request: RouteRequest, view: ClusterView) -> Choice:
+        target, candidates = self.placement.place(request.model, view, request.prompt_tokens)
+        groups: dict[str, list[ReplicaState]] = {}
+        for replica in candidates:
+            groups.setdefault(replica.pool or _UNPOOLED, []).append(replica)
+        util = {g: self._group_util(g, rs, view) for g, rs in groups.items()}
+        saturation = self._settings.controller.saturation
+        saturated = {g for g, u in util.items() if u >= saturation}
+        snap = self._weights()
+        pool, why = self._pick_pool(request, view, groups, saturated, util, snap)
+
+        inner_request = request if target.served == request.model else replace(
+            request, model=target.served
+        )
+        tail = sorted(
+            (g for g in groups if g != pool),
+            key=lambda g: (g in saturated, -snap.weights.get(g, 0.0), util[g], g),
+        )
+        ranked: list[ReplicaId] = []
+        inner_reason = ""
+        for group in (pool, *tail):
+            ids, reason = self._rank_within(group, inner_request, view, groups[group])
+            ranked.extend(ids)
+            if group == pool:
+                inner_reason = reason
+        if not ranked:
+            # The inner policy declined every capable replica (its own saturation filter):
+            # still offer them, least utilised first, rather than drop the request.
+            ranked = [r.id for r in sorted(candidates, key=lambda r: self._util(r, view))]
+            inner_reason = "least_utilised"
+        inner_name = getattr(self._inner(pool), "name", "")
+        return Choice(
+            tuple(ranked),
+            reason=f"{pool or '-'}:{why}:{inner_reason}",
+            policy=f"{self.name}+{inner_name}",
+        )
+
+    def _pick_pool(
+        self,
+        request: RouteRequest,
+        view: ClusterView,
+        groups: dict[str, list[ReplicaState]],
+        saturated: set[str],
+        util: dict[str, float],
+        snap: WeightSnapshot,
+    ) -> tuple[str, str]:
+        for _, rule in self._rules:
+            if not self._matches(rule, request):
+                continue
+            for pool in rule.prefer:
+                if pool in groups and pool not in saturated:
+                    return pool, "rule_tenant" if rule.tenant is not None else "rule_class"
+        home = self._home_pool(request, view)
+        if home is not None and home in groups and home not in saturated:
+            return home, "session"
+        open_groups = [g for g in sorted(groups) if g not in saturated]
+        if not open_groups:
+            pool = min(groups, key=lambda g: (util[g], g))
+            return pool, "all_saturated"
+        split = [(g, snap.weights.get(g, 0.0)) for g in open_groups]
+        pool = split_by_weight(session_point(request.session_key), split)
+        if home is not None and home in saturated:
+            return pool, "weights_home_saturated"
+        return pool, "weights"
+
+    def _rank_within(
+        self, group: str, request: RouteRequest, view: ClusterView, allowed: list[ReplicaState]
+    ) -> tuple[list[ReplicaId], str]:
+        try:
+            choice = self._inner(group).choose(request, self._subview(group, view))
+        except GatewayError as exc:  # the inner router found nothing usable in this pool
+            return [], exc.message
+        ids = {r.id for r in allowed}
+        return [r for r in choice.ranked if r in ids], choice.reason
+
+    def _subview(self, group: str, view: ClusterView) -> ClusterView:
+        """The pool's part of the view. Its replica tuple keeps its identity while the
+        cluster's does, so inner policies that rebuild on membership change stay O(1)."""
+        source, cache = self._subviews
+        if source is not view.replicas:
+            cache = {}
+            self._subviews = (view.replicas, cache)
+        base = cache.get(group)
+        if base is None:
+            members = tuple(r for r in view.replicas if (r.pool or _UNPOOLED) == group)
+            base = cache[group] = ClusterView(replicas=members)
+        return ClusterView(
+            replicas=base.replicas,
+            now=view.now,
+            stale_after=view.stale_after,
+            in_flight=view.in_flight,
+            by_id=base.by_id,
+        )
+
+    def _inner(self, group: str) -> Policy:
+        inner = self._inners.get(group)
+        if inner is None:
+            inner = self._inners[group] = self._inner_factory(())
+        return inner
+
+    def _home_pool(self, request: RouteRequest, view: ClusterView) -> str | None:
+        remembered = self._sessions.get(request.session_key)
+        if remembered is not None:
+            return remembered
+        if request.sticky_replica is not None:
+            replica = view.by_id.get(request.sticky_replica)
+            if replica is not None:
+                return replica.pool or _UNPOOLED
+        return None
+
+    def _group_util(self, group: str, replicas: list[ReplicaState], view: ClusterView) -> float:
+        return sum(self._util(r, view) for r in replicas) / len(replicas)
+
+    def _util(self, replica: ReplicaState, view: ClusterView) -> float:
+        spec = self._specs.get(replica.pool or _UNPOOLED)
+        slots = spec.slots_per_replica if spec is not None else 1
+        return replica_utilisation(replica, view, slots)
+
+    @staticmethod
+    def _matches(rule: PoolRule, request: RouteRequest) -> bool:
+        if rule.tenant is not None and rule.tenant != request.tenant:
+            return False
+        return rule.priority_class is None or rule.priority_class == request.priority_class
+
+    # -- optional abilities, forwarded to the inner policy ---------------------------------
+
+    def _served(self, request: RouteRequest) -> RouteRequest:
+        served = self.placement.served_name(request.model)
+        return request if served == request.model else replace(request, model=served)
+
+    def placed(self, request: RouteRequest, replica: ReplicaId) -> None:
+        pool = self._replica_pool.get(replica)
+        if pool is None:
+            return
+        limit = self._settings.session_memory
+        if limit > 0:
+            self._sessions[request.session_key] = pool
+            self._sessions.move_to_end(request.session_key)
+            while len(self._sessions) > limit:
+                self._sessions.popitem(last=False)
+        inner = self._inners.get(pool)
+        if isinstance(inner, ObservesPlacement):
+            inner.placed(self._served(request), replica)
+
+    def finished(
+        self, request: RouteRequest, replica: ReplicaId, ok: bool, latency_s: float
+    ) -> None:
+        inner = self._inners.get(self._replica_pool.get(replica, _UNPOOLED))
+        if isinstance(inner, ObservesOutcome):
+            inner.finished(self._served(request), replica, ok, latency_s)
+
+    def membership_changed(self, replicas: Sequence[ReplicaState]) -> None:
+        self._replica_pool = {r.id: r.pool or _UNPOOLED for r in replicas}
+        groups: dict[str, list[ReplicaState]] = {}
+        for r in replicas:
+            groups.setdefault(r.pool or _UNPOOLED, []).append(r)
+        for group, members in groups.items():
+            inner = self._inners.get(group)
+            if inner is None:
+                self._inners[group] = self._inner_factory(tuple(members))
+            elif isinstance(inner, ReactsToMembership):
+                inner.membership_changed(members)
+
+    def pool_of(self, replica: ReplicaId) -> str | None:
+        return self._replica_pool.get(replica)

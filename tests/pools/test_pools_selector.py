@@ -1,0 +1,184 @@
+from __future__ import annotations
+
+from collections import Counter
+from types import MappingProxyType
+from typing import Any
+
+import pytest
+from pools_helpers import (
+    FP4_MODEL,
+    cluster,
+    replica,
+    request,
+    ring_factory,
+    settings,
+    two_pools,
+)
+
+from gateway.policy import ObservesPlacement, Policy, ReactsToMembership
+from gateway.pools.controller import WeightSnapshot
+from gateway.pools.selector import PoolSelector, session_point, split_by_weight
+from gateway.types import ClusterView, ReplicaId
+
+BUSY = {"running": 10.0, "waiting": 30.0}  # 4x the 10 slots: far past saturation
+
+
+def selector(
+    weights: dict[str, float] | None = None, view: ClusterView | None = None, **overrides: Any
+) -> tuple[PoolSelector, list[WeightSnapshot]]:
+    snap = [WeightSnapshot(MappingProxyType(weights or {"h200": 0.5, "domestic": 0.5}))]
+    sel = PoolSelector(
+        ring_factory, settings(**overrides), lambda: snap[0], (view or two_pools()).replicas
+    )
+    return sel, snap
+
+
+def pool_of(view: ClusterView, rid: ReplicaId | None) -> str | None:
+    assert rid is not None
+    return view.by_id[rid].pool
+
+
+def test_selector_is_a_policy_with_the_optional_abilities() -> None:
+    sel, _ = selector()
+    assert isinstance(sel, Policy)
+    assert isinstance(sel, ObservesPlacement) and isinstance(sel, ReactsToMembership)
+
+
+def test_capability_constraint_holds_even_when_the_capable_pool_is_overloaded() -> None:
+    view = two_pools(**{f"h200-{i}": BUSY for i in range(3)})
+    sel, _ = selector({"h200": 0.0, "domestic": 1.0}, view)
+    for i in range(200):
+        choice = sel.choose(request(f"s{i}", "deepseek"), view)
+        assert choice.ranked, choice
+        assert {pool_of(view, r) for r in choice.ranked} == {"h200"}, choice
+
+
+def test_no_replica_outside_the_allowed_pools_even_as_failover_tail() -> None:
+    view = cluster(replica("h", "h200"), replica("d", "domestic"), replica("loose", None))
+    sel, _ = selector(view=view)
+    ranked = sel.choose(request("x", FP4_MODEL), view).ranked
+    assert ranked == ("h",)
+
+
+def test_alias_is_resolved_before_the_inner_policy_sees_the_model() -> None:
+    view = two_pools()
+    for rid in ("h200-0", "h200-1", "h200-2"):
+        assert view.by_id[ReplicaId(rid)].serves(FP4_MODEL)
+    only_served = cluster(*(replica(r.id, r.pool, models=(FP4_MODEL,)) for r in view.replicas))
+    sel, _ = selector(view=only_served)
+    choice = sel.choose(request("a", "deepseek"), only_served)
+    assert choice.first is not None and pool_of(only_served, choice.first) == "h200"
+
+
+def test_weights_split_sessions_deterministically_and_in_proportion() -> None:
+    view = two_pools()
+    sel, _ = selector({"h200": 0.2, "domestic": 0.8}, view)
+    picks = {f"s{i}": pool_of(view, sel.choose(request(f"s{i}"), view).first) for i in range(2000)}
+    share = Counter(picks.values())
+    assert 0.75 < share["domestic"] / 2000 < 0.85
+    again = PoolSelector(
+        ring_factory,
+        settings(),
+        lambda: WeightSnapshot(MappingProxyType({"h200": 0.2, "domestic": 0.8})),
+        view.replicas,
+    )
+    assert all(pool_of(view, again.choose(request(s), view).first) == p for s, p in picks.items())
+
+
+def test_failover_tail_holds_the_other_pool_after_the_chosen_one() -> None:
+    view = two_pools()
+    sel, _ = selector({"h200": 0.0, "domestic": 1.0}, view)
+    ranked = sel.choose(request("t"), view).ranked
+    pools = [pool_of(view, r) for r in ranked]
+    assert pools[:3] == ["domestic"] * 3 and pools[3:] == ["h200"] * 3
+
+
+def test_tenant_rule_beats_class_rule_beats_weights() -> None:
+    rules = [
+        {"priority_class": "interactive", "prefer": ["h200"]},
+        {"tenant": "acme", "prefer": ["domestic"]},
+        {"priority_class": "batch", "prefer": ["domestic"]},
+    ]
+    view = two_pools()
+    sel, _ = selector({"h200": 0.0, "domestic": 1.0}, view, rules=rules)
+    assert (
+        pool_of(view, sel.choose(request("a", priority_class="interactive"), view).first) == "h200"
+    )
+    acme = request("b", priority_class="interactive", tenant="acme")
+    choice = sel.choose(acme, view)
+    assert pool_of(view, choice.first) == "domestic" and choice.reason.startswith(
+        "domestic:rule_tenant:"
+    )
+    assert pool_of(view, sel.choose(request("c", priority_class="batch"), view).first) == "domestic"
+
+
+def test_rule_skips_a_saturated_preferred_pool() -> None:
+    view = two_pools(**{f"h200-{i}": BUSY for i in range(3)})
+    sel, _ = selector(
+        {"h200": 1.0, "domestic": 0.0},
+        view,
+        rules=[{"priority_class": "interactive", "prefer": ["h200"]}],
+    )
+    choice = sel.choose(request("a", priority_class="interactive"), view)
+    assert pool_of(view, choice.first) == "domestic"
+
+
+def test_placed_session_stays_put_when_weights_move_until_its_pool_saturates() -> None:
+    view = two_pools()
+    sel, snap = selector({"h200": 1.0, "domestic": 0.0}, view)
+    first = sel.choose(request("conv"), view).first
+    assert pool_of(view, first) == "h200"
+    assert first is not None
+    sel.placed(request("conv"), first)
+    snap[0] = WeightSnapshot(MappingProxyType({"h200": 0.0, "domestic": 1.0}), version=1)
+    assert sel.choose(request("conv"), view).first == first
+    assert pool_of(view, sel.choose(request("new"), view).first) == "domestic"
+    hot = two_pools(**{f"h200-{i}": BUSY for i in range(3)})
+    moved = sel.choose(request("conv"), hot)
+    assert pool_of(hot, moved.first) == "domestic"
+    assert moved.reason.startswith("domestic:weights_home_saturated:")
+
+
+def test_session_store_placement_counts_as_home() -> None:
+    view = two_pools()
+    sel, _ = selector({"h200": 0.0, "domestic": 1.0}, view)
+    req = request("from-another-gateway", sticky_replica=ReplicaId("h200-1"))
+    assert pool_of(view, sel.choose(req, view).first) == "h200"
+
+
+def test_every_pool_saturated_picks_the_least_utilised() -> None:
+    view = two_pools(
+        **{f"h200-{i}": BUSY for i in range(3)},
+        **{f"domestic-{i}": {"running": 10.0, "waiting": 5.0} for i in range(3)},
+    )
+    sel, _ = selector({"h200": 1.0, "domestic": 0.0}, view)
+    choice = sel.choose(request("z"), view)
+    assert pool_of(view, choice.first) == "domestic" and ":all_saturated:" in choice.reason
+
+
+def test_stale_scrape_still_sees_gateway_in_flight_load() -> None:
+    base = two_pools()
+    stale = ClusterView(
+        replicas=base.replicas, now=1000.0, in_flight={ReplicaId(f"h200-{i}"): 12 for i in range(3)}
+    )
+    sel, _ = selector({"h200": 1.0, "domestic": 0.0}, stale)
+    assert pool_of(stale, sel.choose(request("q"), stale).first) == "domestic"
+
+
+def test_inner_policy_is_one_instance_per_pool_and_keeps_sessions_on_a_replica() -> None:
+    view = two_pools()
+    sel, _ = selector(view=view)
+    firsts = {sel.choose(request("same"), view).first for _ in range(20)}
+    assert len(firsts) == 1
+
+
+@pytest.mark.parametrize("point", [0.0, 0.19999, 0.2, 0.99999])
+def test_split_by_weight_edges(point: float) -> None:
+    expected = "a" if point < 0.2 else "b"
+    assert split_by_weight(point, [("a", 1.0), ("b", 4.0)]) == expected
+    assert split_by_weight(point, [("a", 0.0), ("b", 0.0)]) == ("a" if point < 0.5 else "b")
+
+
+def test_session_point_is_stable_and_in_range() -> None:
+    assert session_point("abc") == session_point("abc")
+    assert all(0.0 <= session_point(str(i)) < 1.0 for i in range(1000))
