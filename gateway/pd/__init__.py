@@ -1,0 +1,1 @@
+"""Prefill/decode disaggregation, decided per request (see decision.py)."""

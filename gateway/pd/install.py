@@ -1,0 +1,40 @@
+"""Wires PD into a gateway (listed in `gateway.app.FEATURE_INSTALLERS`)."""
+
+from __future__ import annotations
+
+from gateway.pd.cached import ServedPrefixes, find_estimator
+from gateway.pd.colocated import ColocatedFirst
+from gateway.pd.config import PDSettings
+from gateway.pd.dispatcher import PDDispatcher
+from gateway.pd.metrics import PDMetrics
+from gateway.policy import EstimatesCachedTokens, PolicyContext, ReactsToMembership, build_policy
+from gateway.state import GatewayState
+from gateway.types import Role
+
+
+def install(state: GatewayState) -> None:
+    settings: PDSettings = state.settings.pd
+    members = tuple(state.cluster.members.values())
+    if settings.enabled or any(r.role is not Role.BOTH for r in members):
+        state.set_router(ColocatedFirst(state.router, settings.serves_whole))
+    if not settings.enabled:
+        return
+    decode_policy = build_policy(settings.decode_policy, None, PolicyContext(replicas=members))
+    if isinstance(decode_policy, ReactsToMembership):
+        state.cluster.on_membership_change(decode_policy.membership_changed)
+    estimator: EstimatesCachedTokens | None = find_estimator(state.router)
+    if estimator is None:
+        served = ServedPrefixes()
+        state.observers.append(served.observe)
+        estimator = served
+    dispatcher = PDDispatcher(
+        settings,
+        lambda: state.router,
+        decode_policy,
+        PDMetrics(state.metrics.registry),
+        estimator,
+        placed=lambda: state.router_placed,
+    )
+    state.observers.append(dispatcher.finished)
+    state.dispatcher = dispatcher
+    state.extras["pd"] = dispatcher
