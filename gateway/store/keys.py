@@ -1,0 +1,47 @@
+"""Every Redis key and channel kvgate uses, in one place.
+
+All keys live under one prefix so several gateways (or tests) can share a Redis server,
+and so an operator can list or flush kvgate's state with one pattern (`<prefix>:*`).
+Each key expires or is trimmed; nothing here grows without bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.types import SessionKey
+
+
+@dataclass(frozen=True, slots=True)
+class StoreKeys:
+    prefix: str
+
+    def session(self, session: SessionKey) -> str:
+        """String: replica id. Expires after the session TTL, refreshed on use."""
+        return f"{self.prefix}:sess:{session}"
+
+    def session_pattern(self) -> str:
+        return f"{self.prefix}:sess:*"
+
+    def session_from_key(self, key: str) -> SessionKey:
+        return SessionKey(key[len(self.prefix) + len(":sess:") :])
+
+    def ejections(self) -> str:
+        """Hash: replica -> JSON {until, reason}. Entries pruned once past `until`."""
+        return f"{self.prefix}:ejections"
+
+    def health(self) -> str:
+        """Hash: replica -> JSON {healthy, at, reporter}. Whole key expires when idle."""
+        return f"{self.prefix}:health"
+
+    def prefixes(self) -> str:
+        """Stream of prefix placements, trimmed to about `prefix_stream_max` entries."""
+        return f"{self.prefix}:prefixes"
+
+    def window(self, key: str, index: int) -> str:
+        """Counter of one fixed window; expires two windows after it closed."""
+        return f"{self.prefix}:win:{key}:{index}"
+
+    def events(self) -> str:
+        """Pub/sub channel: session moves, forgotten replicas, ejections (pushed at once)."""
+        return f"{self.prefix}:events"

@@ -1,0 +1,105 @@
+"""A real redis-server for the store tests, started once per session on a free port."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+import redis
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class RedisServer:
+    """One redis-server process that tests may kill and restart on the same port."""
+
+    binary: str
+    port: int
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                self.binary,
+                "--port", str(self.port),
+                "--bind", "127.0.0.1",
+                "--save", "",
+                "--appendonly", "no",
+                "--protected-mode", "yes",
+                # DEBUG SLEEP simulates a slow Redis in one test.
+                "--enable-debug-command", "local",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        deadline = time.monotonic() + 10
+        try:
+            while True:
+                try:
+                    client.ping()
+                    return
+                except redis.ConnectionError:
+                    if time.monotonic() > deadline or self.process.poll() is not None:
+                        raise RuntimeError("redis-server did not start") from None
+                    time.sleep(0.02)
+        finally:
+            client.close()
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port)
+
+
+def redis_binary() -> str | None:
+    return shutil.which("redis-server")
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    binary = redis_binary()
+    if binary is None:
+        pytest.skip("redis-server binary not found on PATH (CI installs it; apt install redis-server)")
+    server = RedisServer(binary, free_port())
+    server.start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    """A private redis-server for tests that kill and restart it."""
+    binary = redis_binary()
+    if binary is None:
+        pytest.skip("redis-server binary not found on PATH (CI installs it; apt install redis-server)")
+    server = RedisServer(binary, free_port())
+    server.start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def key_prefix() -> str:
+    """Each test gets its own namespace on the shared server."""
+    return f"t{uuid.uuid4().hex[:10]}"
