@@ -7,7 +7,9 @@ request path pays nothing for a feature that is not configured:
   routing; after the routing decision `must_wait` (sync, free) says whether the chosen
   replica is saturated, and only then `wait` queues (or raises `RateLimited`, 429);
   `payload` gives the body bytes per replica; `finished(request, replica)` is called
-  after the in-flight slot of a request is released, on every exit path.
+  after the in-flight slot of a request is released, on every exit path. A gate may also
+  define `first_byte(request, replica)`: called once per request at its first response
+  byte, or before `finished` when none arrived (the prefill is over either way).
 * `state.placements: SessionPlacements | None` -- where the session lives (lookup before
   choosing -> `RouteRequest.sticky_replica`; record after headers arrived). Default: a
   local in-memory LRU; the store package swaps in a shared one.

@@ -43,6 +43,7 @@ from gateway.forward import Leg, open_leg
 from gateway.hooks import ForwardContext, RequestOutcome
 from gateway.keys import route_request
 from gateway.state import GatewayState
+from gateway.stream_usage import UsageStripper, inject_usage
 from gateway.types import Choice, Endpoint, ReplicaId, RouteRequest
 from gateway.upstream import request_headers, response_headers
 from gateway.usage import USAGE_TAIL_BYTES as _USAGE_TAIL_BYTES
@@ -88,6 +89,8 @@ class ProxyEndpoint:
         self.state = state
         self.endpoint = endpoint
         self.path = path
+        # Only these endpoints stream tokens with an optional usage event.
+        self._may_inject_usage = endpoint in (Endpoint.CHAT, Endpoint.COMPLETIONS)
         s = state.settings
         self._session_header = s.session.header.lower().encode("latin-1")
         self._priority_header = s.session.priority_header.lower().encode("latin-1")
@@ -146,10 +149,11 @@ class ProxyEndpoint:
             raw = await read_body(receive, state.settings.limits.max_body_bytes, declared)
             body = parse_json(raw, state.settings.limits.max_json_depth)
             model = validate(body, self.endpoint)
+            rewritten = False
             if state.resolve_model is not None and (served := state.resolve_model(model)) != model:
                 # An alias: the engines only know the served name.
                 body = {**body, "model": served}
-                raw = orjson.dumps(body)
+                rewritten = True
                 model = served
             known = state.cluster.known_models()
             if known is not None and model not in known:
@@ -166,6 +170,16 @@ class ProxyEndpoint:
                 priority_class=priority.decode("latin-1") if priority else None,
                 tenant=tenant.decode("latin-1") if tenant else None,
             )
+            # The one place the forwarded body changes: every later rewrite (admission's
+            # payload, the PD legs) starts from this body/raw pair (gateway.stream_usage).
+            strip_usage = False
+            if state.observers and self._may_inject_usage:
+                injected = inject_usage(body)
+                if injected is not None:
+                    body, strip_usage = injected
+                    rewritten = True
+            if rewritten:
+                raw = orjson.dumps(body)
         except ClientGone:
             state.metrics.disconnect("before_response")
             self._finish(None, request_id, None, 499, False, t0, started_at, call, 0, None, "client_gone")
@@ -180,7 +194,9 @@ class ProxyEndpoint:
             fwd_headers.append((b"x-request-id", request_id.encode()))
         call.watch(receive)
         try:
-            await self._route_and_relay(request, body, raw, fwd_headers, send, call, t0, started_at)
+            await self._route_and_relay(
+                request, body, raw, fwd_headers, send, call, t0, started_at, strip_usage
+            )
         except asyncio.CancelledError:
             if not call.disconnected:
                 raise
@@ -203,6 +219,7 @@ class ProxyEndpoint:
         call: _Call,
         t0: float,
         started_at: float,
+        strip_usage: bool = False,
     ) -> None:
         state = self.state
         leg: Leg | None = None
@@ -211,6 +228,18 @@ class ProxyEndpoint:
         ok = False
         error_code: str | None = None
         usage: dict[str, Any] | None = None
+        # Admission's optional prefill signal: once, at the first byte or at the end.
+        notify: Callable[[RouteRequest, ReplicaId | None], None] | None = getattr(
+            state.admission, "first_byte", None
+        )
+        prefilling = notify is not None
+
+        def first_byte() -> None:
+            nonlocal prefilling
+            if prefilling and notify is not None:
+                prefilling = False
+                notify(request, leg.replica if leg is not None else None)
+
         try:
             placements = state.placements
             if placements is not None:
@@ -232,7 +261,9 @@ class ProxyEndpoint:
             if state.router_placed is not None:
                 state.router_placed(request, leg.replica)
             status = leg.response.status
-            status, ok, error_code, usage = await self._relay(leg, send, call)
+            status, ok, error_code, usage = await self._relay(
+                leg, send, call, strip_usage, first_byte if prefilling else None
+            )
         except OSError:
             # The ASGI server refused a send: the client is gone (transport errors of the
             # upstream arrive as GatewayError, never as OSError).
@@ -244,6 +275,7 @@ class ProxyEndpoint:
                     await leg.aclose()
             finally:
                 if state.admission is not None:
+                    first_byte()
                     state.admission.finished(request, replica)
             if call.disconnected:
                 state.metrics.disconnect("mid_stream" if call.started else "before_response")
@@ -333,9 +365,18 @@ class ProxyEndpoint:
         raise AssertionError("unreachable: tenacity either returns or raises")
 
     async def _relay(
-        self, leg: Leg, send: Send, call: _Call
+        self,
+        leg: Leg,
+        send: Send,
+        call: _Call,
+        strip_usage: bool = False,
+        first_byte: Callable[[], None] | None = None,
     ) -> tuple[int, bool, str | None, dict[str, Any] | None]:
-        """Send the leg's response to the client. Returns status, ok, error code, usage."""
+        """Send the leg's response to the client. Returns status, ok, error code, usage.
+
+        `strip_usage`: the gateway asked for usage the client did not want; the usage-only
+        event is taken out of the stream (and is where the usage comes from).
+        """
         response = leg.response
         status = response.status
         out_headers = response_headers(response.headers)
@@ -351,6 +392,8 @@ class ProxyEndpoint:
             call.stop_watching()
             call.ttfb = time.perf_counter()
             call.started = True
+            if first_byte is not None:
+                first_byte()
             out_headers.append((b"content-length", b"%d" % len(payload)))
             await send({"type": "http.response.start", "status": status, "headers": out_headers})
             await send({"type": "http.response.body", "body": payload, "more_body": False})
@@ -359,6 +402,7 @@ class ProxyEndpoint:
 
         iterator = response.iter_bytes()
         tail = b""
+        stripper = UsageStripper() if strip_usage else None
         error_code: str | None = None
         try:
             first = await anext(iterator, b"")
@@ -367,24 +411,40 @@ class ProxyEndpoint:
             return err.status, False, err.code, None
         call.ttfb = time.perf_counter()
         call.started = True
+        if first_byte is not None:
+            first_byte()
         await send({"type": "http.response.start", "status": status, "headers": out_headers})
         if first:
-            await send({"type": "http.response.body", "body": first, "more_body": True})
-            if want_usage:
+            if stripper is not None:
+                first = stripper.feed(first)
+            elif want_usage:
                 tail = first[-_USAGE_TAIL_BYTES:]
+            if first:
+                await send({"type": "http.response.body", "body": first, "more_body": True})
         try:
             async for chunk in iterator:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                if want_usage:
+                if stripper is not None:
+                    chunk = stripper.feed(chunk)
+                    if not chunk:
+                        continue
+                elif want_usage:
                     tail = (tail + chunk)[-_USAGE_TAIL_BYTES:]
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except GatewayError as err:
             # Too late for a status code: tell SSE clients in-band, the way vLLM does.
             error_code = err.code or "upstream_error"
             log.warning("upstream %s failed mid-stream: %s", leg.replica, err.message)
+            if stripper is not None and (held := stripper.flush()):
+                await send({"type": "http.response.body", "body": held, "more_body": True})
             await send({"type": "http.response.body", "body": b"data: " + err.body() + b"\n\n", "more_body": True})
+        if stripper is not None and (held := stripper.flush()):
+            await send({"type": "http.response.body", "body": held, "more_body": True})
         call.stop_watching()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-        usage = usage_from_sse(tail) if want_usage else None
+        if stripper is not None:
+            usage = stripper.usage
+        else:
+            usage = usage_from_sse(tail) if want_usage else None
         return status, error_code is None and status < 400, error_code, usage
 
     # -- helpers ------------------------------------------------------------------------

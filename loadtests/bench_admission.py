@@ -14,7 +14,12 @@ unloaded value; short requests' mean TTFT at least 30% lower than with admission
 every low-class request either completes (TTFT within the wait bound plus its unloaded p99)
 or gets a 429, none lost.
 
-    python loadtests/bench_admission.py [--duration 20] [--overload 1.5] [--time-scale 0.5]
+    python loadtests/bench_admission.py [--runs 3] [--duration 20] [--overload 1.5]
+
+Statistics: the overload pair (off, on) runs `--runs` times with different seeds; each run's
+targets are printed, then all runs' samples pooled, then the spread of each figure. The
+unloaded reference pools both classes per size (admission off never reads the class). The
+engines use `long_prefill_token_threshold` (vLLM's per-request prefill chunk cap).
 
 The arrival rates are multiples of a capacity measured first (closed loop, admission off),
 so the overload is real on a fast or a contended machine alike.
@@ -186,6 +191,29 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def _stats(rows: list[Result]) -> dict[str, float]:
+    ok = [r.ttft for r in rows if r.status == 200 and r.ttft is not None]
+    n429 = sum(r.status == 429 for r in rows)
+    return {
+        "n": len(rows),
+        "ok": len(ok),
+        "429": n429,
+        "lost": len(rows) - len(ok) - n429,
+        "p50": _pct(ok, 0.5),
+        "p99": _pct(ok, 0.99),
+        "mean": statistics.fmean(ok) if ok else float("nan"),
+        "max": max(ok) if ok else float("nan"),
+    }
+
+
+def _print_row(cls: str, size: str, stats: dict[str, float]) -> None:
+    rate = 100 * stats["ok"] / stats["n"] if stats["n"] else float("nan")
+    print(
+        f"{cls:<12}{size:<7}{stats['n']:>5.0f}{rate:>6.0f}%{stats['429']:>5.0f}"
+        f"{stats['lost']:>5.0f}{stats['p50']:>10.3f}{stats['p99']:>10.3f}{stats['mean']:>10.3f}"
+    )
+
+
 def report(run: Run) -> dict[tuple[str, str], dict[str, float]]:
     print(f"\n== {run.name}: {len(run.results)} requests in {run.wall_s:.1f}s")
     print(
@@ -196,25 +224,8 @@ def report(run: Run) -> dict[tuple[str, str], dict[str, float]]:
     for cls in (HIGH, LOW):
         for size in ("short", "long"):
             rows = [r for r in run.results if r.cls == cls and r.size == size]
-            ok = [r.ttft for r in rows if r.status == 200 and r.ttft is not None]
-            n429 = sum(r.status == 429 for r in rows)
-            lost = len(rows) - len(ok) - n429
-            stats = {
-                "n": len(rows),
-                "ok": len(ok),
-                "429": n429,
-                "lost": lost,
-                "p50": _pct(ok, 0.5),
-                "p99": _pct(ok, 0.99),
-                "mean": statistics.fmean(ok) if ok else float("nan"),
-                "max": max(ok) if ok else float("nan"),
-            }
-            table[(cls, size)] = stats
-            rate = 100 * len(ok) / len(rows) if rows else float("nan")
-            print(
-                f"{cls:<12}{size:<7}{len(rows):>5}{rate:>6.0f}%{n429:>5}{lost:>5}"
-                f"{stats['p50']:>10.3f}{stats['p99']:>10.3f}{stats['mean']:>10.3f}"
-            )
+            table[(cls, size)] = stats = _stats(rows)
+            _print_row(cls, size, stats)
     errors = {r.error for r in run.results if r.error}
     if errors:
         print("client errors:", ", ".join(sorted(errors)))
@@ -222,8 +233,20 @@ def report(run: Run) -> dict[tuple[str, str], dict[str, float]]:
 
 
 def _admission(
-    enabled: bool, slots: int, max_wait_s: float, prompt_budget: float = 2.0
+    enabled: bool,
+    slots: int,
+    max_wait_s: float,
+    prompt_budget: float = 2.0,
+    backfill_s: float = 0.0,
+    prefill_budget: int = 0,
+    prefill_chunk: int = 0,
 ) -> dict[str, Any]:
+    saturation: dict[str, Any] = {}
+    if prefill_budget:
+        # Tokens per engine step of requests still prefilling; batch's holdback leaves
+        # the rest of each step to the interactive class.
+        saturation["max_prefill_tokens"] = prefill_budget
+        saturation["prefill_chunk_tokens"] = prefill_chunk or None
     return {
         "enabled": enabled,
         "classes": [
@@ -238,22 +261,28 @@ def _admission(
             # Keeps long prefills from sharing the engine's step budget: at the default 2x,
             # batch (held back by a quarter) runs one long prefill at a time.
             "max_prompt_tokens": int(prompt_budget * Mix().long_tokens),
+            **saturation,
         },
         "max_wait_s": max_wait_s,
         "class_head_start_s": 3.0,
         "size_head_start_s": 6.0,
+        # A long prompt waiting for the prompt-token budget lets its class's short ones by
+        # for this long, then blocks them (well within the aging bound).
+        "backfill_s": backfill_s,
         "work_cap_tokens": 8192,
         "max_queue": 4096,
     }
 
 
 async def one_run(
-    name: str, args: argparse.Namespace, rate: float, admission: dict[str, Any]
+    name: str, args: argparse.Namespace, rate: float, admission: dict[str, Any], seed: int = 0
 ) -> Run | float:
     """One load run (`rate` > 0), or a capacity measurement (`rate` == 0)."""
     duration = args.unloaded_duration if name.startswith("unloaded") else args.duration
     profile = PROFILES[args.profile].scaled(
-        max_num_seqs=args.slots, max_num_batched_tokens=args.batch_tokens
+        max_num_seqs=args.slots,
+        max_num_batched_tokens=args.batch_tokens,
+        long_prefill_token_threshold=args.long_prefill_threshold,
     )
     engines = [
         SimEngine(profile, index=i, seed=i, time_scale=args.time_scale)
@@ -281,7 +310,7 @@ async def one_run(
     try:
         if rate == 0:
             return await calibrate(server.url, args.slots, args.calibrate, Mix(), args.seed)
-        run = await drive(server.url, rate, duration, Mix(), args.seed)
+        run = await drive(server.url, rate, duration, Mix(), seed or args.seed)
         run.name = name
         if admission["enabled"]:
             async with httpx.AsyncClient(base_url=server.url) as http:
@@ -320,13 +349,17 @@ def check(
     on: dict[tuple[str, str], dict[str, float]],
     on_run: Run,
     max_wait_s: float,
-) -> None:
-    print("\n== targets")
+    title: str = "targets",
+) -> dict[str, float]:
+    print(f"\n== {title}")
+    figures: dict[str, float] = {}
     for size in ("short", "long"):
         ref, got = unloaded[(HIGH, size)]["p99"], on[(HIGH, size)]["p99"]
+        figures[f"high {size} p99 x"] = got / ref
         verdict = "met" if got <= 2 * ref else "MISSED"
         print(
-            f"high class {size:<5} TTFT p99: {got:.3f}s under overload vs {ref:.3f}s unloaded"
+            f"high {size:<5} TTFT p99: {got:.3f}s overloaded (n={on[(HIGH, size)]['ok']:.0f})"
+            f" vs {ref:.3f}s unloaded (n={unloaded[(HIGH, size)]['ok']:.0f})"
             f" (x{got / ref:.2f}, target <= x2): {verdict}"
         )
 
@@ -337,6 +370,7 @@ def check(
 
     s_off, s_on = short_mean(off), short_mean(on)
     gain = 1 - s_on / s_off
+    figures["short mean gain %"] = 100 * gain
     print(
         f"short requests' mean TTFT: {s_on:.3f}s on vs {s_off:.3f}s off "
         f"({100 * gain:.0f}% lower, target >= 30%): {'met' if gain >= 0.3 else 'MISSED'}"
@@ -353,11 +387,48 @@ def check(
             lost += 1
     released, within = on_run.released_within.get(LOW, (0.0, 0.0))
     ok = lost == 0 and released == within
+    figures["low lost"] = lost
+    figures["low released late"] = released - within
     print(
         f"low class: {completed} completed, {rejected} answered 429, {lost} lost; "
         f"gateway queue: {within:.0f} of {released:.0f} released within the "
         f"{max_wait_s:g}s wait bound: {'met' if ok else 'MISSED'}"
     )
+    return figures
+
+
+def class_blind(run: Run) -> dict[tuple[str, str], dict[str, float]]:
+    """The unloaded reference per size, both classes pooled.
+
+    With admission off nothing reads the class (no queue, no engine `priority`), so both
+    classes' requests of one size are samples of the same distribution; pooling them gives
+    the long cell a usable sample count.
+    """
+    table: dict[tuple[str, str], dict[str, float]] = {}
+    for size in ("short", "long"):
+        stats = _stats([r for r in run.results if r.size == size])
+        _print_row("(both)", size, stats)
+        for cls in (HIGH, LOW):
+            table[(cls, size)] = stats
+    return table
+
+
+def merged(name: str, runs: list[Run]) -> Run:
+    """All runs' requests as one run: pooled samples for the percentiles."""
+    out = Run(name=name, wall_s=sum(r.wall_s for r in runs))
+    for r in runs:
+        out.results.extend(r.results)
+        for cls, (released, within) in r.released_within.items():
+            a, b = out.released_within.get(cls, (0.0, 0.0))
+            out.released_within[cls] = (a + released, b + within)
+    return out
+
+
+def spread(per_run: list[dict[str, float]]) -> None:
+    print(f"\n== spread over {len(per_run)} runs (min / median / max)")
+    for key in per_run[0]:
+        values = sorted(f[key] for f in per_run)
+        print(f"{key:<22}{values[0]:>8.2f}{statistics.median(values):>8.2f}{values[-1]:>8.2f}")
 
 
 def fast_path_cost(calls: int = 200_000) -> float:
@@ -387,7 +458,7 @@ async def main() -> None:
     parser.add_argument(
         "--unloaded-duration",
         type=float,
-        default=40.0,
+        default=60.0,
         help="seconds of the light-load reference run (more samples)",
     )
     parser.add_argument(
@@ -427,12 +498,29 @@ async def main() -> None:
         default=2.0,
         help="max_prompt_tokens as a multiple of the long prompt",
     )
+    parser.add_argument("--backfill", type=float, default=3.0, help="admission backfill_s")
+    parser.add_argument(
+        "--prefill-budget",
+        type=float,
+        default=0.0,
+        help="max_prefill_tokens as a multiple of --batch-tokens (0: off)",
+    )
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--runs", type=int, default=3, help="overload off/on pairs, each with its own seed"
+    )
+    parser.add_argument(
+        "--long-prefill-threshold",
+        type=int,
+        default=1024,
+        help="engine long_prefill_token_threshold (0: a long prefill may take the whole step)",
+    )
     args = parser.parse_args()
     print(
         f"mix: {Mix()}; engine: {args.profile}, max_num_seqs={args.slots}, "
-        f"max_num_batched_tokens={args.batch_tokens}, time_scale={args.time_scale}, "
-        f"replicas={args.replicas}"
+        f"max_num_batched_tokens={args.batch_tokens}, "
+        f"long_prefill_token_threshold={args.long_prefill_threshold}, "
+        f"time_scale={args.time_scale}, replicas={args.replicas}"
     )
     print(f"admission fast path (replica not saturated): {fast_path_cost():.0f} ns per request")
     off_cfg = _admission(False, args.slots, args.max_wait)
@@ -449,19 +537,45 @@ async def main() -> None:
         "unloaded (light load, admission off)", args, capacity * args.unloaded, off_cfg
     )
     assert isinstance(unloaded, Run)
-    t_unloaded = report(unloaded)
-    off = await one_run("overload, admission off (engine FCFS)", args, rate, off_cfg)
-    assert isinstance(off, Run)
-    t_off = report(off)
-    on = await one_run(
-        "overload, admission on",
-        args,
-        rate,
-        _admission(True, args.slots, args.max_wait, args.prompt_budget),
+    report(unloaded)
+    t_unloaded = class_blind(unloaded)
+    on_cfg = _admission(
+        True,
+        args.slots,
+        args.max_wait,
+        args.prompt_budget,
+        args.backfill,
+        int(args.prefill_budget * args.batch_tokens),
+        args.long_prefill_threshold,
     )
-    assert isinstance(on, Run)
-    t_on = report(on)
-    check(t_unloaded, t_off, t_on, on, args.max_wait)
+    offs: list[Run] = []
+    ons: list[Run] = []
+    per_run: list[dict[str, float]] = []
+    for i in range(args.runs):
+        seed = args.seed + 100 * (i + 1)
+        off = await one_run(
+            f"run {i + 1}/{args.runs}: overload, admission off (engine FCFS)",
+            args,
+            rate,
+            off_cfg,
+            seed,
+        )
+        assert isinstance(off, Run)
+        t_off = report(off)
+        on = await one_run(
+            f"run {i + 1}/{args.runs}: overload, admission on", args, rate, on_cfg, seed
+        )
+        assert isinstance(on, Run)
+        t_on = report(on)
+        per_run.append(check(t_unloaded, t_off, t_on, on, args.max_wait, f"targets, run {i + 1}"))
+        offs.append(off)
+        ons.append(on)
+    if args.runs > 1:
+        pooled_off = report(merged(f"all {args.runs} runs pooled: admission off", offs))
+        pooled_on_run = merged(f"all {args.runs} runs pooled: admission on", ons)
+        pooled_on = report(pooled_on_run)
+        check(t_unloaded, pooled_off, pooled_on, pooled_on_run, args.max_wait, "targets, pooled")
+        spread(per_run)
 
 
 if __name__ == "__main__":

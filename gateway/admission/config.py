@@ -56,6 +56,19 @@ class SaturationThresholds(BaseModel):
         description="prompt tokens (uncached, predicted) of the gateway's requests in flight "
         "to the replica; bounds how many long prefills share the engine's step budget",
     )
+    max_prefill_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="uncached prompt tokens per engine step of the gateway's requests still "
+        "prefilling (admitted, no first byte yet); about the engine's max_num_batched_tokens. "
+        "With a class holdback, lower classes leave part of every step to better ones",
+    )
+    prefill_chunk_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="most tokens one request prefills per engine step (vLLM's "
+        "long_prefill_token_threshold); weighs each prefilling request for max_prefill_tokens",
+    )
 
     def held_back(self, holdback: float) -> SaturationThresholds:
         """These thresholds with `holdback` of each kept free (at least one place stays)."""
@@ -73,6 +86,12 @@ class SaturationThresholds(BaseModel):
                 if self.max_prompt_tokens is None
                 else max(1, int(self.max_prompt_tokens * keep))
             ),
+            max_prefill_tokens=(
+                None
+                if self.max_prefill_tokens is None
+                else max(1, int(self.max_prefill_tokens * keep))
+            ),
+            prefill_chunk_tokens=self.prefill_chunk_tokens,
         )
 
 
@@ -104,6 +123,12 @@ class AdmissionSettings(BaseModel):
     )
     size_head_start_s: float = Field(
         default=4.0, ge=0, description="head start of the smallest request over one at the work cap"
+    )
+    backfill_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="how long lighter requests of its class may pass a waiter too heavy for "
+        "the prompt-token budget (at most size_head_start_s keeps the aging bound)",
     )
     work_cap_tokens: int = Field(
         default=32768, ge=2, description="predicted work at which the size head start is used up"
@@ -142,6 +167,12 @@ class AdmissionSettings(BaseModel):
         unknown = sorted(set(self.key_classes.values()) - set(names))
         if unknown:
             raise ValueError(f"key_classes name unknown classes {unknown}; known: {names}")
+        if self.backfill_s > self.size_head_start_s:
+            # A later arrival could then overtake a waiter past the aging bound.
+            raise ValueError(
+                f"backfill_s ({self.backfill_s:g}) must not exceed size_head_start_s "
+                f"({self.size_head_start_s:g})"
+            )
         return self
 
     @property

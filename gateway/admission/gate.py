@@ -9,6 +9,8 @@ Contract with the proxy (all calls on the event loop):
     <count the request in flight for `replica` before the next await>
     send gate.payload(request, body, raw, replica)    # vLLM `priority` set or stripped
     ...
+    at the first response byte (or at the end, whichever comes first), exactly once:
+        gate.first_byte(request, replica)   # the prefill is over: frees `max_prefill_tokens`
     finally: <decrement in flight>; gate.finished(request, replica)   # every exit path
 
 `must_wait` is a few dictionary look-ups (plus one small record per request when
@@ -78,9 +80,16 @@ class AdmissionGate:
         self._marks: dict[ReplicaId, tuple[float, int]] = {}
         # Prompt tokens in flight, only kept when a threshold needs them. Keyed by the
         # request object's identity: client-chosen request ids need not be unique.
-        self._track_tokens = settings.saturation.max_prompt_tokens is not None
+        sat = settings.saturation
+        self._track_prompt = sat.max_prompt_tokens is not None
+        self._track_prefill = sat.max_prefill_tokens is not None
+        self._track_tokens = self._track_prompt or self._track_prefill
+        self._chunk = sat.prefill_chunk_tokens
         self._flight: dict[int, tuple[ReplicaId, int]] = {}
         self._tokens: dict[ReplicaId, int] = {}
+        # Requests admitted and still prefilling (no first byte yet): step weight per replica.
+        self._prefilling: dict[int, tuple[ReplicaId, int]] = {}
+        self._prefill: dict[ReplicaId, int] = {}
         metrics = (
             AdmissionMetrics(registry, tuple(c.name for c in settings.classes))
             if registry is not None
@@ -94,6 +103,7 @@ class AdmissionGate:
             recheck_interval_s=settings.recheck_interval_s,
             metrics=metrics,
             clock=clock,
+            backfill_s=settings.backfill_s,
         )
 
     # ---- the request path ----------------------------------------------------------
@@ -105,6 +115,8 @@ class AdmissionGate:
         if not self._track_tokens:
             return self._saturated(replica, view, 0, 0, request.priority_class, 0)
         tokens = request.prompt_tokens
+        if self._track_prefill and self._cache is not None and request.prefix_hashes:
+            tokens = max(0, tokens - self._cache.cached_tokens(request, replica))
         if self._saturated(replica, view, 0, 0, request.priority_class, tokens):
             return True
         self._enter(request, replica, tokens)
@@ -133,7 +145,8 @@ class AdmissionGate:
 
     def finished(self, request: RouteRequest, replica: ReplicaId | None) -> None:
         """`request` ended, on any path, after its in-flight slot (if any) was released."""
-        entry = self._flight.pop(id(request), None) if self._track_tokens else None
+        self._end_prefill(request)
+        entry = self._flight.pop(id(request), None) if self._track_prompt else None
         if entry is not None:
             counted, tokens = entry
             left = self._tokens[counted] - tokens
@@ -145,12 +158,44 @@ class AdmissionGate:
         if replica is not None and (entry is None or entry[0] != replica):
             self.room.poke(replica)
 
+    def first_byte(self, request: RouteRequest, replica: ReplicaId | None) -> None:
+        """`request`'s prefill is over (first response byte, or it ended): its share of the
+        prefill budget frees. Idempotent; `finished` does the same for a proxy that never
+        calls it."""
+        self._end_prefill(request)
+
+    def _end_prefill(self, request: RouteRequest) -> None:
+        if not self._track_prefill:
+            return
+        entry = self._prefilling.pop(id(request), None)
+        if entry is None:
+            return
+        counted, weight = entry
+        left = self._prefill[counted] - weight
+        if left > 0:
+            self._prefill[counted] = left
+        else:
+            del self._prefill[counted]
+        self.room.poke(counted)
+
+    def _step_weight(self, tokens: int) -> int:
+        chunk = self._chunk
+        return tokens if chunk is None or tokens < chunk else chunk
+
     def _enter(self, request: RouteRequest, replica: ReplicaId, tokens: int) -> None:
-        self._flight[id(request)] = (replica, tokens)
-        self._tokens[replica] = self._tokens.get(replica, 0) + tokens
+        if self._track_prompt:
+            self._flight[id(request)] = (replica, tokens)
+            self._tokens[replica] = self._tokens.get(replica, 0) + tokens
+        if self._track_prefill:
+            weight = self._step_weight(tokens)
+            self._prefilling[id(request)] = (replica, weight)
+            self._prefill[replica] = self._prefill.get(replica, 0) + weight
 
     def prompt_tokens_in_flight(self, replica: ReplicaId) -> int:
         return self._tokens.get(replica, 0)
+
+    def prefill_tokens_in_flight(self, replica: ReplicaId) -> int:
+        return self._prefill.get(replica, 0)
 
     def record_output(self, tenant: str | None, completion_tokens: int) -> None:
         self.history.record(tenant, completion_tokens)
@@ -230,6 +275,19 @@ class AdmissionGate:
         if not self._track_tokens:
             return is_saturated(load, inflight + reserved, at_scrape, thresholds)
         in_flight_tokens = self._tokens.get(replica, 0) + reserved_tokens
+        prefill = 0
+        if self._track_prefill:
+            # Reservations carry uncached tokens; capped per request they weigh at most this.
+            chunk = self._chunk
+            held = reserved_tokens if chunk is None else min(reserved_tokens, reserved * chunk)
+            prefill = self._prefill.get(replica, 0) + held
         return is_saturated(
-            load, inflight + reserved, at_scrape, thresholds, in_flight_tokens, tokens
+            load,
+            inflight + reserved,
+            at_scrape,
+            thresholds,
+            in_flight_tokens,
+            tokens,
+            prefill,
+            self._step_weight(tokens),
         )

@@ -5,7 +5,10 @@ One min-heap of waiters per replica, ordered by the fixed scores of
 for as long as `has_room(...)` says one more of that class and weight fits. When the best
 waiter does not fit (its class is held back, or it is too heavy for now), the best waiter
 of a *better* class that fits goes instead; waiters of its own or a lower class wait
-behind it, so a heavy or aged request is never bypassed for ever by lighter ones. Passes run when a waiter
+behind it, so a heavy or aged request is never bypassed for ever by lighter ones. The one
+exception is a bounded backfill: for the first `backfill_s` of a head's wait, lighter
+waiters of its own class that fit may pass it (a long prompt waiting for the prompt-token
+budget to drain does not stall every short one behind it); after that the head blocks. Passes run when a waiter
 arrives, when the proxy reports that a request to the replica ended (`poke`), and on a
 timer while anything waits (a fresh scrape may show room).
 
@@ -64,8 +67,10 @@ class WaitingRoom:
         recheck_interval_s: float,
         metrics: AdmissionMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        backfill_s: float = 0.0,
     ) -> None:
         self._has_room = has_room
+        self._backfill_s = backfill_s
         self._max_queue = max_queue
         self._max_wait_s = max_wait_s
         self._retry_after_s = retry_after_s
@@ -261,14 +266,18 @@ class WaitingRoom:
     def _best_with_room(
         self, replica: ReplicaId, heap: list[tuple[float, int, _Waiter]], head: _Waiter
     ) -> _Waiter | None:
-        """Best waiter of a better class than `head` that fits; O(queue), only when the
-        head does not fit."""
+        """Best waiter that fits and may pass `head`: of a better class, or of its class and
+        lighter while `head` is within its backfill window. O(queue), only when the head
+        does not fit."""
         room: dict[tuple[str, int], bool] = {(head.class_name, head.weight): False}
         best: _Waiter | None = None
+        backfill = self._backfill_s > 0 and self._clock() - head.enqueued_at < self._backfill_s
         for score, _, w in heap:
             if w.state is not _State.WAITING or w.future.done():
                 continue
-            if w.class_rank >= head.class_rank:
+            if w.class_rank > head.class_rank or (
+                w.class_rank == head.class_rank and not (backfill and w.weight < head.weight)
+            ):
                 continue
             if best is not None and score >= best.score:
                 continue

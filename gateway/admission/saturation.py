@@ -15,6 +15,11 @@ judge such replicas by the in-flight count alone.
 engine that schedules running requests first lets a few long prefills take its whole
 step budget; bounding them keeps room for short and high-class requests. One request
 larger than the bound still goes alone, when nothing else of its weight is in flight.
+
+`max_prefill_tokens` counts only requests still prefilling (no first byte yet), each
+weighed by what it can take of one engine step. It frees as soon as a prefill ends, so it
+can be set near the step budget; with class holdbacks the lower classes never fill a whole
+step, and a better class's prefill is not scheduled behind a wall of theirs.
 """
 
 from __future__ import annotations
@@ -30,12 +35,15 @@ def is_saturated(
     thresholds: SaturationThresholds,
     prompt_tokens_inflight: int = 0,
     prompt_tokens: int = 0,
+    prefill_tokens_inflight: int = 0,
+    prefill_tokens: int = 0,
 ) -> bool:
     """True when one more request (of `prompt_tokens`) sent now would have to queue.
 
     `load` must already be None when stale (see `ClusterView.load_of`); `inflight` is the
     gateway's live count for the replica; `inflight_at_scrape` the count when this `load`
-    was first seen; `prompt_tokens_inflight` the prompt tokens of requests in flight.
+    was first seen; `prompt_tokens_inflight` the prompt tokens of requests in flight;
+    `prefill_tokens_inflight` the step weight of those still prefilling.
     """
     max_inflight = thresholds.max_inflight
     if max_inflight is not None and inflight >= max_inflight:
@@ -45,6 +53,13 @@ def is_saturated(
         max_tokens is not None
         and prompt_tokens_inflight > 0
         and prompt_tokens_inflight + prompt_tokens > max_tokens
+    ):
+        return True
+    max_prefill = thresholds.max_prefill_tokens
+    if (
+        max_prefill is not None
+        and prefill_tokens_inflight > 0
+        and prefill_tokens_inflight + prefill_tokens > max_prefill
     ):
         return True
     if load is None:

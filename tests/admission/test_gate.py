@@ -293,3 +293,33 @@ async def test_prompt_token_budget_keeps_long_prefills_apart() -> None:
     assert gate.prompt_tokens_in_flight(A) == 8_000
     gate.finished(long2, None)  # e.g. it failed before reaching a replica
     assert gate.prompt_tokens_in_flight(A) == 0
+
+
+async def test_backfill_lets_short_prompts_past_a_long_one_waiting_for_the_budget() -> None:
+    cluster = Cluster()
+    cluster.scrape(A, waiting=0)
+    now = {"t": 100.0}
+    settings = AdmissionSettings.model_validate(
+        {
+            "enabled": True,
+            "saturation": {"max_waiting": None, "max_kv_usage": None, "max_prompt_tokens": 10_000},
+            "recheck_interval_s": 0.01,
+            "max_wait_s": 2.0,
+            "backfill_s": 4.0,
+            "classes": [{"name": "batch"}],
+            "default_class": "batch",
+        }
+    )
+    gate = AdmissionGate(settings, cluster.view, clock=lambda: now["t"])
+    log: list[str] = []
+    await _go(gate, cluster, _req("long1", "batch", prompt=8_000), log)
+    long2 = asyncio.create_task(_go(gate, cluster, _req("long2", "batch", prompt=8_000), log))
+    await _settle()
+    now["t"] += 2.0
+    # Queued 2 s later, the short one ranks behind long2 (its size head start is smaller
+    # than 2 s), yet fits the budget (8 000 + 500) and is let by while long2 cannot go.
+    await asyncio.wait_for(_go(gate, cluster, _req("short", "batch", prompt=500), log), 1.0)
+    assert log == ["long1", "short"] and not long2.done()
+    gate.close()
+    with pytest.raises(RateLimited):
+        await long2

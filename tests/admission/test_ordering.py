@@ -156,3 +156,11 @@ def test_ordering_reads_class_order_from_settings() -> None:
     o = Ordering.from_settings(s)
     assert o.class_index == {"gold": 0, "silver": 1}
     assert request_score(_req("gold"), 0.0, o) < request_score(_req("silver"), 0.0, o)
+
+
+def test_backfill_window_may_not_outlast_the_size_head_start() -> None:
+    # A longer window would let a later arrival overtake a waiter past the aging bound.
+    with pytest.raises(ValueError, match="backfill_s"):
+        AdmissionSettings(size_head_start_s=2.0, backfill_s=3.0)
+    assert AdmissionSettings(size_head_start_s=2.0, backfill_s=2.0).backfill_s == 2.0
+    assert AdmissionSettings().backfill_s == 0.0  # off unless configured

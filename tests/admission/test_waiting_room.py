@@ -323,3 +323,36 @@ async def test_lighter_waiters_of_the_same_class_do_not_bypass_a_heavy_head() ->
     budget["free"] = 1000
     room.poke(R)
     await asyncio.gather(heavy, light)
+
+
+async def test_backfill_lets_lighter_same_class_waiters_pass_only_within_its_window() -> None:
+    budget = {"free": 100}
+    now = {"t": 0.0}
+
+    def has_room(replica: ReplicaId, reserved: int, weight_r: int, cls: str, weight: int) -> bool:
+        return weight + weight_r <= budget["free"]
+
+    room = WaitingRoom(
+        has_room,
+        max_queue=10,
+        max_wait_s=60.0,
+        retry_after_s=1.0,
+        recheck_interval_s=60,
+        clock=lambda: now["t"],
+        backfill_s=3.0,
+    )
+    heavy = asyncio.create_task(room.wait(R, 1.0, "batch", 500, class_rank=2))
+    light = asyncio.create_task(room.wait(R, 2.0, "batch", 10, class_rank=2))
+    await _settle()
+    # Within the window: the light one goes past the heavy head, which keeps its place.
+    assert light.done() and not heavy.done()
+    await light
+    now["t"] = 3.5
+    late = asyncio.create_task(room.wait(R, 4.0, "batch", 10, class_rank=2))
+    await _settle()
+    # Past the window the head blocks its class again: no starvation by a stream of light ones.
+    assert not late.done() and not heavy.done()
+    budget["free"] = 1000
+    room.poke(R)
+    await asyncio.gather(heavy, late)
+    assert len(room) == 0
