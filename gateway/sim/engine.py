@@ -6,7 +6,8 @@ next call. Token timestamps are stamped at the *end* of the step that produced t
 
 Scheduling follows vLLM V1: running requests first (each gets the tokens it still needs,
 a decode gets one), then waiting ones while `max_num_seqs` and the
-`max_num_batched_tokens` budget allow (long prompts are prefilled in chunks). When a
+`max_num_batched_tokens` budget allow (long prompts are prefilled in chunks, each chunk at
+most `long_prefill_token_threshold` tokens when that is set). When a
 running request cannot get a block, the newest running request (lowest priority under
 priority scheduling) is preempted: its blocks are freed and it is recomputed later.
 Waiting requests are not admitted in a step that preempted, and wait while blocks run out.
@@ -287,7 +288,7 @@ class EngineModel:
                 break
             if r.state is not State.RUNNING:
                 continue  # preempted earlier in this step
-            n = min(r.num_tokens - r.num_computed, budget)
+            n = min(self._capped(r.num_tokens - r.num_computed), budget)
             while not self.kv.allocate(r.owner, r.num_computed + n):
                 victim = self._pick_victim()
                 self._preempt(victim, now)
@@ -306,7 +307,7 @@ class EngineModel:
                 break
             if w.state is State.WAITING_REMOTE_KV:
                 continue
-            n = min(w.num_tokens - w.num_computed, budget)
+            n = min(self._capped(w.num_tokens - w.num_computed), budget)
             scheduled[w] = n
             budget -= n
 
@@ -339,11 +340,16 @@ class EngineModel:
         return duration
 
     # ---- internals ----------------------------------------------------------------------
+    def _capped(self, new_tokens: int) -> int:
+        """Tokens one request may compute this step, before the shared budget (as vLLM)."""
+        cap = self.profile.long_prefill_token_threshold
+        return cap if 0 < cap < new_tokens else new_tokens
+
     def _admit(self, r: RequestHandle, budget: int, now: float) -> bool:
         """Give a waiting request its blocks and move it to running (or to a KV transfer)."""
         if self.kv.blocks_of(r.owner):
             # Back from a KV transfer: blocks are already held.
-            n = min(r.num_tokens - r.num_computed, budget)
+            n = min(self._capped(r.num_tokens - r.num_computed), budget)
             if not self.kv.allocate(r.owner, r.num_computed + n):
                 return False
             self._dequeue(r)
@@ -371,7 +377,7 @@ class EngineModel:
                 r.first_scheduled = now
             self._transferring.append(r)
             return True
-        n = min(r.num_tokens - cached, budget)
+        n = min(self._capped(r.num_tokens - cached), budget)
         if not self.kv.allocate(r.owner, cached + n, hit):
             return False
         self._dequeue(r)

@@ -297,16 +297,18 @@ class Generation(Response):
         if stall_at == 0:
             await self._stall()
             return
-        if kind == "chat":
-            await body(
-                chunk(kind, rid, model, created, text="", role=True, with_usage_null=null_usage)
-            )
         sent = 0
         try:
             async for n in engine.runner.stream(handle):
                 # One SSE event per token, but one write per delivery: tokens that arrive
                 # together (instant profile, a late wake-up) go out in one send.
                 events: list[bytes] = []
+                if sent == 0 and kind == "chat":
+                    # As vLLM does, the role chunk goes out with the first token, after the
+                    # prefill: a client's (or the gateway's) first byte then marks the TTFT.
+                    events.append(
+                        chunk(kind, rid, model, created, text="", role=True, with_usage_null=null_usage)
+                    )
                 for _ in range(n):
                     stall_at = engine.faults.config.stall
                     if stall_at is not None and sent >= stall_at:

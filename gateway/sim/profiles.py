@@ -39,6 +39,10 @@ class HardwareProfile:
     max_num_batched_tokens: int = 8192
     max_model_len: int = 131072
     step_overhead_s: float = 0.002
+    # vLLM's `long_prefill_token_threshold`: at most this many prompt tokens of one request
+    # per step, so one long prefill cannot take the whole step budget. 0 (vLLM's default
+    # unless partial prefills are enabled) means no per-request cap.
+    long_prefill_token_threshold: int = 0
     # Output length when the client gives no max_tokens: deterministic in [lo, hi].
     natural_output_tokens: tuple[int, int] = (16, 256)
     # Answer at once: no step loop, no sleeps (the gateway-overhead benchmark backend).

@@ -252,3 +252,39 @@ def test_instant_profile_runs_to_completion_in_one_call() -> None:
     h: RequestHandle = m.submit(req("a", 50, max_tokens=7, ignore_eos=True), 0.0)
     m.run_to_completion(h, 0.0)
     assert h.output_tokens == 7 and h.finish_time == pytest.approx(0.0, abs=1e-6)
+
+
+def test_long_prefill_threshold_caps_each_requests_chunk() -> None:
+    # One long prompt, then a short one while the long one is mid-prefill.
+    def first_token_of_short(threshold: int) -> tuple[float, list[int]]:
+        prof = small(
+            max_num_batched_tokens=128,
+            prefill_tokens_per_s=1000.0,
+            long_prefill_token_threshold=threshold,
+        )
+        m, clock = EngineModel(prof), VirtualClock()
+        long = m.submit(req("long", 480, prefix=1, max_tokens=1), clock.now())
+        clock.advance(m.step(clock.now()))
+        short = m.submit(req("short", 32, prefix=2, max_tokens=1), clock.now())
+        chunks = []
+        while not short.finished:
+            before = long.num_computed
+            clock.advance(m.step(clock.now()))
+            chunks.append(long.num_computed - before)
+        run(m, clock)
+        assert long.finished and long.output_tokens == 1
+        assert short.first_token_time is not None
+        return short.first_token_time - short.arrival, chunks
+
+    uncapped, uncapped_chunks = first_token_of_short(0)
+    capped, capped_chunks = first_token_of_short(64)
+    # Uncapped, the long prefill takes the whole budget until it is done; capped, it takes
+    # 64 tokens a step and the short prompt is prefilled beside it at once.
+    assert uncapped_chunks[:3] == [128, 128, 96]
+    assert capped_chunks == [64]
+    assert capped < uncapped / 3
+    # A prompt under the threshold is not split further than the budget splits it.
+    m = EngineModel(small(long_prefill_token_threshold=64))
+    h = m.submit(req("a", 40, max_tokens=1), 0.0)
+    m.step(0.0)
+    assert h.finished
