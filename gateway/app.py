@@ -26,6 +26,7 @@ from starlette.routing import BaseRoute, Route
 
 from gateway.cluster import Cluster
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound, error_response_parts
+from gateway.fastpath import GatewayApp
 from gateway.health import HealthMonitor
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.middleware.request_id import RequestIdMiddleware
@@ -193,8 +194,9 @@ def build_app(settings: KvgateSettings | None = None) -> Starlette:
             )
         return _error_response(NotFound(f"no route for {request.method} {request.url.path}"))
 
+    proxies = {path: ProxyEndpoint(state, endpoint, path) for path, endpoint in ROUTES}
     routes: list[BaseRoute] = [
-        Route(path, ProxyEndpoint(state, endpoint, path), methods=["POST"]) for path, endpoint in ROUTES
+        Route(path, proxy, methods=["POST"]) for path, proxy in proxies.items()
     ]
     routes += [
         Route("/v1/models", models, methods=["GET"]),
@@ -203,7 +205,8 @@ def build_app(settings: KvgateSettings | None = None) -> Starlette:
         Route("/metrics", metrics, methods=["GET"]),
     ]
     routes += state.routes
-    app = Starlette(
+    app = GatewayApp(
+        fast_posts=proxies,
         routes=routes,
         middleware=[Middleware(RequestIdMiddleware)],
         exception_handlers={HTTPException: http_error},

@@ -33,6 +33,12 @@ BUILTIN_POLICIES: dict[str, str] = {
 }
 
 
+# How deep a policy must rank: a `Choice.ranked` may stop after this many replicas (the
+# failover head; retries.max_attempts is at most 16 and the proxy asks the router again when
+# a ranking is used up). Policies rank everyone when the candidates are this few.
+RANK_DEPTH = 16
+
+
 class PolicyConfig(BaseModel):
     """Base for every policy's config section: frozen, unknown keys rejected."""
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Container, Iterable, Iterator, Mapping
+from itertools import repeat
 from dataclasses import dataclass
 
 from gateway.hashing import hash_key, vnode_hash
@@ -118,12 +119,22 @@ class HashRing:
         eligible: Callable[[ReplicaId], bool] | None = None,
         in_flight: Mapping[ReplicaId, int] | None = None,
         load_factor: float | None = DEFAULT_LOAD_FACTOR,
+        members: Collection[ReplicaId] | None = None,
+        depth: int | None = None,
     ) -> RingLookup:
         """Eligible replicas in preference order, plus the key's owner for reason reporting.
 
         Under-limit replicas come first in ring order, then over-limit ones in ring order
         (so a fully saturated cluster still fails over instead of refusing).
+
+        With `members` (exactly the eligible replicas, each a member of positive weight;
+        it then replaces `eligible`) and
+        `depth`, the walk stops once `depth` under-limit replicas are found: the head of the
+        ranking is the same as the full one's, the tail is left out, and the cost is
+        O(log(V·N)) plus a short walk (and one C-level sum of the in-flight counts).
         """
+        if depth is not None and members is not None:
+            return self._lookup_head(key, members, in_flight, load_factor, depth)
         walked = self.walk(key)
         owner = walked[0] if walked else None
         order = walked if eligible is None else [r for r in walked if eligible(r)]
@@ -138,4 +149,50 @@ class HashRing:
         for r in order:
             limit = math.ceil(load_factor * (total + 1) * weights[r] / weight_sum)
             (under if in_flight.get(r, 0) + 1 <= limit else over).append(r)
+        return RingLookup(under + over, owner, first)
+
+    def _lookup_head(
+        self,
+        key: str | bytes,
+        members: Collection[ReplicaId],
+        in_flight: Mapping[ReplicaId, int] | None,
+        load_factor: float | None,
+        depth: int,
+    ) -> RingLookup:
+        positions, owners, weights = self._positions, self._owners, self._weights
+        size = len(positions)
+        want = len(members)
+        if not size or not want:
+            return RingLookup([], owners[0] if size else None, None)
+        start = bisect_left(positions, hash_key(key))
+        owner = owners[start % size]
+        bounded = load_factor is not None and in_flight is not None
+        scale = 0.0
+        if bounded:
+            assert in_flight is not None and load_factor is not None
+            get = in_flight.get
+            total = sum(map(get, members, repeat(0)))
+            weight_sum = sum(map(weights.__getitem__, members))
+            scale = load_factor * (total + 1)
+        under: list[ReplicaId] = []
+        over: list[ReplicaId] = []
+        seen: set[ReplicaId] = set()
+        ceil = math.ceil
+        first: ReplicaId | None = None
+        for step in range(size):
+            r = owners[(start + step) % size]
+            if r in seen or r not in members:
+                continue
+            if first is None:
+                first = r
+            seen.add(r)
+            # Same expression as the full lookup, so both agree to the last bit.
+            if not bounded or get(r, 0) + 1 <= ceil(scale * weights[r] / weight_sum):
+                under.append(r)
+                if len(under) >= depth:
+                    break
+            else:
+                over.append(r)
+            if len(seen) == want:
+                break
         return RingLookup(under + over, owner, first)

@@ -6,8 +6,8 @@ skipped by walking clockwise, so a session whose replica is down lands on the ne
 returns when it recovers. A replica whose in-flight count would exceed
 ``load_factor x mean`` (weighted) passes the request on to the next replica.
 
-Complexity: O(log(V·N)) for the lookup plus a walk that is O(N log N) on average; the ring
-is rebuilt (O(V·N log(V·N))) only when the membership or weights change.
+Complexity: O(log(V·N)) for the lookup plus a walk to the first RANK_DEPTH eligible
+replicas under their bound (one C-level O(N) sum of in-flight counts); the ring is rebuilt (O(V·N log(V·N))) only when the membership or weights change.
 
 Reasons reported: ``ring`` (the key's owner), ``failover`` (the owner is unhealthy or does
 not serve the model), ``bounded_load`` (the owner is over its load bound), ``sticky`` (the
@@ -21,7 +21,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from gateway.policy import PolicyConfig, PolicyContext
+from gateway.policy import RANK_DEPTH, PolicyConfig, PolicyContext
 from gateway.ring import DEFAULT_LOAD_FACTOR, DEFAULT_VNODES, HashRing, RingNode
 from gateway.types import Choice, ClusterView, ReplicaId, ReplicaState, RouteRequest
 
@@ -87,20 +87,29 @@ class ConsistentHash:
         model = request.model
         eligible = by_model.get(model)
         if eligible is None:
-            eligible = frozenset(r.id for r in replicas if r.healthy and r.serves(model))
+            weights = ring.members
+            eligible = frozenset(
+                r.id
+                for r in replicas
+                if r.healthy and r.serves(model) and weights.get(r.id, 0) > 0
+            )
             by_model[model] = eligible
+        # Only the head of the ranking is computed: failover never goes deeper than
+        # RANK_DEPTH, and the proxy asks again when a ranking is used up.
         pick = ring.lookup(
             request.session_key,
-            eligible=eligible.__contains__,
             in_flight=view.in_flight,
             load_factor=self.config.load_factor,
+            members=eligible,
+            depth=RANK_DEPTH,
         )
         ranked = pick.ranked
         if not ranked:
             return Choice((), "no_candidates", self.name)
         sticky = request.sticky_replica
-        if self.config.honor_sticky and sticky is not None and sticky in ranked and sticky != ranked[0]:
-            ranked.remove(sticky)
+        if self.config.honor_sticky and sticky is not None and sticky in eligible and sticky != ranked[0]:
+            if sticky in ranked:
+                ranked.remove(sticky)
             ranked.insert(0, sticky)
             return Choice(tuple(ranked), "sticky", self.name)
         return Choice(tuple(ranked), pick.reason, self.name)

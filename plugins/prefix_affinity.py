@@ -23,20 +23,22 @@ the first eligible replica clockwise from its session key on the ring, so new
 conversations spread evenly and later turns find their prefix there. Ties are broken by a
 hash of the session key. `placed` records the prompt blocks on the replica that served.
 
-Cost: O(n) load arithmetic plus O(log L) index probes per replica holding the first block,
-one O(n log n) sort for the failover order; the ring is walked only on a miss.
+Cost: one flat O(n) pass (the mean load needs every replica's in-flight count); matches
+come from the index's reverse map in O(g log L) set operations (g = distinct match
+lengths); the failover head (k = RANK_DEPTH) comes from a walk in per-view load order that
+stops once no replica left can beat the k-th best; the ring is walked only on a miss.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 from pydantic import Field
 
-from gateway.policy import PolicyConfig, PolicyContext
+from gateway.policy import RANK_DEPTH, PolicyConfig, PolicyContext
 from gateway.ring import DEFAULT_VNODES, HashRing, RingNode
 from gateway.types import Choice, ClusterView, ReplicaId, ReplicaState, RouteRequest
 from plugins.load_model import MASK64, TIE_MULTIPLIER, LoadWeights, TieBreaker, load_terms
@@ -90,10 +92,36 @@ _ELIGIBLE, _OVERLOADED, _UNKNOWN = 0, 1, 2
 @dataclass(frozen=True, slots=True)
 class _Snapshot:
     replicas: tuple[ReplicaState, ...]
+    now: float
+    stale_after: float
     ids: list[ReplicaId]
-    terms: list[tuple[float, float, float] | None]  # (reported, weighted load, scraped_at)
+    position: dict[ReplicaId, int]
+    reported: list[float | None]  # None: load unknown or stale
+    values: list[float]  # weighted scraped load
+    base: list[float | None]  # values / weight, the load with no unreported in-flight
+    unknown: bool
+    order: list[int]  # known replicas by base load, ascending
     weights: list[float]
     hashes: list[int]
+
+
+class _Eligible:
+    """Membership test "load known and not overloaded", so the ring walk asks only about
+    the replicas it passes instead of a set of all eligible being built per request."""
+
+    __slots__ = ("_limit", "_loads", "_position")
+
+    def __init__(
+        self, position: dict[ReplicaId, int], loads: list[float | None], limit: float
+    ) -> None:
+        self._position, self._loads, self._limit = position, loads, limit
+
+    def __contains__(self, rid: object) -> bool:
+        i = self._position.get(rid)  # type: ignore[call-overload]
+        if i is None:
+            return False
+        load = self._loads[i]
+        return load is not None and load <= self._limit
 
 
 class PrefixAffinity:
@@ -164,124 +192,219 @@ class PrefixAffinity:
         tail = prompt - span
         snap = self._snapshot(view, bt)
         ids = snap.ids
-        in_flight = view.in_flight
-        inflight = [in_flight.get(rid, 0) for rid in ids]
-        now, stale, ww = view.now, view.stale_after, cfg.weights.waiting
-        loads: list[float | None] = []
-        for terms, n, weight in zip(snap.terms, inflight, snap.weights):
-            if terms is None or now - terms[2] > stale:
-                loads.append(None)  # unknown or stale: saturated
-                continue
-            reported, value, _ = terms
-            if n > reported:
-                value += ww * (n - reported)
-            loads.append(value / weight)
-        matched = self.index.matched_many(ids, hashes)
-
-        known = [x for x in loads if x is not None]
-        if not known:
-            # Nothing scraped at all (scraping off, or start-up): judge by local in-flight.
-            loads = [cfg.weights.waiting * n for n in inflight]
+        get = view.in_flight.get
+        inflight = [get(rid, 0) for rid in ids]
+        ww = cfg.weights.waiting
+        # The only per-request load term is in-flight beyond what the scrape reported; the
+        # rest (and staleness, fixed per view) is precomputed. One flat pass, no branches
+        # per replica beyond the comparison.
+        loads: list[float | None] = [
+            base if rep is None or n <= rep else (value + ww * (n - rep)) / weight
+            for base, rep, value, weight, n in zip(
+                snap.base, snap.reported, snap.values, snap.weights, inflight
+            )
+        ]
+        if snap.unknown:
             known = [x for x in loads if x is not None]
+            if not known:
+                # Nothing scraped at all (scraping off, or start-up): judge by local in-flight.
+                loads = [ww * n for n in inflight]
+                known = loads  # type: ignore[assignment]
+        else:
+            known = loads  # type: ignore[assignment]
         mean = sum(known) / len(known)
         limit = mean * cfg.overload_factor + cfg.overload_slack
         min_load = min(known)
-        common = self._common_match(matched)
+        matched = self.index.matched_sparse(snap.position, hashes)
+        common = self._common_match(list(matched.values()), len(ids))
         need = cfg.min_match_fraction * min(prompt, span) if span else 1
-        unit = self.unit_tokens
+        c = cfg.load_weight * self.unit_tokens
+        mw = cfg.match_weight
 
-        tiers: list[int] = []
-        scores: list[float] = []
+        # Ranking key (tier, -score, tie). Unknown: (2, inflight); overloaded: (1, load);
+        # eligible without a useful match: (0, -(0 - c * (load - min))) -- only replicas
+        # holding a match can score otherwise, and they are few.
         useful_any = shed = False
-        followed: set[int] = set()  # candidates whose match counts
-        for i, load in enumerate(loads):
+        followed: dict[int, float] = {}  # candidates whose match counts -> -score
+        for i, m in matched.items():
+            load = loads[i]
             if load is None:
-                tiers.append(_UNKNOWN)
-                scores.append(-float(inflight[i]))
                 continue
             if load > limit:
-                tiers.append(_OVERLOADED)
-                scores.append(-load)
-                shed = shed or (matched[i] > common and matched[i] * bt >= need)
+                shed = shed or (m > common and m * bt >= need)
                 continue
-            useful = (matched[i] - common) * bt
-            if useful <= 0 or matched[i] * bt < need:
-                useful = 0
-            else:
+            useful = (m - common) * bt
+            if useful > 0 and m * bt >= need:
                 useful_any = True
-                if tail and matched[i] == len(hashes):
+                if tail and m == len(hashes):
                     useful += tail
-                followed.add(i)
-            tiers.append(_ELIGIBLE)
-            scores.append(cfg.match_weight * useful - cfg.load_weight * unit * (load - min_load))
+                followed[i] = -(mw * useful - c * (load - min_load))
 
-        sh = self._tie.session_hash(request.session_key)
-        # mix() inlined: this runs once per replica per request.
-        keys = [
-            (tier, -score, ((sh ^ rh) * TIE_MULTIPLIER) & MASK64)
-            for tier, score, rh in zip(tiers, scores, snap.hashes)
-        ]
-        order = sorted(range(len(ids)), key=keys.__getitem__)
-        ranked = [ids[i] for i in order]
+        zero = mw * 0
+        picked = self._walk(snap, loads, followed, limit, zero, c, min_load)
+        if picked is None:  # fewer than RANK_DEPTH eligible, or no scraped load at all
+            elig = [
+                i for i, x in enumerate(loads) if x is not None and x <= limit and i not in followed
+            ]
+            pairs = [(-(zero - c * (loads[i] - min_load)), i) for i in elig]  # type: ignore[operator]
+            pairs.extend((v, i) for i, v in followed.items())
+            picked = pairs
+        picked_idx = self._head(request.session_key, snap, loads, inflight, picked, limit)
+        ranked = [ids[i] for i in picked_idx]
         # Reasons are metric label values: a fixed, small set.
         if useful_any:
             # "load": a replica without a useful match won on load despite a match elsewhere.
-            reason = "prefix_match" if order[0] in followed else "load"
+            reason = "prefix_match" if picked_idx[0] in followed else "load"
         else:
-            home = self._ring_home(request.session_key, ids, tiers)
+            home = self._ring_home(request.session_key, ids, _Eligible(snap.position, loads, limit))
             if home is not None:
-                ranked.remove(home)
+                if home in ranked:
+                    ranked.remove(home)
                 ranked.insert(0, home)
                 reason = "shed" if shed else "ring"
             else:
                 reason = "least_loaded"
         return Choice(tuple(ranked), reason, self.name)
 
+    @staticmethod
+    def _walk(
+        snap: _Snapshot,
+        loads: list[float | None],
+        followed: dict[int, float],
+        limit: float,
+        zero: float,
+        c: float,
+        min_load: float,
+    ) -> list[tuple[float, int]] | None:
+        """(-score, index) of the followed replicas and of enough eligible ones to hold the
+        RANK_DEPTH best: replicas are visited by their per-view load without in-flight, a
+        lower bound of their load, and -score only grows with load, so the walk stops once
+        that bound cannot reach the k-th best -score seen. None: not enough eligible."""
+        if not snap.order:
+            return None
+        k = RANK_DEPTH
+        pairs = [(v, i) for i, v in followed.items()]
+        top = [-v for v, _ in pairs]  # max-heap (negated) of the k smallest -score
+        heapq.heapify(top)
+        while len(top) > k:
+            heapq.heappop(top)
+        base = snap.base
+        for i in snap.order:
+            if len(top) == k and -(zero - c * (base[i] - min_load)) > -top[0]:  # type: ignore[operator]
+                return pairs
+            load = loads[i]
+            if load > limit or i in followed:  # type: ignore[operator]
+                continue
+            v = -(zero - c * (load - min_load))  # type: ignore[operator]
+            pairs.append((v, i))
+            if len(top) < k:
+                heapq.heappush(top, -v)
+            elif v < -top[0]:
+                heapq.heapreplace(top, -v)
+        return pairs if len(top) == k else None
+
+    def _head(
+        self,
+        session_key: str,
+        snap: _Snapshot,
+        loads: list[float | None],
+        inflight: list[int],
+        eligible: list[tuple[float, int]],
+        limit: float,
+    ) -> list[int]:
+        """Indices of the first RANK_DEPTH replicas by (tier, -score, tie). Exact keys are
+        built only for replicas whose -score is within the k-th smallest of their tier: any
+        replica beyond it has at least k replicas strictly ahead."""
+        sh = self._tie.session_hash(session_key)
+        hashes = snap.hashes
+        k = RANK_DEPTH
+        keys: list[tuple[int, float, int, int]] = []
+
+        def take(tier: int, pairs: list[tuple[float, int]], want: int) -> None:
+            if len(pairs) > want:
+                cut = sorted(p[0] for p in pairs)[want - 1]
+                pairs = [p for p in pairs if p[0] <= cut]
+            for v, i in pairs:
+                keys.append((tier, v, ((sh ^ hashes[i]) * TIE_MULTIPLIER) & MASK64, i))
+
+        take(_ELIGIBLE, eligible, k)
+        left = k - len(eligible)
+        if left > 0:
+            over = [(x, i) for i, x in enumerate(loads) if x is not None and x > limit]
+            take(_OVERLOADED, over, left)
+            left -= len(over)
+            if left > 0 and snap.unknown:
+                # -score of an unknown replica is minus its in-flight count.
+                unknown = [(float(inflight[i]), i) for i, x in enumerate(loads) if x is None]
+                take(_UNKNOWN, unknown, left)
+        keys.sort()
+        return [key[3] for key in keys[:k]]
+
     def _snapshot(self, view: ClusterView, block_tokens: int) -> _Snapshot:
-        """Per-view data, rebuilt only when the view's replica tuple changes (a new scrape
-        or membership), not per request."""
+        """Per-view data, rebuilt only when the view changes (a new scrape or membership),
+        not per request."""
         snap = self._snap
-        if snap is not None and snap.replicas is view.replicas:
+        if (
+            snap is not None
+            and snap.replicas is view.replicas
+            and snap.now == view.now
+            and snap.stale_after == view.stale_after
+        ):
             return snap
         weights = self.config.weights
         ids: list[ReplicaId] = []
-        terms: list[tuple[float, float, float] | None] = []
-        for r in view.replicas:
+        reported: list[float | None] = []
+        values: list[float] = []
+        base: list[float | None] = []
+        now, stale = view.now, view.stale_after
+        ws = [r.weight if r.weight > 0 else 1.0 for r in view.replicas]
+        for r, weight in zip(view.replicas, ws):
             ids.append(r.id)
             load = r.load
-            if load is None:
-                terms.append(None)
-                continue
-            reported, value = load_terms(load, weights)
-            terms.append((reported, value, load.scraped_at))
-            if load.kv_capacity_tokens and r.id not in self._configured:
+            if load is None or now - load.scraped_at > stale:
+                reported.append(None)
+                values.append(0.0)
+                base.append(None)  # unknown or stale: saturated
+            else:
+                rep, value = load_terms(load, weights)
+                reported.append(rep)
+                values.append(value)
+                base.append(value / weight)
+            if load is not None and load.kv_capacity_tokens and r.id not in self._configured:
                 # Scraped capacity sizes the index; configured capacity takes precedence.
                 self.index.set_capacity(r.id, load.kv_capacity_tokens, block_tokens)
         snap = self._snap = _Snapshot(
             replicas=view.replicas,
+            now=now,
+            stale_after=stale,
             ids=ids,
-            terms=terms,
-            weights=[r.weight if r.weight > 0 else 1.0 for r in view.replicas],
+            position={rid: i for i, rid in enumerate(ids)},
+            reported=reported,
+            values=values,
+            base=base,
+            unknown=any(b is None for b in base),
+            order=sorted((i for i, b in enumerate(base) if b is not None), key=base.__getitem__),  # type: ignore[arg-type]
+            weights=ws,
             hashes=[self._tie.replica_hash(rid) for rid in ids],
         )
         return snap
 
-    def _common_match(self, matched: list[int]) -> int:
+    def _common_match(self, holders: list[int], candidates: int) -> int:
         # At least two holders: with one, a conversation's own prefix would be "common".
-        k = max(2, int(self.config.shared_quorum * len(matched)) + 1)
-        holders = [m for m in matched if m]
+        k = max(2, int(self.config.shared_quorum * candidates) + 1)
         if len(holders) < k:
             return 0
         return heapq.nlargest(k, holders)[-1]
 
     def _ring_home(
-        self, session_key: str, ids: list[ReplicaId], tiers: list[int]
+        self, session_key: str, ids: list[ReplicaId], eligible: Container[ReplicaId]
     ) -> ReplicaId | None:
-        eligible = {rid for rid, tier in zip(ids, tiers) if tier == _ELIGIBLE}
-        if not eligible:
-            return None
         ring = self._ring
-        if not any(rid in ring.members for rid in eligible):
+        members = ring.members
+        # Both scans stop at the first hit, normally within a few replicas.
+        if not any(rid in eligible for rid in ids):
+            return None
+        if not any(rid in members and rid in eligible for rid in ids):
             # Never told the membership: build the ring from what the view shows.
             ring = self._ring = HashRing((RingNode(rid) for rid in ids), self.config.vnodes)
         return ring.first(session_key, eligible)

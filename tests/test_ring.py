@@ -96,3 +96,21 @@ def test_invalid_rings() -> None:
     with pytest.raises(ValueError):
         HashRing([RingNode(ReplicaId("a"), float("nan"))])
     assert HashRing([]).walk("k") == [] and HashRing([]).lookup("k").reason == "no_candidates"
+
+
+def test_head_lookup_matches_the_full_ranking_head() -> None:
+    import random
+
+    rng = random.Random(3)
+    ring = HashRing([RingNode(f"r{i}", 1.0 + (i % 3)) for i in range(40)], vnodes=20)
+    members = frozenset(f"r{i}" for i in range(40) if i % 7)  # some ineligible
+    for k in KEYS[:300]:
+        inflight = {f"r{i}": rng.randint(0, 8) for i in range(40)}
+        full = ring.lookup(k, eligible=members.__contains__, in_flight=inflight)
+        head = ring.lookup(k, in_flight=inflight, members=members, depth=5)
+        assert head.ranked[:5] == full.ranked[:5] and len(set(head.ranked)) == len(head.ranked)
+        assert (head.owner, head.first_eligible, head.reason) == (
+            full.owner, full.first_eligible, full.reason
+        )
+        # Deep enough, the head lookup is the full ranking.
+        assert ring.lookup(k, in_flight=inflight, members=members, depth=40).ranked == full.ranked

@@ -191,12 +191,62 @@ def detect_kind(index: SampleIndex) -> EngineKind | None:
     return None
 
 
+# Every sample name a reader looks at. Engines expose dozens of families (histograms with
+# many buckets among them); handing the parser only these lines keeps a scrape cheap.
+_READ_SAMPLES = frozenset(
+    {
+        "vllm:num_requests_waiting",
+        "vllm:num_requests_running",
+        "vllm:prefix_cache_hits_total",
+        "vllm:gpu_prefix_cache_hits_total",
+        "vllm:prefix_cache_queries_total",
+        "vllm:gpu_prefix_cache_queries_total",
+        "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc",
+        "vllm:cache_config_info",
+        "sglang:num_queue_reqs",
+        "sglang:num_running_reqs",
+        "sglang:token_usage",
+        "sglang:cache_hit_rate",
+        "sglang:max_total_num_tokens",
+        "tgi_queue_size",
+        "tgi_batch_current_size",
+    }
+)
+# HELP/TYPE lines may name a counter with or without its `_total` suffix.
+_READ_FAMILIES = _READ_SAMPLES | {n.removesuffix("_total") for n in _READ_SAMPLES}
+
+
+def select_read_lines(text: str) -> tuple[str, EngineKind | None]:
+    """The exposition's lines that the readers use (still parsed by prometheus-client),
+    and the dialect the whole exposition shows (any series name counts)."""
+    kept: list[str] = []
+    prefixes: set[str] = set()
+    for line in text.splitlines():
+        if line.startswith("#"):
+            parts = line.split(None, 3)
+            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE") and parts[2] in _READ_FAMILIES:
+                kept.append(line)
+            continue
+        name = line.split("{", 1)[0].split(None, 1)[0] if line.strip() else ""
+        if not name:
+            continue
+        for prefix, _ in _PREFIXES:
+            if name.startswith(prefix):
+                prefixes.add(prefix)
+        if name in _READ_SAMPLES:
+            kept.append(line)
+    kind = next((k for prefix, k in _PREFIXES if prefix in prefixes), None)
+    return "\n".join(kept) + "\n", kind
+
+
 def read_engine(
     text: str, kind: EngineKind = EngineKind.AUTO, previous: CounterState | None = None
 ) -> EngineReading:
     """Parse an exposition and read it in `kind`'s dialect (detected when `auto`)."""
-    index = index_samples(text)
-    resolved = detect_kind(index) if kind is EngineKind.AUTO else kind
+    selected, detected = select_read_lines(text)
+    index = index_samples(selected)
+    resolved = detected if kind is EngineKind.AUTO else kind
     if resolved is None:
         raise MetricsFormatError("no vLLM, SGLang or TGI metrics found")
     reading = READERS[resolved](index, previous)

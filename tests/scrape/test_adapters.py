@@ -159,3 +159,25 @@ def test_detection_and_errors() -> None:
 
 def test_created_series_are_ignored() -> None:
     assert "vllm:prefix_cache_queries_created" not in index_samples(VLLM_DP2)
+
+
+@pytest.mark.parametrize("text", [VLLM_DP2, VLLM_OLD, SGLANG, TGI])
+def test_reading_only_the_used_lines_changes_nothing(text: str) -> None:
+    from gateway.scrape.adapters import READERS
+
+    noise = (
+        "# HELP vllm:e2e_request_latency_seconds Latency.\n"
+        "# TYPE vllm:e2e_request_latency_seconds histogram\n"
+        + "".join(
+            f'vllm:e2e_request_latency_seconds_bucket{{le="{b}"}} {i}\n'
+            for i, b in enumerate(("0.1", "1.0", "+Inf"))
+        )
+        + "vllm:e2e_request_latency_seconds_count 2.0\nvllm:e2e_request_latency_seconds_sum 1.5\n"
+    )
+    index = index_samples(text)
+    kind = detect_kind(index)
+    assert kind is not None
+    full = READERS[kind](index, None)
+    assert read_engine(text) == full
+    if kind is EngineKind.VLLM:
+        assert read_engine(text + noise) == full
