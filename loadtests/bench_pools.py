@@ -13,8 +13,17 @@ no TTFT p99 regression at the peak.
 Cost basis: busy (replica-hour price x time the replica had a request in flight; see
 gateway.pools.cost). Prices are per card-hour, 8 cards per replica.
 
+With `--ttft-target` (seconds) the dynamic run's controller also reads each pool's recent
+first-byte times (quantile `--ttft-quantile` over 10 s) as utilisation; the simulator sends
+its role chunk before prefill, so here that guard sees almost nothing (see docs/pools.md).
+With `--idle-release`, sessions idle that long follow the weights. The static run has
+neither.
+p99 over ~115 requests per low phase is the 2nd-slowest request: repeat runs and read the
+spread, and `--tails` shows which requests made it.
+
     python loadtests/bench_pools.py [--scale 1.0] [--rate-scale 1.0] [--seed 1] [--tails]
-        [--policy prefix_affinity]
+        [--policy prefix_affinity] [--low-watermark 0.4] [--ttft-target 0]
+        [--ttft-quantile 1.0] [--idle-release 0]
 """
 
 from __future__ import annotations
@@ -65,7 +74,7 @@ CHARS_PER_TOKEN = 4
 SLOTS = {"h200": 12, "domestic": 4}
 
 
-def pools_config(dynamic: bool) -> dict[str, Any]:
+def pools_config(dynamic: bool, args: argparse.Namespace) -> dict[str, Any]:
     return {
         "pools": [
             {"name": "h200", "hardware": "H200", "origin": "imported",
@@ -77,10 +86,14 @@ def pools_config(dynamic: bool) -> dict[str, Any]:
         ],
         "models": [{"name": MODEL}],
         "initial_weights": {"h200": 0.5, "domestic": 0.5},
+        # The static split gets neither mechanism: it is the unchanged baseline.
+        "session_idle_release_s": args.idle_release if dynamic and args.idle_release else None,
         "controller": {
-            "enabled": dynamic, "interval_s": 1.0, "low_watermark": 0.4,
+            "enabled": dynamic, "interval_s": 1.0, "low_watermark": args.low_watermark,
             "high_watermark": 0.7, "hysteresis": 0.05, "dwell_steps": 2, "max_step": 0.15,
             "saturation": 0.9, "smoothing": 0.5,
+            "ttft_target_s": args.ttft_target if dynamic and args.ttft_target else None,
+            "ttft_quantile": args.ttft_quantile, "ttft_window_s": 10.0,
         },
     }
 
@@ -190,7 +203,7 @@ async def run_variant(dynamic: bool, args: argparse.Namespace) -> Run:
     replicas = [{"id": f"{pool}-{e.index}", "url": e.url, "pool": pool, "models": [MODEL]}
                 for pool, group in engines.items() for e in group]
     pool_of = {r["id"]: r["pool"] for r in replicas}
-    settings = load_settings(replicas=replicas, pools=pools_config(dynamic),
+    settings = load_settings(replicas=replicas, pools=pools_config(dynamic, args),
                              routing={"policy": args.policy}, server={"log_level": "warning"})
     app = build_app(settings)
     server = await start_server(app)
@@ -253,7 +266,7 @@ def p(values: list[float], q: float) -> float:
 
 def phase_table(run: Run, args: argparse.Namespace) -> dict[str, dict[str, float]]:
     print(f"\n== {run.label} ==")
-    print(f"{'phase':<10} {'req':>5} {'fail':>4} {'share h200/dom':>15} {'util h200/dom':>14} "
+    print(f"{'phase':<10} {'req':>5} {'ttft n':>6} {'fail':>4} {'share h200/dom':>15} {'util h200/dom':>14} "
           f"{'TTFT p50':>9} {'TTFT p99':>9} {'p99 h200/dom':>13} {'hit h200/dom':>13}"
           f" {'$/1k tok':>9} {'$/1k out':>9} {'tok/s':>8}")
     out: dict[str, dict[str, float]] = {}
@@ -279,7 +292,7 @@ def phase_table(run: Run, args: argparse.Namespace) -> dict[str, dict[str, float
         slow = sorted((r for r in rs if r.ttft is not None), key=lambda r: -(r.ttft or 0))[:3]
         tails.append(f"{name}: " + ", ".join(
             f"{r.ttft:.2f}s {r.pool} {r.uncached} uncached @{r.at:.0f}s" for r in slow))
-        print(f"{name:<10} {len(rs):>5} {fails:>4} {share['h200']:>7.2f}/{share['domestic']:<7.2f}"
+        print(f"{name:<10} {len(rs):>5} {len(ttfts):>6} {fails:>4} {share['h200']:>7.2f}/{share['domestic']:<7.2f}"
               f" {util['h200']:>6.2f}/{util['domestic']:<7.2f} {p(ttfts, 0.5):>9.3f}"
               f" {p(ttfts, 0.99):>9.3f} {by_pool['h200']:>6.2f}/{by_pool['domestic']:<6.2f}"
               f" {hits['h200']:>6.2f}/{hits['domestic']:<6.2f}"
@@ -302,6 +315,10 @@ async def main(args: argparse.Namespace) -> None:
           "domestic (domestic, 2 replicas, 8 cards x 0.90/h); cost basis: busy")
     print(f"router inside each pool: {args.policy}; phases (req/s, s): " + ", ".join(
         f"{n} {r * args.rate_scale:g}/{s * args.scale:g}" for n, r, s in PHASES))
+    print(f"dynamic run: low_watermark={args.low_watermark:g}, ttft_target_s={args.ttft_target or 'off'} "
+          f"(quantile {args.ttft_quantile:g}), "
+          f"session_idle_release_s={args.idle_release or 'off'}; 'ttft n' = samples behind "
+          "each p99 (with n samples, p99 is the ceil(n/100)-th slowest)")
     static = await run_variant(False, args)
     dynamic = await run_variant(True, args)
     s_tab, d_tab = phase_table(static, args), phase_table(dynamic, args)
@@ -328,4 +345,11 @@ if __name__ == "__main__":
     parser.add_argument("--policy", default="prefix_affinity", help="router inside each pool")
     parser.add_argument("--sample-s", type=float, default=1.0)
     parser.add_argument("--tails", action="store_true", help="print each phase's slowest TTFTs")
+    parser.add_argument("--low-watermark", type=float, default=0.4)
+    parser.add_argument("--ttft-target", type=float, default=0.0,
+                        help="controller ttft_target_s for the dynamic run (0: off)")
+    parser.add_argument("--ttft-quantile", type=float, default=1.0,
+                        help="controller ttft_quantile (1.0: the slowest in the window)")
+    parser.add_argument("--idle-release", type=float, default=0.0,
+                        help="session_idle_release_s for the dynamic run (0: off)")
     asyncio.run(main(parser.parse_args()))

@@ -110,6 +110,17 @@ class ControllerSettings(_Frozen):
     min_weight: float = Field(
         0.0, ge=0.0, lt=1.0, description="floor for every pool's weight (keeps caches warm)"
     )
+    ttft_target_s: float | None = Field(
+        None, gt=0.0, description="first-byte time a pool should keep: its recent TTFT "
+        "quantile counts as utilisation, reaching the high watermark at this target (unset: "
+        "slot-based utilisation only)"
+    )
+    ttft_quantile: float = Field(
+        0.9, gt=0.0, le=1.0, description="which quantile of recent first-byte times counts"
+    )
+    ttft_window_s: float = Field(
+        10.0, gt=0.0, description="seconds of first-byte times the quantile is taken over"
+    )
     saturation: float = Field(
         0.95, gt=0.0, le=4.0, description="at this utilisation a pool counts as saturated: "
         "sessions placed on it may move"
@@ -137,6 +148,11 @@ class PoolsSettings(_Frozen):
     )
     strict_models: bool = Field(
         False, description="answer 404 for models not listed under `models`"
+    )
+    session_idle_release_s: float | None = Field(
+        None, gt=0.0, description="a session idle this many seconds may leave a pool the "
+        "weights no longer give it: by then its KV prefix is likely evicted, so stickiness "
+        "saves little (unset: sessions move only when their pool saturates)"
     )
 
     @model_validator(mode="after")

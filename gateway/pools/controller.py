@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from gateway.pools.config import ControllerSettings, PoolSpec, PoolsSettings
+from gateway.pools.latency import with_latency
 from gateway.pools.utilisation import pool_utilisation
 from gateway.types import ClusterView
 
@@ -208,7 +209,9 @@ class WeightController:
         *,
         clock: Callable[[], float] = time.time,
         on_publish: Callable[[WeightSnapshot], None] | None = None,
+        latency_source: Callable[[], Mapping[str, float | None]] | None = None,
     ) -> None:
+        self._latency_source = latency_source
         self._settings = settings
         self._specs = {p.name: p for p in settings.pools}
         self._view_source = view_source
@@ -225,11 +228,12 @@ class WeightController:
     def tick(self) -> WeightSnapshot:
         """One step now: synchronous and O(replicas), so safe on the event loop."""
         cfg = self._settings.controller
-        util = smooth(
-            self.snapshot.utilisation,
-            pool_utilisation(self._view_source(), self._specs),
-            cfg.smoothing,
-        )
+        sample = pool_utilisation(self._view_source(), self._specs)
+        if cfg.ttft_target_s is not None and self._latency_source is not None:
+            sample = with_latency(
+                sample, self._latency_source(), cfg.ttft_target_s, cfg.high_watermark
+            )
+        util = smooth(self.snapshot.utilisation, sample, cfg.smoothing)
         prev = self.snapshot
         if cfg.enabled:
             result = step(prev.weights, util, self._specs, cfg, self._state)

@@ -21,6 +21,7 @@ from gateway.pools import metrics
 from gateway.pools.config import PoolsSettings
 from gateway.pools.controller import WeightController
 from gateway.pools.cost import BASES, CostLedger, Usage
+from gateway.pools.latency import TtftWindow
 from gateway.pools.placement import Placement
 from gateway.pools.selector import PoolSelector
 from gateway.types import ClusterView, ReplicaId, ReplicaState
@@ -51,7 +52,15 @@ class PoolsRuntime:
         check_replica_pools(settings, replicas)
         self.settings = settings
         self.placement = Placement(settings)
-        self.controller = WeightController(settings, view_source, clock=clock)
+        cfg = settings.controller
+        self.ttft = TtftWindow((p.name for p in settings.pools), cfg.ttft_window_s)
+        self._ttft_clock = ledger_clock
+        self.controller = WeightController(
+            settings,
+            view_source,
+            clock=clock,
+            latency_source=lambda: self.ttft.quantiles(ledger_clock(), cfg.ttft_quantile),
+        )
         self._replica_counts = Counter(r.pool for r in replicas if r.pool is not None)
         self._replica_pool = {r.id: r.pool for r in replicas}
         self.ledger = CostLedger(settings, self._replica_counts, clock=ledger_clock)
@@ -84,6 +93,9 @@ class PoolsRuntime:
         it is charged with whatever usage it reported (often none)."""
         if outcome.replica is None:
             return
+        pool = self._replica_pool.get(outcome.replica)
+        if outcome.ok and outcome.ttfb_s is not None and pool is not None:
+            self.ttft.add(pool, self._ttft_clock(), outcome.ttfb_s)
         usage = Usage(
             outcome.prompt_tokens or 0, outcome.cached_tokens or 0, outcome.completion_tokens or 0
         )

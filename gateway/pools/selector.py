@@ -5,19 +5,23 @@ Per request (cost: O(replicas) plus one inner `choose` per allowed pool):
 1. `Placement.place` keeps only healthy replicas of pools allowed to serve the model
    (404/503 otherwise). Nothing outside that set is ever ranked, even under overload.
 2. The pool: the most specific matching rule's first unsaturated preferred pool; else the
-   pool the session already lives on, unless it is saturated; else the dynamic weights,
-   split by a hash of the session key so a session lands on the same pool every time.
+   pool the session already lives on, unless it is saturated or (with
+   `session_idle_release_s`) the session sat idle that long and the weights now send it
+   elsewhere; else the dynamic weights, split by a hash of the session key so a session
+   lands on the same pool every time.
 3. The pool's own instance of the inner policy (one per pool, so rings and prefix indexes
    stay per pool) ranks a view restricted to that pool; the other allowed pools follow as a
    failover tail (unsaturated first, heavier weight first).
 
 `Choice.reason` is `<pool>:<why>:<inner reason>`, with `why` one of rule_tenant,
-rule_class, session, weights, weights_home_saturated, all_saturated: a small label set,
+rule_class, session, weights, weights_home_saturated, weights_idle_release, all_saturated:
+a small label set,
 since the proxy counts decisions by reason.
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -66,7 +70,10 @@ class PoolSelector:
         settings: PoolsSettings,
         weights: Callable[[], WeightSnapshot],
         replicas: Sequence[ReplicaState] = (),
+        *,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._clock = clock
         self._inner_factory = inner_factory
         self._inners: dict[str, Policy] = {}
         self._subviews: tuple[tuple[ReplicaState, ...], dict[str, ClusterView]] = ((), {})
@@ -77,7 +84,8 @@ class PoolSelector:
         self._rules = sorted(
             enumerate(settings.rules), key=lambda ir: (-ir[1].specificity, ir[0])
         )
-        self._sessions: OrderedDict[str, str] = OrderedDict()
+        # session key -> (pool, clock time of its last placement)
+        self._sessions: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self._replica_pool: dict[ReplicaId, str] = {}
         self.membership_changed(replicas)
 
@@ -135,18 +143,23 @@ class PoolSelector:
             for pool in rule.prefer:
                 if pool in groups and pool not in saturated:
                     return pool, "rule_tenant" if rule.tenant is not None else "rule_class"
-        home = self._home_pool(request, view)
-        if home is not None and home in groups and home not in saturated:
-            return home, "session"
+        home, idle = self._home_pool(request, view)
         open_groups = [g for g in sorted(groups) if g not in saturated]
-        if not open_groups:
+        split = [(g, snap.weights.get(g, 0.0)) for g in open_groups]
+        by_weight = split_by_weight(session_point(request.session_key), split) if split else None
+        if home is not None and home in groups and home not in saturated:
+            release = self._settings.session_idle_release_s
+            # An idle session whose KV is likely gone anyway follows the weights; an active
+            # one stays where its prefix lives.
+            if release is None or idle < release or by_weight in (None, home):
+                return home, "session"
+            return by_weight, "weights_idle_release"
+        if by_weight is None:
             pool = min(groups, key=lambda g: (util[g], g))
             return pool, "all_saturated"
-        split = [(g, snap.weights.get(g, 0.0)) for g in open_groups]
-        pool = split_by_weight(session_point(request.session_key), split)
         if home is not None and home in saturated:
-            return pool, "weights_home_saturated"
-        return pool, "weights"
+            return by_weight, "weights_home_saturated"
+        return by_weight, "weights"
 
     def _rank_within(
         self, group: str, request: RouteRequest, view: ClusterView, allowed: list[ReplicaState]
@@ -183,15 +196,18 @@ class PoolSelector:
             inner = self._inners[group] = self._inner_factory(())
         return inner
 
-    def _home_pool(self, request: RouteRequest, view: ClusterView) -> str | None:
+    def _home_pool(self, request: RouteRequest, view: ClusterView) -> tuple[str | None, float]:
+        """The session's pool and how long since it was last placed (0 when unknown: a
+        session-store placement carries no age, so it is treated as active)."""
         remembered = self._sessions.get(request.session_key)
         if remembered is not None:
-            return remembered
+            pool, last = remembered
+            return pool, self._clock() - last
         if request.sticky_replica is not None:
             replica = view.by_id.get(request.sticky_replica)
             if replica is not None:
-                return replica.pool or _UNPOOLED
-        return None
+                return replica.pool or _UNPOOLED, 0.0
+        return None, 0.0
 
     def _group_util(self, group: str, replicas: list[ReplicaState], view: ClusterView) -> float:
         return sum(self._util(r, view) for r in replicas) / len(replicas)
@@ -219,7 +235,7 @@ class PoolSelector:
             return
         limit = self._settings.session_memory
         if limit > 0:
-            self._sessions[request.session_key] = pool
+            self._sessions[request.session_key] = (pool, self._clock())
             self._sessions.move_to_end(request.session_key)
             while len(self._sessions) > limit:
                 self._sessions.popitem(last=False)

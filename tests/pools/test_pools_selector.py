@@ -139,6 +139,47 @@ def test_placed_session_stays_put_when_weights_move_until_its_pool_saturates() -
     assert moved.reason.startswith("domestic:weights_home_saturated:")
 
 
+def test_idle_session_follows_the_weights_active_one_stays() -> None:
+    view = two_pools()
+    now = [100.0]
+    snap = [WeightSnapshot(MappingProxyType({"h200": 1.0, "domestic": 0.0}))]
+    sel = PoolSelector(ring_factory, settings(session_idle_release_s=30.0), lambda: snap[0],
+                       view.replicas, clock=lambda: now[0])
+    for key in ("idle", "active"):
+        first = sel.choose(request(key), view).first
+        assert first is not None and pool_of(view, first) == "h200"
+        sel.placed(request(key), first)
+    snap[0] = WeightSnapshot(MappingProxyType({"h200": 0.0, "domestic": 1.0}), version=1)
+    now[0] = 125.0
+    active = sel.choose(request("active"), view)
+    assert pool_of(view, active.first) == "h200"  # 25 s idle: still sticky
+    assert active.first is not None
+    sel.placed(request("active"), active.first)
+    now[0] = 131.0
+    moved = sel.choose(request("idle"), view)  # 31 s idle: follows the weights
+    assert pool_of(view, moved.first) == "domestic"
+    assert moved.reason.startswith("domestic:weights_idle_release:")
+    assert pool_of(view, sel.choose(request("active"), view).first) == "h200"  # 6 s idle
+    assert moved.first is not None
+    sel.placed(request("idle"), moved.first)
+    now[0] = 500.0  # idle again, but the weights still pick its new pool: it stays
+    assert sel.choose(request("idle"), view).reason.startswith("domestic:session:")
+
+
+def test_idle_release_is_off_by_default() -> None:
+    view = two_pools()
+    now = [0.0]
+    snap = [WeightSnapshot(MappingProxyType({"h200": 1.0, "domestic": 0.0}))]
+    sel = PoolSelector(ring_factory, settings(), lambda: snap[0], view.replicas,
+                       clock=lambda: now[0])
+    first = sel.choose(request("conv"), view).first
+    assert first is not None
+    sel.placed(request("conv"), first)
+    snap[0] = WeightSnapshot(MappingProxyType({"h200": 0.0, "domestic": 1.0}), version=1)
+    now[0] = 1e6
+    assert sel.choose(request("conv"), view).first == first
+
+
 def test_session_store_placement_counts_as_home() -> None:
     view = two_pools()
     sel, _ = selector({"h200": 0.0, "domestic": 1.0}, view)
