@@ -17,7 +17,7 @@ from pydantic import Field
 
 from gateway.policy import RANK_DEPTH, PolicyConfig, PolicyContext
 from gateway.types import Choice, ClusterView, ReplicaId, ReplicaState, RouteRequest
-from plugins.load_model import LoadWeights, TieBreaker, load_terms, mix
+from plugins.load_model import LoadWeights, TieBreaker, add_ranked, load_terms
 
 
 class LeastLoadConfig(PolicyConfig):
@@ -114,13 +114,7 @@ class LeastLoad:
         keyed: list[tuple[int, float, int, int]] = []
 
         def take(tier: int, pairs: list[tuple[float, int]], want: int) -> None:
-            # Exact keys only within the want-th smallest load: any replica beyond it has at
-            # least `want` replicas strictly ahead of it.
-            if len(pairs) > want:
-                cut = sorted(p[0] for p in pairs)[want - 1]
-                pairs = [p for p in pairs if p[0] <= cut]
-            for v, i in pairs:
-                keyed.append((tier, v, mix(sh, hashes[i]), i))
+            add_ranked(keyed, tier, pairs, want, sh, hashes)
 
         # Known replicas by their per-view load, a lower bound (in-flight only adds): stop
         # once that bound exceeds the k-th smallest actual load seen.

@@ -74,3 +74,27 @@ def mix(session_hash: int, replica_hash: int) -> int:
     """Tie-break key; the multiply spreads every input bit into the high bits that decide
     the order (hot paths inline this expression)."""
     return ((session_hash ^ replica_hash) * TIE_MULTIPLIER) & MASK64
+
+
+RankKey = tuple[int, float, int, int]
+
+
+def add_ranked(
+    out: list[RankKey],
+    tier: int,
+    pairs: list[tuple[float, int]],
+    want: int,
+    session_hash: int,
+    replica_hashes: list[int],
+) -> None:
+    """Append `(tier, value, tie, index)` sort keys for the `want` smallest values of one tier.
+
+    Replicas beyond the want-th smallest value already have `want` replicas strictly ahead
+    of them, so they cannot enter a top-`want` ranking; skipping them keeps a decision
+    O(k log k) per tier instead of O(n log n). Ties at the cut are all kept.
+    """
+    if len(pairs) > want:
+        cut = sorted(p[0] for p in pairs)[want - 1]
+        pairs = [p for p in pairs if p[0] <= cut]
+    for v, i in pairs:
+        out.append((tier, v, ((session_hash ^ replica_hashes[i]) * TIE_MULTIPLIER) & MASK64, i))

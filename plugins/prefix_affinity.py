@@ -41,7 +41,12 @@ from pydantic import Field
 from gateway.policy import RANK_DEPTH, PolicyConfig, PolicyContext
 from gateway.ring import DEFAULT_VNODES, HashRing, RingNode
 from gateway.types import Choice, ClusterView, ReplicaId, ReplicaState, RouteRequest
-from plugins.load_model import MASK64, TIE_MULTIPLIER, LoadWeights, TieBreaker, load_terms
+from plugins.load_model import (
+    LoadWeights,
+    TieBreaker,
+    add_ranked,
+    load_terms,
+)
 from plugins.prefix_index import PrefixIndex
 
 DEFAULT_CAPACITY_TOKENS = 500_000
@@ -321,11 +326,7 @@ class PrefixAffinity:
         keys: list[tuple[int, float, int, int]] = []
 
         def take(tier: int, pairs: list[tuple[float, int]], want: int) -> None:
-            if len(pairs) > want:
-                cut = sorted(p[0] for p in pairs)[want - 1]
-                pairs = [p for p in pairs if p[0] <= cut]
-            for v, i in pairs:
-                keys.append((tier, v, ((sh ^ hashes[i]) * TIE_MULTIPLIER) & MASK64, i))
+            add_ranked(keys, tier, pairs, want, sh, hashes)
 
         take(_ELIGIBLE, eligible, k)
         left = k - len(eligible)
