@@ -1,8 +1,8 @@
 """`kvgate`: serve, check-config, and the subcommands feature packages register.
 
 Each module in `FEATURE_CLIS` exposes `register(subparsers)` and sets a `handler` default
-on its parsers: `handler(args) -> int` exit status. A module that does not
-exist (yet) is skipped; any other import error is reported.
+on its parsers: `handler(args) -> int` exit status. They are imported only when the
+parser is built, so `import gateway.cli` stays cheap.
 """
 
 from __future__ import annotations
@@ -104,13 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(handler=_check_config)
 
     for module_name in FEATURE_CLIS:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name is not None and module_name.startswith(exc.name):
-                continue  # the feature is not installed/written yet
-            raise
-        module.register(sub)
+        importlib.import_module(module_name).register(sub)
     return parser
 
 
