@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 import subprocess
@@ -19,6 +20,34 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            return int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def server_port() -> int:
+    """A free port below the kernel's ephemeral range, for servers that are restarted.
+
+    While a killed server is down, clients keep reconnecting to its port; if that port is an
+    ephemeral one, a client socket can take it (even connect to itself) and the restarted
+    server then finds it busy. Ports below the range are never handed out to clients.
+    """
+    low = _ephemeral_low()
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    return free_port()
 
 
 @dataclass
@@ -81,7 +110,7 @@ def redis_server() -> Iterator[RedisServer]:
     binary = redis_binary()
     if binary is None:
         pytest.skip("redis-server binary not found on PATH (CI installs it; apt install redis-server)")
-    server = RedisServer(binary, free_port())
+    server = RedisServer(binary, server_port())
     server.start()
     yield server
     server.kill()
@@ -93,7 +122,7 @@ def own_redis() -> Iterator[RedisServer]:
     binary = redis_binary()
     if binary is None:
         pytest.skip("redis-server binary not found on PATH (CI installs it; apt install redis-server)")
-    server = RedisServer(binary, free_port())
+    server = RedisServer(binary, server_port())
     server.start()
     yield server
     server.kill()

@@ -201,7 +201,11 @@ async def test_redis_down_then_back_resynchronises(
     assert await b.lookup_session(SessionKey("during")) == R2
     assert await b.lookup_session(SessionKey("before")) == R1
     assert a.metrics.registry.get_sample_value("kvgate_store_resyncs_total") >= 2
-    assert a.metrics.registry.get_sample_value("kvgate_store_degraded") == 0
+    # A connection opened while Redis was restarting can still fail once after the resync
+    # (one more short degraded spell, served locally); what must hold is that it converges.
+    await eventually(
+        lambda: a.metrics.registry.get_sample_value("kvgate_store_degraded") == 0, timeout=10
+    )
 
 
 async def test_slow_redis_costs_at_most_the_op_timeout(
