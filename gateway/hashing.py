@@ -6,6 +6,8 @@ so two gateway replicas place the same key on the same replica without talking.
 
 from __future__ import annotations
 
+from collections.abc import Container, Sequence
+
 import xxhash
 
 _xxh3 = xxhash.xxh3_64_intdigest
@@ -52,6 +54,25 @@ def block_hashes(
         h = _xxh3(view[start : start + block_bytes], seed=h)
         out.append(h)
     return tuple(out)
+
+
+
+def leading_match(hashes: Sequence[int], held: Container[int]) -> int:
+    """How many leading blocks of a chained-hash prompt `held` contains.
+
+    Chained hashes make a held block imply its whole prefix was seen, and indexes evict
+    deepest-first, so membership is monotone along the chain: binary search, O(log n).
+    """
+    if not hashes or hashes[0] not in held:
+        return 0
+    lo, hi = 1, len(hashes)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if hashes[mid - 1] in held:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def approx_tokens(char_count: int) -> int:

@@ -159,13 +159,16 @@ class Proc:
             self.p.stderr.close()
 
 
-def start_gateway(engine_url: str, client: str) -> tuple[Proc, str]:
+def start_gateway(
+    engine_url: str, client: str, extra_yaml: str = "", log_level: str = "warning"
+) -> tuple[Proc, str]:
+    """A `kvgate serve` process in front of one engine; `extra_yaml` adds config sections."""
     port = free_port()
     cfg = Path(tempfile.mkdtemp()) / "bench.yaml"
     cfg.write_text(
-        f"server:\n  port: {port}\n  log_level: warning\n"
+        f"server:\n  port: {port}\n  log_level: {log_level}\n"
         f"replicas:\n  - url: {engine_url}\n    id: engine\n    models: [{MODEL}]\n"
-        f"upstream:\n  client: {client}\nhealth:\n  interval_s: 5\n"
+        f"upstream:\n  client: {client}\nhealth:\n  interval_s: 5\n{extra_yaml}"
     )
     proc = Proc([sys.executable, "-m", "gateway.cli", "serve", "-c", str(cfg)])
     url = f"http://127.0.0.1:{port}"

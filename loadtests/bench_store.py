@@ -25,14 +25,13 @@ import json
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_overhead import MODEL, ROOT, Proc, cpu_seconds, free_port, wait_ready
+from bench_overhead import MODEL, ROOT, Proc, cpu_seconds, free_port, start_gateway, wait_ready
 
 sys.path.insert(0, str(ROOT))
 
@@ -137,20 +136,6 @@ def wait_redis(port: int, timeout: float = 10.0) -> None:
         client.close()
 
 
-def start_gateway(engine_url: str, store: str) -> tuple[Proc, str]:
-    port = free_port()
-    cfg = Path(tempfile.mkdtemp()) / "bench.yaml"
-    cfg.write_text(
-        f"server:\n  port: {port}\n  log_level: error\n"
-        f"replicas:\n  - url: {engine_url}\n    id: engine\n    models: [{MODEL}]\n"
-        f"health:\n  interval_s: 5\n{store}"
-    )
-    proc = Proc([sys.executable, "-m", "gateway.cli", "serve", "-c", str(cfg)])
-    url = f"http://127.0.0.1:{port}"
-    wait_ready(url + "/ready")
-    return proc, url
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--loadgen", help=argparse.SUPPRESS)
@@ -191,7 +176,7 @@ def main() -> int:
         micro = asyncio.run(_micro(f"redis://127.0.0.1:{redis_port}/0", 2000))
         base: dict[tuple[int, bool], dict[str, Any]] = {}
         for name, store in backends.items():
-            gw, url = start_gateway(f"http://127.0.0.1:{engine_port}", store)
+            gw, url = start_gateway(f"http://127.0.0.1:{engine_port}", "aiohttp", store, "error")
             try:
                 for unique in (False, True):
                     for c in levels:

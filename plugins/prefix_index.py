@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
+from gateway.hashing import leading_match
 from gateway.types import ReplicaId
 
 _NO_OWNER = ReplicaId("")  # a standalone LRU keeps no reverse map
@@ -105,17 +106,7 @@ class BlockLRU:
 
     def matched(self, hashes: Sequence[int]) -> int:
         """Number of leading blocks of `hashes` held here."""
-        blocks = self._blocks
-        if not hashes or hashes[0] not in blocks:
-            return 0
-        lo, hi = 1, len(hashes)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if hashes[mid - 1] in blocks:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        return leading_match(hashes, self._blocks)
 
 
 class PrefixIndex:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from gateway.hashing import leading_match
 from gateway.hooks import RequestOutcome
 from gateway.policy import EstimatesCachedTokens, Policy
 from gateway.types import ReplicaId, RouteRequest, SessionKey
@@ -60,16 +61,7 @@ class ServedPrefixes:
 
     def matched_blocks(self, replica: ReplicaId, hashes: Sequence[int]) -> int:
         lru = self._lrus.get(replica)
-        if not lru or not hashes or hashes[0] not in lru:
-            return 0
-        lo, hi = 1, len(hashes)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if hashes[mid - 1] in lru:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        return leading_match(hashes, lru) if lru else 0
 
     def cached_tokens(self, request: RouteRequest, replica: ReplicaId) -> int:
         hashes = request.prefix_hashes
