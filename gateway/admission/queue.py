@@ -134,7 +134,14 @@ class WaitingRoom:
         except TimeoutError:
             if waiter.state is _State.RELEASED:
                 return self._resumed(waiter)
-            self._leave(waiter, "timeout")
+            if waiter.state is _State.GONE:
+                # Evicted in the same instant the wait timed out: it already left the room
+                # (leaving again would count it twice); its queue-full 429 stands.
+                evicted = waiter.future.exception() if waiter.future.done() else None
+                if isinstance(evicted, RateLimited):
+                    raise evicted from None
+            else:
+                self._leave(waiter, "timeout")
             if self._metrics is not None:
                 self._metrics.rejected.labels(class_name, "timeout").inc()
             raise RateLimited(
