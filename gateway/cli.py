@@ -45,6 +45,9 @@ def _serve(args: argparse.Namespace) -> int:
         "http": "httptools",
         "log_level": server.log_level,
         "access_log": server.access_log,
+        # Off unless asked for: uvicorn's header rewrite runs on every request otherwise.
+        "proxy_headers": server.proxy_headers,
+        "forwarded_allow_ips": server.forwarded_allow_ips,
         "lifespan": "on",
         # The engines' own Date/Server headers are relayed; do not add a second pair.
         "server_header": False,

@@ -18,7 +18,7 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 class CallState:
     """Per-request bookkeeping shared between the handler and its disconnect watcher."""
 
-    __slots__ = ("active", "disconnected", "started", "task", "ttfb", "watcher")
+    __slots__ = ("active", "disconnected", "request_id", "started", "task", "ttfb", "watcher")
 
     def __init__(self, task: asyncio.Task[Any] | None) -> None:
         self.task = task
@@ -27,6 +27,7 @@ class CallState:
         self.disconnected = False
         self.started = False  # the response start went to the client
         self.ttfb: float | None = None
+        self.request_id = b""  # returned as X-Request-Id on whatever response goes out
 
     def on_watch_done(self, watcher: asyncio.Future[bool]) -> None:
         if watcher.cancelled() or not self.active or self.task is None:

@@ -20,6 +20,7 @@ the hot path). Order of work for one request:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import time
@@ -42,6 +43,7 @@ from gateway.errors import (
 from gateway.forward import Leg, open_leg
 from gateway.hooks import ForwardContext, RequestOutcome
 from gateway.keys import route_request
+from gateway.middleware.request_id import MAX_LENGTH as MAX_REQUEST_ID
 from gateway.state import GatewayState
 from gateway.stream_usage import UsageStripper, inject_usage
 from gateway.types import Choice, Endpoint, ReplicaId, RouteRequest
@@ -63,6 +65,20 @@ _SSE = b"text/event-stream"
 
 def new_request_id() -> str:
     return os.urandom(12).hex()
+
+
+class _RequestIds:
+    """Ids unique across processes without a syscall per request: a random per-endpoint
+    prefix (8 bytes from the OS) and a counter."""
+
+    __slots__ = ("_next", "_prefix")
+
+    def __init__(self) -> None:
+        self._prefix = os.urandom(8).hex()
+        self._next = itertools.count(1).__next__
+
+    def __call__(self) -> str:
+        return f"{self._prefix}{self._next():08x}"
 
 
 class _Exhausted(Exception):
@@ -91,6 +107,7 @@ class ProxyEndpoint:
         self.path = path
         # Only these endpoints stream tokens with an optional usage event.
         self._may_inject_usage = endpoint in (Endpoint.CHAT, Endpoint.COMPLETIONS)
+        self._new_id = _RequestIds()
         s = state.settings
         self._session_header = s.session.header.lower().encode("latin-1")
         self._priority_header = s.session.priority_header.lower().encode("latin-1")
@@ -119,6 +136,7 @@ class ProxyEndpoint:
             if not call.started:
                 err = GatewayError(f"internal gateway error ({type(exc).__name__})")
                 status, headers, body = error_response_parts(err)
+                headers.append((b"x-request-id", call.request_id or new_request_id().encode()))
                 await send({"type": "http.response.start", "status": status, "headers": headers})
                 await send({"type": "http.response.body", "body": body, "more_body": False})
 
@@ -126,9 +144,7 @@ class ProxyEndpoint:
         started_at = time.time()
         t0 = time.perf_counter()
         state = self.state
-        request_id: str = scope.get(REQUEST_ID_SCOPE_KEY) or new_request_id()
-        content_type = content_length = session = priority = tenant = None
-        has_request_id = False
+        content_type = content_length = session = priority = tenant = client_id = None
         sh, ph, th = self._session_header, self._priority_header, self._tenant_header
         for name, value in scope["headers"]:
             if name == b"content-type":
@@ -142,7 +158,18 @@ class ProxyEndpoint:
             elif name == th:
                 tenant = value
             elif name == b"x-request-id":
-                has_request_id = True
+                client_id = value
+        # The request-id middleware is skipped on the fast path (gateway.fastpath); the
+        # same rule is applied here: keep a sane client id, else mint one.
+        request_id: str | None = scope.get(REQUEST_ID_SCOPE_KEY)
+        forward_id = request_id is None and client_id is None
+        if request_id is None:
+            if client_id is not None and 0 < len(client_id) <= MAX_REQUEST_ID and client_id.isascii():
+                request_id = client_id.decode("ascii")
+            else:
+                request_id = self._new_id()
+                forward_id = True
+        call.request_id = request_id.encode()
         try:
             check_content_type(content_type)
             declared = _declared_length(content_length)
@@ -190,8 +217,10 @@ class ProxyEndpoint:
             return
 
         fwd_headers = request_headers(scope["headers"])
-        if not has_request_id:
-            fwd_headers.append((b"x-request-id", request_id.encode()))
+        if forward_id:
+            if client_id is not None:
+                fwd_headers = [h for h in fwd_headers if h[0] != b"x-request-id"]
+            fwd_headers.append((b"x-request-id", call.request_id))
         call.watch(receive)
         try:
             await self._route_and_relay(
@@ -379,8 +408,9 @@ class ProxyEndpoint:
         """
         response = leg.response
         status = response.status
-        out_headers = response_headers(response.headers)
+        out_headers = response_headers(response.headers, own_request_id=True)
         out_headers.append((REPLICA_HEADER, leg.replica.encode()))
+        out_headers.append((b"x-request-id", call.request_id))
         streaming = any(n == b"content-type" and v.startswith(_SSE) for n, v in out_headers)
         want_usage = bool(self.state.observers)
         if not streaming:
@@ -450,6 +480,7 @@ class ProxyEndpoint:
     # -- helpers ------------------------------------------------------------------------
     async def _send_error(self, send: Send, err: GatewayError, call: _Call) -> None:
         status, headers, body = error_response_parts(err)
+        headers.append((b"x-request-id", call.request_id))
         self.state.metrics.error(err.code or "error")
         call.stop_watching()
         call.ttfb = time.perf_counter()

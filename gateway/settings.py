@@ -47,6 +47,10 @@ class ServerSettings(Section):
     workers: int = Field(1, ge=1, le=256, description="worker processes")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     access_log: bool = Field(False, description="uvicorn access log (costs throughput)")
+    proxy_headers: bool = Field(
+        False, description="trust X-Forwarded-For/-Proto from forwarded_allow_ips (behind an LB)"
+    )
+    forwarded_allow_ips: str = Field("127.0.0.1", description="comma-separated IPs, or *")
 
 
 class ReplicaSettings(Section):
@@ -135,7 +139,9 @@ class ModelsSettings(Section):
 
 
 class UpstreamSettings(Section):
-    client: Literal["aiohttp", "httpx"] = Field("aiohttp", description="HTTP client to engines")
+    client: Literal["h1", "aiohttp", "httpx"] = Field(
+        "h1", description="HTTP client to engines (h1: the lean built-in one; https via aiohttp)"
+    )
     max_connections: int = Field(1024, ge=1, description="connection pool size")
 
 

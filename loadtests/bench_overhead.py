@@ -2,12 +2,13 @@
 
 Three separate processes so nothing shares an event loop: the engine (`kvgate sim`), the
 gateway (`kvgate serve`, uvloop + httptools) and the load generator (this file with
-`--loadgen`, aiohttp on uvloop). For each upstream client (aiohttp, httpx), concurrency
+`--loadgen`, aiohttp on uvloop). For each upstream client (h1, aiohttp, httpx), concurrency
 (1, 32) and mode (non-streaming, streaming) it prints requests/s, p50/p99 latency, p50 time
-to first byte, and the gateway/direct throughput ratio plus the added p50 latency.
+to first byte, the gateway/direct throughput ratio, the added p50 latency and the gateway's
+CPU per request. Direct and gateway runs alternate (`--repeat` rounds, medians printed).
 
-    python loadtests/bench_overhead.py                # full matrix, ~5 s per cell
-    python loadtests/bench_overhead.py --duration 2 --clients aiohttp
+    python loadtests/bench_overhead.py                # full matrix, 3 rounds of ~5 s per cell
+    python loadtests/bench_overhead.py --duration 2 --repeat 1 --clients h1
 
 Targets (2-core machine, everything sharing it): ratio >= 0.35 at 32 concurrent, added
 p50 <= 0.5 ms at 1 concurrent.
@@ -139,6 +140,16 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    keys = ("rps", "p50_ms", "p99_ms", "ttfb_p50_ms", "mean_ms", "gw_cpu_us")
+    out: dict[str, Any] = {"requests": sum(r["requests"] for r in runs), "errors": sum(r["errors"] for r in runs)}
+    for k in keys:
+        values = [r[k] for r in runs if k in r]
+        if values:
+            out[k] = statistics.median(values)
+    return out
+
+
 # -- orchestration ----------------------------------------------------------------------
 class Proc:
     def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
@@ -183,7 +194,8 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds measured per cell")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds discarded per cell")
     parser.add_argument("--stream", action="store_true")
-    parser.add_argument("--clients", default="aiohttp,httpx", help="upstream clients to compare")
+    parser.add_argument("--clients", default="h1,aiohttp,httpx", help="upstream clients to compare")
+    parser.add_argument("--repeat", type=int, default=3, help="alternating direct/gateway rounds per cell")
     parser.add_argument("--levels", default="1,32", help="concurrency levels")
     args = parser.parse_args()
 
@@ -204,18 +216,19 @@ def main() -> int:
     engine = Proc([sys.executable, "-m", "gateway.cli", "sim", "--profile", "instant", "--port", str(engine_port)])
     engine_url = f"http://127.0.0.1:{engine_port}"
     rows: list[dict[str, Any]] = []
+    gateways: dict[str, tuple[Proc, str]] = {}
     try:
         wait_ready(engine_url + "/health")
-        direct: dict[tuple[int, bool], dict[str, Any]] = {}
+        for client in clients:
+            gateways[client] = start_gateway(engine_url, client)
         for stream in (False, True):
             for c in levels:
-                direct[(c, stream)] = run_loadgen(engine_url + "/v1/chat/completions", c, args.duration, stream, args.warmup)
-                rows.append({"target": "direct", "client": "-", "conc": c, "stream": stream, **direct[(c, stream)]})
-        for client in clients:
-            gw, gw_url = start_gateway(engine_url, client)
-            try:
-                for stream in (False, True):
-                    for c in levels:
+                # Direct and gateway runs alternate, `--repeat` rounds, and each figure is the
+                # median over rounds: a neighbour's burst then hits both sides alike.
+                runs: dict[str, list[dict[str, Any]]] = {"-": [], **{k: [] for k in clients}}
+                for _ in range(args.repeat):
+                    runs["-"].append(run_loadgen(engine_url + "/v1/chat/completions", c, args.duration, stream, args.warmup))
+                    for client, (gw, gw_url) in gateways.items():
                         cpu0 = cpu_seconds(gw.p.pid)
                         r = run_loadgen(gw_url + "/v1/chat/completions", c, args.duration, stream, args.warmup)
                         cpu1 = cpu_seconds(gw.p.pid)
@@ -223,13 +236,19 @@ def main() -> int:
                             # Warm-up requests are not counted in r["requests"]: scale them in.
                             total = r["requests"] * (args.duration + args.warmup) / args.duration
                             r["gw_cpu_us"] = (cpu1 - cpu0) / max(1.0, total) * 1e6
-                        d = direct[(c, stream)]
-                        r["ratio"] = r["rps"] / d["rps"] if d["rps"] else float("nan")
-                        r["added_p50_ms"] = r["p50_ms"] - d["p50_ms"]
-                        rows.append({"target": "gateway", "client": client, "conc": c, "stream": stream, **r})
-            finally:
-                gw.stop()
+                        runs[client].append(r)
+                d = _median_row(runs["-"])
+                rows.append({"target": "direct", "client": "-", "conc": c, "stream": stream, **d})
+                for client in clients:
+                    r = _median_row(runs[client])
+                    r["ratio"] = r["rps"] / d["rps"] if d["rps"] else float("nan")
+                    r["added_p50_ms"] = statistics.median(
+                        g["p50_ms"] - dd["p50_ms"] for g, dd in zip(runs[client], runs["-"])
+                    )
+                    rows.append({"target": "gateway", "client": client, "conc": c, "stream": stream, **r})
     finally:
+        for gw, _ in gateways.values():
+            gw.stop()
         engine.stop()
 
     print(f"{'target':8} {'upstream':8} {'conc':>4} {'stream':>6} {'req/s':>8} {'p50ms':>7} {'p99ms':>7} "
@@ -239,6 +258,8 @@ def main() -> int:
               f"{r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} {r['ttfb_p50_ms']:>7.2f} {r['errors']:>4} "
               f"{r.get('ratio', float('nan')):>6.2f} {r.get('added_p50_ms', float('nan')):>7.2f} "
               f"{r.get('gw_cpu_us', float('nan')):>8.0f}")
+    print(f"Medians over {args.repeat} alternating rounds; +p50ms is the median of each round's "
+          "gateway p50 minus that round's direct p50.")
     print("gwCPUus: gateway process CPU (user+system) per request, approximate.")
     return 0
 

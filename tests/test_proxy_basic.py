@@ -51,6 +51,23 @@ async def test_chat_non_streaming_names_replica_and_request_id(client: openai.As
     assert len(generated.headers["x-request-id"]) >= 16
 
 
+async def test_request_id_rule_on_the_fast_path(gw: RunningGateway) -> None:
+    body = {"model": MODEL, "messages": user("ids"), "max_tokens": 1}
+    async with httpx.AsyncClient(base_url=gw.url) as http:
+        # A usable client id: forwarded to the engine (its response id embeds it), returned once.
+        ok = await http.post("/v1/chat/completions", json=body, headers={"x-request-id": "rid-ok"})
+        assert ok.headers.get_list("x-request-id") == ["rid-ok"] and "rid-ok" in ok.json()["id"]
+        # Too long: replaced by a fresh id, and the engine sees the replacement, not the original.
+        long = await http.post("/v1/chat/completions", json=body, headers={"x-request-id": "x" * 500})
+        (rid,) = long.headers.get_list("x-request-id")
+        assert rid != "x" * 500 and 16 <= len(rid) <= 128 and rid in long.json()["id"]
+        # Minted ids differ per request; gateway-made errors carry one too.
+        again = await http.post("/v1/chat/completions", json=body)
+        bad = await http.post("/v1/chat/completions", content=b"{", headers={"content-type": "application/json"})
+        ids = {rid, again.headers["x-request-id"], bad.headers["x-request-id"]}
+        assert len(ids) == 3 and bad.status_code == 400
+
+
 async def test_chat_streaming_passes_chunks_and_usage(client: openai.AsyncOpenAI) -> None:
     stream = await client.chat.completions.create(
         model=MODEL, messages=user("stream please"), max_tokens=6, stream=True,

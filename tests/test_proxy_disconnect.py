@@ -30,7 +30,7 @@ async def wait_for(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-
         await asyncio.sleep(0.02)
 
 
-@pytest.mark.parametrize("client_kind", ["aiohttp", "httpx"])
+@pytest.mark.parametrize("client_kind", ["h1", "aiohttp", "httpx"])
 async def test_mid_stream_disconnect_aborts_engine(engines: list[SimEngine], client_kind: str) -> None:
     engine = engines[0]
     async with gateway(engines, upstream={"client": client_kind}) as gw:
@@ -52,7 +52,7 @@ async def test_mid_stream_disconnect_aborts_engine(engines: list[SimEngine], cli
         assert 'kvgate_client_disconnects_total{phase="mid_stream"} 1.0' in metrics
 
 
-@pytest.mark.parametrize("client_kind", ["aiohttp", "httpx"])
+@pytest.mark.parametrize("client_kind", ["h1", "aiohttp", "httpx"])
 async def test_disconnect_before_response_aborts_engine(engines: list[SimEngine], client_kind: str) -> None:
     engine = engines[0]
     async with gateway(engines, upstream={"client": client_kind}) as gw:

@@ -17,7 +17,11 @@ __all__ = [
 
 
 def make_client(kind: str, timeouts: Timeouts, max_connections: int = 1024) -> UpstreamClient:
-    """Construct the configured client implementation (`aiohttp` or `httpx`)."""
+    """Construct the configured client implementation (`h1`, `aiohttp` or `httpx`)."""
+    if kind == "h1":
+        from gateway.upstream.h1_client import H1Client
+
+        return H1Client(timeouts, max_connections)
     if kind == "httpx":
         from gateway.upstream.httpx_client import HttpxClient
 

@@ -15,7 +15,7 @@ from gateway.sim.server import SimEngine
 from gateway.testing.servers import sim_engines
 from gateway.upstream import Timeouts, UpstreamClient, make_client
 
-KINDS = ["aiohttp", "httpx"]
+KINDS = ["h1", "aiohttp", "httpx"]
 JSON = [(b"content-type", b"application/json")]
 
 
@@ -95,12 +95,15 @@ async def test_stalled_stream_times_out_in_iterator(engine: SimEngine, client: U
     await engine.set_faults(FaultConfig(stall=2))
     resp = await client.send(
         "POST", engine.url + "/v1/chat/completions", JSON, chat(max_tokens=50, stream=True),
-        timeouts=Timeouts(1, 2, 0.3),
+        timeouts=Timeouts(1, 5, 0.3),
     )
+    t0 = asyncio.get_running_loop().time()
     with pytest.raises(UpstreamTimeout):
         async for _ in resp.iter_bytes():
             pass
     await resp.aclose()
+    # The idle-read limit (0.3 s) ended it, not the 5 s response-headers deadline.
+    assert asyncio.get_running_loop().time() - t0 < 3
 
 
 async def test_get_requests(engine: SimEngine, client: UpstreamClient) -> None:

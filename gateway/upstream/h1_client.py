@@ -1,0 +1,377 @@
+"""`UpstreamClient` on asyncio protocols and httptools: HTTP/1.1 keep-alive, nothing else.
+
+Why a third client: a proxy hop to an engine on a private network needs none of what makes a
+general client costly per request (cookies, redirects, proxies, auth, URL objects, payload
+registries, per-read timeout rescheduling). `loadtests/bench_overhead.py` measures all three
+side by side. Parsing is httptools' (llhttp), the same parser uvicorn serves us with.
+
+Scope, on purpose: plain `http://` (engines sit on the cluster network; `https://` URLs are
+handed to an aiohttp client made on first use), HTTP/1.1 with keep-alive, request bodies
+sent whole (they are bounded by the gateway's body limit and already in memory).
+
+Timeouts use one timer per request instead of one per read: a watchdog fires at the
+deadline and, when data arrived since it was armed, re-arms for the remaining time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import AsyncIterator
+from typing import cast
+from urllib.parse import urlsplit
+
+import httptools
+
+from gateway.errors import GatewayError, UpstreamConnectError, UpstreamError, UpstreamTimeout
+from gateway.upstream.base import RawHeaders, Timeouts, UpstreamClient, UpstreamResponse
+
+# Flow control: stop reading from the engine while this much body waits for the client.
+_HIGH_WATER = 256 * 1024
+_LOW_WATER = 64 * 1024
+_MAX_IDLE_PER_HOST = 64
+
+
+class _Conn(asyncio.Protocol):
+    """One TCP connection, carrying one exchange at a time."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, url: str) -> None:
+        self._loop = loop
+        self._url = url
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self._parser = httptools.HttpResponseParser(self)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.chunks: collections.deque[bytes] = collections.deque()
+        self.buffered = 0
+        self.headers_done = False
+        self.complete = False
+        self.error: GatewayError | None = None
+        self.keep_alive = True
+        self.until_eof = False
+        self.waiter: asyncio.Future[None] | None = None
+        self.last_data = 0.0
+        self.paused = False
+        self.high_water = _HIGH_WATER
+
+    # -- asyncio.Protocol -------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, only alike.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.last_data = self._loop.time()
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.fail(UpstreamError(f"upstream {self._url} sent malformed HTTP: {exc}"))
+            return
+        if self.buffered > self.high_water and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+
+    def eof_received(self) -> bool:
+        return False  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.complete or self.error is not None:
+            return
+        if self.headers_done and self.until_eof and exc is None:
+            # A body delimited by the connection closing (no length, not chunked).
+            self.complete = True
+            self._wake()
+            return
+        self.fail(UpstreamConnectError(f"upstream {self._url} dropped the connection: {exc!r}"))
+
+    # -- httptools callbacks ----------------------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        p = self._parser
+        self.status = p.get_status_code()
+        self.keep_alive = p.should_keep_alive()
+        self.until_eof = not any(
+            n.lower() in (b"content-length", b"transfer-encoding") for n, _ in self.headers
+        ) and self.status not in (204, 304)
+        self.headers_done = True
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self.chunks.append(body)
+        self.buffered += len(body)
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self._wake()
+
+    # -- used by the client and the response ------------------------------------------
+    def _wake(self) -> None:
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def fail(self, error: GatewayError) -> None:
+        if self.error is None and not self.complete:
+            self.error = error
+        self.abort()
+        self._wake()
+
+    def abort(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def consumed(self, n: int) -> None:
+        self.buffered -= n
+        if self.paused and self.buffered < _LOW_WATER and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
+
+    def read_whole(self) -> None:
+        """The caller wants the body in one piece: buffering all of it is the point."""
+        self.high_water = 1 << 62
+        if self.paused and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
+
+    async def wait(self) -> None:
+        w = self.waiter = self._loop.create_future()
+        try:
+            await w
+        finally:
+            self.waiter = None
+
+    def reusable(self) -> bool:
+        return self.complete and self.keep_alive and not self.closed and self.error is None
+
+
+class _Watchdog:
+    """A deadline for the response headers, then an idle limit between body reads."""
+
+    __slots__ = ("_conn", "_handle", "_idle_s", "_loop", "_url")
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, conn: _Conn, t: Timeouts, url: str
+    ) -> None:
+        self._loop = loop
+        self._conn = conn
+        self._idle_s = t.read_s
+        self._url = url
+        self._handle: asyncio.TimerHandle | None = loop.call_later(
+            t.response_headers_s, self._fire
+        )
+
+    def _fire(self) -> None:
+        conn = self._conn
+        if conn.complete or conn.error is not None or conn.closed:
+            self._handle = None
+            return
+        if conn.headers_done:
+            # Reading paused for a slow client is our doing, not the engine's silence.
+            last = self._loop.time() if conn.paused else conn.last_data
+            remaining = last + self._idle_s - self._loop.time()
+            if remaining > 0:
+                self._handle = self._loop.call_later(remaining, self._fire)
+                return
+        self._handle = None
+        conn.fail(UpstreamTimeout(f"upstream {self._url} timed out"))
+
+    def headers_arrived(self) -> None:
+        """From now on the limit is the idle time between reads."""
+        if self._handle is not None:
+            self._handle.cancel()
+        self._handle = self._loop.call_later(self._idle_s, self._fire)
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
+class H1Response:
+    __slots__ = ("_client", "_closed", "_conn", "_dog", "_key", "headers", "status")
+
+    def __init__(
+        self, client: H1Client, key: tuple[str, int], conn: _Conn, dog: _Watchdog
+    ) -> None:
+        self._client = client
+        self._key = key
+        self._conn = conn
+        self._dog = dog
+        self._closed = False
+        self.status = conn.status
+        self.headers: RawHeaders = conn.headers
+
+    async def iter_bytes(self) -> AsyncIterator[bytes]:
+        conn = self._conn
+        chunks = conn.chunks
+        while True:
+            if chunks:
+                # What already arrived goes out in one piece: joining adds no wait, and one
+                # ASGI send per SSE event would cost a write each.
+                chunk = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+                chunks.clear()
+                conn.consumed(len(chunk))
+                yield chunk
+            elif conn.complete:
+                return
+            elif conn.error is not None:
+                raise conn.error
+            else:
+                await conn.wait()
+
+    async def read(self) -> bytes:
+        conn = self._conn
+        conn.read_whole()
+        while not conn.complete:
+            if conn.error is not None:
+                raise conn.error
+            await conn.wait()
+        body = b"".join(conn.chunks)
+        conn.chunks.clear()
+        conn.consumed(conn.buffered)
+        return body
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._dog.cancel()
+        conn = self._conn
+        if conn.reusable() and not conn.chunks:
+            self._client._release(self._key, conn)
+        else:
+            # Not drained: drop the connection so the engine sees the disconnect and aborts.
+            conn.abort()
+
+
+class H1Client:
+    name = "h1"
+
+    def __init__(self, timeouts: Timeouts, max_connections: int = 1024) -> None:
+        self._timeouts = timeouts
+        self._max_idle = min(max_connections, _MAX_IDLE_PER_HOST)
+        self._idle: dict[tuple[str, int], list[_Conn]] = {}
+        self._targets: dict[str, tuple[tuple[str, int], bytes, bytes]] = {}
+        self._max_connections = max_connections
+        self._tls: UpstreamClient | None = None
+
+    def _target(self, url: str) -> tuple[tuple[str, int], bytes, bytes]:
+        """(host, port), the request target and the Host header, parsed once per URL."""
+        hit = self._targets.get(url)
+        if hit is None:
+            parts = urlsplit(url)
+            if parts.scheme != "http" or not parts.hostname:
+                raise UpstreamError(f"the h1 upstream client cannot send to {url}")
+            port = parts.port or 80
+            path = parts.path or "/"
+            if parts.query:
+                path += "?" + parts.query
+            host = parts.netloc.rpartition("@")[2]
+            hit = ((parts.hostname, port), path.encode("latin-1"), host.encode("latin-1"))
+            if len(self._targets) < 4096:
+                self._targets[url] = hit
+        return hit
+
+    def _release(self, key: tuple[str, int], conn: _Conn) -> None:
+        idle = self._idle.setdefault(key, [])
+        if len(idle) < self._max_idle:
+            conn._reset()
+            idle.append(conn)
+        else:
+            conn.abort()
+
+    async def _connect(
+        self, loop: asyncio.AbstractEventLoop, key: tuple[str, int], url: str, t: Timeouts
+    ) -> _Conn:
+        try:
+            async with asyncio.timeout(t.connect_s):
+                _, proto = await loop.create_connection(lambda: _Conn(loop, url), *key)
+        except TimeoutError as exc:
+            raise UpstreamConnectError(f"connecting to {url} timed out") from exc
+        except OSError as exc:
+            raise UpstreamConnectError(f"cannot connect to {url}: {exc}") from exc
+        return proto
+
+    async def send(
+        self,
+        method: str,
+        url: str,
+        headers: RawHeaders,
+        body: bytes | None = None,
+        *,
+        timeouts: Timeouts | None = None,
+    ) -> UpstreamResponse:
+        if url.startswith("https:"):
+            if self._tls is None:
+                from gateway.upstream.aiohttp_client import AiohttpClient
+
+                self._tls = AiohttpClient(self._timeouts, self._max_connections)
+            return await self._tls.send(method, url, headers, body, timeouts=timeouts)
+        loop = asyncio.get_running_loop()
+        t = timeouts or self._timeouts
+        key, target, host = self._target(url)
+        head = [method.encode("ascii"), b" ", target, b" HTTP/1.1\r\nhost: ", host, b"\r\n"]
+        for name, value in headers:
+            head += (name, b": ", value, b"\r\n")
+        if body is not None or method in ("POST", "PUT", "PATCH"):
+            head.append(b"content-length: %d\r\n" % len(body or b""))
+        head.append(b"\r\n")
+        message = b"".join(head)
+        if body:
+            message += body
+
+        # A pooled connection the engine closed while idle shows up as closed here and is
+        # skipped. One the engine closes just as the request goes out fails before any
+        # response byte: that request is sent once more on a fresh connection (the engine
+        # dropped an idle connection, it never took the request). Anything else fails.
+        idle = self._idle.get(key)
+        conn: _Conn | None = None
+        while idle:
+            candidate = idle.pop()
+            transport = candidate.transport
+            if not candidate.closed and transport is not None and not transport.is_closing():
+                conn = candidate
+                break
+        while True:
+            reused = conn is not None
+            if conn is None:
+                conn = await self._connect(loop, key, url, t)
+            assert conn.transport is not None
+            dog = _Watchdog(loop, conn, t, url)
+            try:
+                conn.transport.write(message)
+                while not conn.headers_done:
+                    if conn.error is not None:
+                        raise conn.error
+                    await conn.wait()
+            except UpstreamConnectError:
+                dog.cancel()
+                conn.abort()
+                if reused and conn.last_data == 0.0:
+                    conn = None
+                    continue
+                raise
+            except BaseException:
+                dog.cancel()
+                conn.abort()
+                raise
+            dog.headers_arrived()
+            break
+        return H1Response(self, key, conn, dog)
+
+    async def aclose(self) -> None:
+        if self._tls is not None:
+            await self._tls.aclose()
+            self._tls = None
+        for conns in self._idle.values():
+            for conn in conns:
+                conn.abort()
+        self._idle.clear()
