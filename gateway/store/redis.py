@@ -331,6 +331,10 @@ class RedisStore:
         ):
             with attempt:
                 async with asyncio.timeout(self.settings.connect_timeout_s * 2):
+                    if not self._first_connect:
+                        # Idle pooled connections may predate a Redis restart: each would
+                        # fail once on first use and flap the store back to degraded.
+                        await self._redis.connection_pool.disconnect(inuse_connections=False)
                     await self._redis.ping()
                     started = time.perf_counter()
                     await run_batch(self, full=True)
