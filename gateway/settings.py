@@ -142,7 +142,9 @@ class UpstreamSettings(Section):
     client: Literal["h1", "aiohttp", "httpx"] = Field(
         "h1", description="HTTP client to engines (h1: the lean built-in one; https via aiohttp)"
     )
-    max_connections: int = Field(1024, ge=1, description="connection pool size")
+    max_connections: int = Field(
+        1024, ge=1, description="most open connections per engine (h1) or in all (aiohttp, httpx)"
+    )
 
 
 class KvgateSettings(BaseSettings):

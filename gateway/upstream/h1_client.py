@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import cast
 from urllib.parse import urlsplit
 
@@ -35,9 +35,12 @@ _MAX_IDLE_PER_HOST = 64
 class _Conn(asyncio.Protocol):
     """One TCP connection, carrying one exchange at a time."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, url: str) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, url: str, on_lost: Callable[[], None]
+    ) -> None:
         self._loop = loop
         self._url = url
+        self._on_lost: Callable[[], None] | None = on_lost
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self._parser = httptools.HttpResponseParser(self)
@@ -79,6 +82,9 @@ class _Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self._on_lost is not None:
+            on_lost, self._on_lost = self._on_lost, None
+            on_lost()
         if self.complete or self.error is not None:
             return
         if self.headers_done and self.until_eof and exc is None:
@@ -261,6 +267,9 @@ class H1Client:
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
         self._targets: dict[str, tuple[tuple[str, int], bytes, bytes]] = {}
         self._max_connections = max_connections
+        # Open connections per engine (idle ones included), and who waits for one to close.
+        self._open: dict[tuple[str, int], int] = {}
+        self._slot_waiters: dict[tuple[str, int], collections.deque[asyncio.Future[None]]] = {}
         self._tls: UpstreamClient | None = None
 
     def _target(self, url: str) -> tuple[tuple[str, int], bytes, bytes]:
@@ -288,12 +297,42 @@ class H1Client:
         else:
             conn.abort()
 
+    def _closed_one(self, key: tuple[str, int]) -> None:
+        self._open[key] -= 1
+        waiters = self._slot_waiters.get(key)
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                break
+
     async def _connect(
         self, loop: asyncio.AbstractEventLoop, key: tuple[str, int], url: str, t: Timeouts
     ) -> _Conn:
+        """A new connection; past `max_connections` to this engine, wait for one to close
+        (within the connect timeout, as a pool wait counts toward connecting)."""
         try:
             async with asyncio.timeout(t.connect_s):
-                _, proto = await loop.create_connection(lambda: _Conn(loop, url), *key)
+                while self._open.get(key, 0) >= self._max_connections:
+                    waiter = loop.create_future()
+                    self._slot_waiters.setdefault(key, collections.deque()).append(waiter)
+                    await waiter
+                self._open[key] = self._open.get(key, 0) + 1
+                counted = [True]
+
+                def release() -> None:
+                    # Once per connection, whether it failed to open or closed later.
+                    if counted[0]:
+                        counted[0] = False
+                        self._closed_one(key)
+
+                try:
+                    _, proto = await loop.create_connection(
+                        lambda: _Conn(loop, url, release), *key
+                    )
+                except BaseException:
+                    release()
+                    raise
         except TimeoutError as exc:
             raise UpstreamConnectError(f"connecting to {url} timed out") from exc
         except OSError as exc:

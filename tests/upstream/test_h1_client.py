@@ -240,3 +240,37 @@ async def test_fresh_connection_dropped_without_answer_fails(serve: Callable[[Ha
     with pytest.raises(UpstreamConnectError):
         await client.send("POST", server.url, [], b"{}")
     assert server.connections == 1
+
+
+async def test_max_connections_caps_each_engine_and_frees_slots_on_close(serve: Callable[[Handler], Awaitable[Scripted]]) -> None:
+    gate = asyncio.Event()
+
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            await gate.wait()
+            writer.write(ok(b"x"))
+            await writer.drain()
+
+    server = await serve(slow)
+    client = H1Client(Timeouts(connect_s=0.3, response_headers_s=5, read_s=5), max_connections=2)
+    first = [asyncio.create_task(client.send("POST", server.url, [], b"{}")) for _ in range(2)]
+    await asyncio.sleep(0.1)
+    # A third request waits for a slot and gives up within the connect timeout.
+    with pytest.raises(UpstreamConnectError, match="timed out"):
+        await client.send("POST", server.url, [], b"{}")
+    assert server.connections == 2
+    gate.set()
+    for task in first:
+        resp = await task
+        await resp.read()
+        await resp.aclose()
+    # The cap counts open connections, not requests: both idle ones serve the next requests.
+    for _ in range(3):
+        resp = await client.send("POST", server.url, [], b"{}")
+        await resp.read()
+        await resp.aclose()
+    assert server.connections == 2
+    await client.aclose()
+    await asyncio.sleep(0.05)
+    assert client._open[next(iter(client._open))] == 0
