@@ -9,8 +9,11 @@ a decode gets one), then waiting ones while `max_num_seqs` and the
 `max_num_batched_tokens` budget allow (long prompts are prefilled in chunks, each chunk at
 most `long_prefill_token_threshold` tokens when that is set). When a
 running request cannot get a block, the newest running request (lowest priority under
-priority scheduling) is preempted: its blocks are freed and it is recomputed later.
-Waiting requests are not admitted in a step that preempted, and wait while blocks run out.
+priority scheduling) is preempted: its blocks are freed and it is recomputed later; when
+the request is its own victim, no further running request is scheduled in that pass.
+Waiting requests are not admitted in a pass that preempted, and wait while blocks run out.
+Priority scheduling orders only the waiting queue (and the choice of victim): running
+requests keep the step budget whatever their priority.
 """
 
 from __future__ import annotations
@@ -279,37 +282,12 @@ class EngineModel:
         self._expire_held(now)
         self._finish_transfers(now)
         bs = self.profile.block_size
-        budget = self.profile.max_num_batched_tokens
-        scheduled: dict[RequestHandle, int] = {}
-        preempted = False
-
-        for r in list(self._running):
-            if budget <= 0:
+        while True:
+            scheduled, preempted = self._schedule(now)
+            # A pass that preempted and scheduled nothing runs no batch; the engine's next
+            # pass follows at once (the freed blocks are there now).
+            if scheduled or not preempted:
                 break
-            if r.state is not State.RUNNING:
-                continue  # preempted earlier in this step
-            n = min(self._capped(r.num_tokens - r.num_computed), budget)
-            while not self.kv.allocate(r.owner, r.num_computed + n):
-                victim = self._pick_victim()
-                self._preempt(victim, now)
-                preempted = True
-                if victim in scheduled:
-                    budget += scheduled.pop(victim)
-                if victim is r:
-                    break
-            if r.state is State.RUNNING:
-                scheduled[r] = n
-                budget -= n
-
-        while not preempted and budget > 0 and len(self._running) < self.profile.max_num_seqs:
-            w = self._peek_waiting()
-            if w is None or not self._admit(w, budget, now):
-                break
-            if w.state is State.WAITING_REMOTE_KV:
-                continue
-            n = min(self._capped(w.num_tokens - w.num_computed), budget)
-            scheduled[w] = n
-            budget -= n
 
         if not scheduled:
             if self._transferring:
@@ -340,6 +318,46 @@ class EngineModel:
         return duration
 
     # ---- internals ----------------------------------------------------------------------
+    def _schedule(self, now: float) -> tuple[dict[RequestHandle, int], bool]:
+        """One scheduling pass as vLLM V1's: running requests first, in order, then waiting
+        ones unless something was preempted. Returns tokens per request and whether a
+        request was preempted."""
+        budget = self.profile.max_num_batched_tokens
+        scheduled: dict[RequestHandle, int] = {}
+        preempted = False
+
+        for r in list(self._running):
+            if budget <= 0:
+                break
+            if r.state is not State.RUNNING:
+                continue  # preempted earlier in this step
+            n = min(self._capped(r.num_tokens - r.num_computed), budget)
+            while not self.kv.allocate(r.owner, r.num_computed + n):
+                victim = self._pick_victim()
+                self._preempt(victim, now)
+                preempted = True
+                if victim in scheduled:
+                    budget += scheduled.pop(victim)
+                if victim is r:
+                    break
+            if r.state is not State.RUNNING:
+                # It was its own victim: vLLM schedules no further running request this step
+                # (under priority scheduling, better ones after it in the list wait too).
+                break
+            scheduled[r] = n
+            budget -= n
+
+        while not preempted and budget > 0 and len(self._running) < self.profile.max_num_seqs:
+            w = self._peek_waiting()
+            if w is None or not self._admit(w, budget, now):
+                break
+            if w.state is State.WAITING_REMOTE_KV:
+                continue
+            n = min(self._capped(w.num_tokens - w.num_computed), budget)
+            scheduled[w] = n
+            budget -= n
+        return scheduled, preempted
+
     def _capped(self, new_tokens: int) -> int:
         """Tokens one request may compute this step, before the shared budget (as vLLM)."""
         cap = self.profile.long_prefill_token_threshold

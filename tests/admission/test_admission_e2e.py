@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from gateway.admission.gate import AdmissionGate
 from gateway.sim.profiles import PROFILES
@@ -52,7 +53,7 @@ def _gate(gw: RunningGateway) -> AdmissionGate:
     return gate
 
 
-def _msg(text: str) -> list[dict[str, str]]:
+def _msg(text: str) -> list[ChatCompletionMessageParam]:
     return [{"role": "user", "content": text}]
 
 

@@ -12,17 +12,14 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.admission.config import SaturationThresholds
+from gateway.admission.config import AdmissionSettings, SaturationThresholds
 from gateway.admission.gate import AdmissionGate
 from gateway.admission.saturation import is_saturated
 from gateway.sim.faults import FaultConfig
 from gateway.sim.profiles import PROFILES
 from gateway.sim.server import SimEngine
 from gateway.testing.servers import RunningGateway, gateway, sim_engines
-from gateway.types import EngineLoad, ReplicaId, RouteRequest
-
-from gateway.admission.config import AdmissionSettings
-from gateway.types import ClusterView, ReplicaState, SessionKey
+from gateway.types import ClusterView, EngineLoad, ReplicaId, ReplicaState, RouteRequest, SessionKey
 
 A = ReplicaId("a")
 
@@ -66,6 +63,7 @@ def _gate(cluster: Cluster, policy: object | None = None, **kw: Any) -> Admissio
 async def _settle() -> None:
     for _ in range(5):
         await asyncio.sleep(0)
+
 
 MODEL = "kvgate-sim"
 T = SaturationThresholds(max_waiting=None, max_kv_usage=None, max_prefill_tokens=2048)
