@@ -14,22 +14,28 @@ Cost basis: busy (replica-hour price x time the replica had a request in flight;
 gateway.pools.cost). Prices are per card-hour, 8 cards per replica.
 
 With `--ttft-target` (seconds) the dynamic run's controller also reads each pool's recent
-first-byte times (quantile `--ttft-quantile` over 10 s) as utilisation; the simulator sends
-its role chunk before prefill, so here that guard sees almost nothing (see docs/pools.md).
+first-byte times (quantile `--ttft-quantile` over 10 s) as utilisation (the simulator, like
+vLLM, sends its first stream chunk with the first token, so first byte = TTFT); with
+`--ttft-max-uncached N` only requests with at most N uncached prompt tokens feed it.
 With `--idle-release`, sessions idle that long follow the weights. The static run has
 neither.
 p99 over ~115 requests per low phase is the 2nd-slowest request: repeat runs and read the
 spread, and `--tails` shows which requests made it.
 
     python loadtests/bench_pools.py [--scale 1.0] [--rate-scale 1.0] [--seed 1] [--tails]
-        [--policy prefix_affinity] [--low-watermark 0.4] [--ttft-target 0]
-        [--ttft-quantile 1.0] [--idle-release 0]
+        [--policy prefix_affinity] [--low-watermark 0.4] [--high-watermark 0.7]
+        [--smoothing 0.5] [--dwell 5] [--return-dwell 5] [--ttft-target 0] [--ttft-quantile 1.0]
+        [--ttft-max-uncached 0] [--idle-release 0]
+
+The dynamic table is followed by the number of weight moves and direction reversals per
+phase (how much the weights flap) and a timeline.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import random
 import statistics
 import sys
@@ -90,10 +96,12 @@ def pools_config(dynamic: bool, args: argparse.Namespace) -> dict[str, Any]:
         "session_idle_release_s": args.idle_release if dynamic and args.idle_release else None,
         "controller": {
             "enabled": dynamic, "interval_s": 1.0, "low_watermark": args.low_watermark,
-            "high_watermark": 0.7, "hysteresis": 0.05, "dwell_steps": 2, "max_step": 0.15,
-            "saturation": 0.9, "smoothing": 0.5,
+            "high_watermark": args.high_watermark, "hysteresis": 0.05, "dwell_steps": args.dwell,
+            "return_dwell_steps": args.return_dwell, "max_step": 0.15,
+            "saturation": 0.9, "smoothing": args.smoothing,
             "ttft_target_s": args.ttft_target if dynamic and args.ttft_target else None,
             "ttft_quantile": args.ttft_quantile, "ttft_window_s": 10.0,
+            "ttft_max_uncached_tokens": args.ttft_max_uncached or None,
         },
     }
 
@@ -302,7 +310,19 @@ def phase_table(run: Run, args: argparse.Namespace) -> dict[str, dict[str, float
     return out
 
 
+def reversals(run: Run) -> None:
+    """Weight moves and direction reversals per phase (sampled every --sample-s)."""
+    parts = []
+    for name, _, _ in PHASES:
+        ws = [s.weights["domestic"] for s in run.samples if s.phase == name]
+        deltas = [b - a for a, b in itertools.pairwise(ws) if abs(b - a) > 1e-9]
+        flips = sum((a > 0) != (b > 0) for a, b in itertools.pairwise(deltas))
+        parts.append(f"{name} {len(deltas)}/{flips}")
+    print(f"\nweight moves/reversals per phase ({run.label}): " + ", ".join(parts))
+
+
 def timeline(run: Run) -> None:
+    reversals(run)
     print(f"\n-- timeline ({run.label}): t, phase, weight h200/domestic, util h200/domestic --")
     for s in run.samples[:: max(1, len(run.samples) // 40)]:
         u = [f"{s.util.get(pool) or 0:.2f}" for pool in POOLS]
@@ -315,8 +335,11 @@ async def main(args: argparse.Namespace) -> None:
           "domestic (domestic, 2 replicas, 8 cards x 0.90/h); cost basis: busy")
     print(f"router inside each pool: {args.policy}; phases (req/s, s): " + ", ".join(
         f"{n} {r * args.rate_scale:g}/{s * args.scale:g}" for n, r, s in PHASES))
-    print(f"dynamic run: low_watermark={args.low_watermark:g}, ttft_target_s={args.ttft_target or 'off'} "
-          f"(quantile {args.ttft_quantile:g}), "
+    print(f"dynamic run: low_watermark={args.low_watermark:g}, "
+          f"high_watermark={args.high_watermark:g}, smoothing={args.smoothing:g}, "
+          f"dwell_steps={args.dwell}, "
+          f"return_dwell_steps={args.return_dwell}, ttft_target_s={args.ttft_target or 'off'} "
+          f"(quantile {args.ttft_quantile:g}, max uncached {args.ttft_max_uncached or 'any'}), "
           f"session_idle_release_s={args.idle_release or 'off'}; 'ttft n' = samples behind "
           "each p99 (with n samples, p99 is the ceil(n/100)-th slowest)")
     static = await run_variant(False, args)
@@ -350,6 +373,14 @@ if __name__ == "__main__":
                         help="controller ttft_target_s for the dynamic run (0: off)")
     parser.add_argument("--ttft-quantile", type=float, default=1.0,
                         help="controller ttft_quantile (1.0: the slowest in the window)")
+    parser.add_argument("--ttft-max-uncached", type=int, default=0,
+                        help="controller ttft_max_uncached_tokens (0: every request counts)")
+    parser.add_argument("--high-watermark", type=float, default=0.7)
+    parser.add_argument("--smoothing", type=float, default=0.5,
+                        help="controller smoothing (weight of the newest sample)")
+    parser.add_argument("--dwell", type=int, default=5, help="controller dwell_steps")
+    parser.add_argument("--return-dwell", type=int, default=5,
+                        help="controller return_dwell_steps")
     parser.add_argument("--idle-release", type=float, default=0.0,
                         help="session_idle_release_s for the dynamic run (0: off)")
     asyncio.run(main(parser.parse_args()))

@@ -96,11 +96,16 @@ class ControllerSettings(_Frozen):
     )
     dwell_steps: int = Field(
         2, ge=1, description="consecutive steps an under-used cheaper pool must be seen "
-        "before traffic moves onto it"
+        "before each move of traffic onto it (the count restarts after every move)"
     )
     relieve_dwell_steps: int = Field(
         1, ge=1, description="consecutive steps a pool must be above the high watermark "
         "before traffic moves off it (overload costs latency now, idleness only money)"
+    )
+    return_dwell_steps: int = Field(
+        5, ge=1, description="consecutive steps a pool the last move relieved must look "
+        "under-used before traffic moves back onto it: weights steer new sessions only, so "
+        "its utilisation lags the move"
     )
     max_step: float = Field(0.1, gt=0.0, le=1.0, description="most weight moved per step")
     smoothing: float = Field(
@@ -117,6 +122,12 @@ class ControllerSettings(_Frozen):
     )
     ttft_quantile: float = Field(
         0.9, gt=0.0, le=1.0, description="which quantile of recent first-byte times counts"
+    )
+    ttft_max_uncached_tokens: int | None = Field(
+        None, ge=0, description="only requests whose uncached prompt (prompt minus cached "
+        "tokens, from the response usage) is at most this many tokens feed the TTFT quantile: "
+        "their first byte measures queueing, a cold prompt's mostly its own prefill (unset: "
+        "every successful request)"
     )
     ttft_window_s: float = Field(
         10.0, gt=0.0, description="seconds of first-byte times the quantile is taken over"

@@ -5,9 +5,11 @@
 * otherwise onto the cheapest pool under the low watermark, from the priciest pool that
   still has weight.
 Between the watermarks nothing moves. A move must be proposed several steps in a row before
-it happens (`dwell_steps` onto a cheaper pool, `relieve_dwell_steps` off a hot one), and
-reversing the previous move needs an extra `hysteresis` margin, so a load sitting near a
-watermark does not make the weights flap.
+it happens, and again before each further move (`dwell_steps` onto a cheaper pool,
+`relieve_dwell_steps` off a hot one, `return_dwell_steps` back onto a pool the last move
+relieved), and reversing the previous move needs an extra `hysteresis` margin, so neither
+a load sitting near a watermark nor a load that answers the weights late (they steer new
+sessions only) makes the weights flap.
 
 The task publishes an immutable `WeightSnapshot` each interval; the selector reads one
 attribute per request and never waits on the controller.
@@ -48,6 +50,7 @@ class ControllerState:
     """What `step` remembers between calls."""
 
     last_move: tuple[str, str] | None = None
+    last_code: str | None = None
     pending: tuple[str, str, str] | None = None
     streak: int = 0
 
@@ -172,6 +175,11 @@ def step(
     key = (move.donor, move.receiver, move.code)
     streak = state.streak + 1 if state.pending == key else 1
     dwell = cfg.relieve_dwell_steps if move.code == "relieve_hot" else cfg.dwell_steps
+    if move.code == "prefer_cheaper" and state.last_code == "relieve_hot" \
+            and state.last_move == (move.receiver, move.donor):
+        # Weights steer new sessions only, so a relieved pool reads cool long before its
+        # load has settled; refilling it on that lagged figure is what makes weights flap.
+        dwell = max(dwell, cfg.return_dwell_steps)
     if streak < dwell:
         return StepResult(weights, replace(state, pending=key, streak=streak), False, "hold",
                           f"waiting ({streak}/{dwell}): {move.why}")
@@ -184,7 +192,10 @@ def step(
     new[move.receiver] = weights[move.receiver] + amount
     new = {n: round(w, 6) for n, w in new.items()}
     reason = f"{move.why} ({amount:.2f} moved)"
-    return StepResult(new, ControllerState((move.donor, move.receiver), key, streak), True,
+    # The streak starts again: each further move needs its own dwell, so a pool whose load
+    # answers the weights late (they steer new sessions only) is not filled or drained on
+    # readings that predate the previous move.
+    return StepResult(new, ControllerState((move.donor, move.receiver), move.code), True,
                       move.code, reason)
 
 

@@ -94,12 +94,21 @@ class PoolsRuntime:
         if outcome.replica is None:
             return
         pool = self._replica_pool.get(outcome.replica)
-        if outcome.ok and outcome.ttfb_s is not None and pool is not None:
+        if outcome.ok and outcome.ttfb_s is not None and pool is not None \
+                and self._measures_queueing(outcome):
             self.ttft.add(pool, self._ttft_clock(), outcome.ttfb_s)
         usage = Usage(
             outcome.prompt_tokens or 0, outcome.cached_tokens or 0, outcome.completion_tokens or 0
         )
         self.record(outcome.replica, usage, outcome.started_at, outcome.latency_s)
+
+    def _measures_queueing(self, outcome: RequestOutcome) -> bool:
+        limit = self.settings.controller.ttft_max_uncached_tokens
+        if limit is None:
+            return True
+        if outcome.prompt_tokens is None:
+            return False  # size unknown: it could be a cold prompt timing its own prefill
+        return outcome.prompt_tokens - (outcome.cached_tokens or 0) <= limit
 
     def membership_changed(self, replicas: Sequence[ReplicaState]) -> None:
         self._replica_pool = {r.id: r.pool for r in replicas}

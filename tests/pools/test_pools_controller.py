@@ -237,3 +237,47 @@ def test_controller_decides_on_smoothed_utilisation() -> None:
     assert ctl.tick().utilisation["domestic"] == pytest.approx(0.1)
     running[0] = 9.0
     assert ctl.tick().utilisation["domestic"] == pytest.approx(0.5)
+
+
+def test_refilling_a_pool_the_last_move_relieved_waits_return_dwell_steps() -> None:
+    c = cfg(dwell_steps=1, return_dwell_steps=3)
+    w = {"h200": 0.6, "domestic": 0.4}
+    cool = {"h200": 0.1, "domestic": 0.2}
+    state = ControllerState(last_move=("domestic", "h200"), last_code="relieve_hot")
+    for i in range(2):
+        r = step(w, cool, SPECS, c, state)
+        assert not r.moved and r.reason.startswith(f"waiting ({i + 1}/3)"), r.reason
+        state = r.state
+    r = step(w, cool, SPECS, c, state)
+    assert r.moved and r.code == "prefer_cheaper"
+    # a fill that follows a fill (not a relief) keeps the ordinary dwell
+    r2 = step(r.weights, cool, SPECS, c, r.state)
+    assert r2.moved and r2.state.last_code == "prefer_cheaper"
+
+
+def lagged_run(c: ControllerSettings, steps: int = 100, lag: int = 4) -> list[float]:
+    """Weights steer new sessions only: the cheap pool's load follows its share `lag` steps
+    late (1.6 at full share, so it must not take everything)."""
+    weights: Mapping[str, float] = {"h200": 0.9, "domestic": 0.1}
+    state = ControllerState()
+    shares = [0.1] * lag
+    history = []
+    for _ in range(steps):
+        late = shares[-lag]
+        util: dict[str, float | None] = {"h200": 0.3 * (1 - late), "domestic": 1.6 * late}
+        result = step(weights, util, SPECS, c, state)
+        weights, state = result.weights, result.state
+        shares.append(weights["domestic"])
+        history.append(weights["domestic"])
+    return history
+
+
+def test_each_move_waits_its_own_dwell_so_a_lagging_load_settles() -> None:
+    dom = lagged_run(cfg(dwell_steps=2, max_step=0.15))
+    assert dom[1] == pytest.approx(0.25) and dom[2] == pytest.approx(0.25)  # one move per dwell
+    # one overshoot into the band's top and back (the load shows each move 4 steps late),
+    # then it stays put; moving every step once dwelled, it kept cycling (12 reversals)
+    assert reversals(dom) <= 2
+    assert dom[-50:] == [dom[-1]] * 50, "settled"
+    assert 0.5 <= 1.6 * dom[-1] <= 0.8, "inside the band"
+    assert all(abs(b - a) <= 0.15 + 1e-9 for a, b in itertools.pairwise(dom))

@@ -118,3 +118,26 @@ def test_runtime_feeds_first_byte_times_of_successful_requests_to_the_controller
     snap = rt.controller.tick()
     assert snap.utilisation["domestic"] == pytest.approx(0.8 * 1.0 / 0.5)
     assert snap.code == "relieve_hot"
+
+
+def test_only_mostly_cached_requests_feed_the_guard_when_capped() -> None:
+    view = two_pools()
+    rt = PoolsRuntime(
+        settings(controller={"ttft_target_s": 0.5, "ttft_max_uncached_tokens": 300}),
+        view.replicas, lambda: view, ledger_clock=lambda: 100.0,
+    )
+
+    def outcome(ttfb: float, prompt: int | None, cached: int | None) -> RequestOutcome:
+        return RequestOutcome(request=None, request_id="r", endpoint="chat", status=200,
+                              replica=ReplicaId("domestic-0"), ok=True, stream=True,
+                              prompt_tokens=prompt, cached_tokens=cached, ttfb_s=ttfb,
+                              latency_s=1.0)
+
+    rt.observe(outcome(0.9, 3000, 1000))  # a cold prompt: its own prefill, not queueing
+    rt.observe(outcome(0.8, None, None))  # size unknown
+    assert rt.ttft.quantiles(100.0, 1.0)["domestic"] is None
+    rt.observe(outcome(0.2, 3000, 2800))
+    rt.observe(outcome(0.1, 250, None))  # nothing cached, but small
+    assert rt.ttft.quantiles(100.0, 1.0)["domestic"] == 0.2
+    # both requests are still charged
+    assert rt.ledger.summary()["domestic"].requests == 4
