@@ -17,15 +17,17 @@ With `--ttft-target` (seconds) the dynamic run's controller also reads each pool
 first-byte times (quantile `--ttft-quantile` over 10 s) as utilisation (the simulator, like
 vLLM, sends its first stream chunk with the first token, so first byte = TTFT); with
 `--ttft-max-uncached N` only requests with at most N uncached prompt tokens feed it.
-With `--idle-release`, sessions idle that long follow the weights. The static run has
-neither.
+With `--idle-release`, sessions idle that long follow the weights. `--spill N` (default 1,
+0: off) sets `spill_new_sessions_at`: a new session whose weighted pool has N requests in
+flight on every replica starts on a replica with room in the other pool. The static run
+has none of these.
 p99 over ~115 requests per low phase is the 2nd-slowest request: repeat runs and read the
 spread, and `--tails` shows which requests made it.
 
     python loadtests/bench_pools.py [--scale 1.0] [--rate-scale 1.0] [--seed 1] [--tails]
         [--policy prefix_affinity] [--low-watermark 0.4] [--high-watermark 0.7]
         [--smoothing 0.5] [--dwell 5] [--return-dwell 5] [--ttft-target 0] [--ttft-quantile 1.0]
-        [--ttft-max-uncached 0] [--idle-release 0]
+        [--ttft-max-uncached 0] [--idle-release 0] [--spill 1]
 
 The dynamic table is followed by the number of weight moves and direction reversals per
 phase (how much the weights flap) and a timeline.
@@ -92,8 +94,9 @@ def pools_config(dynamic: bool, args: argparse.Namespace) -> dict[str, Any]:
         ],
         "models": [{"name": MODEL}],
         "initial_weights": {"h200": 0.5, "domestic": 0.5},
-        # The static split gets neither mechanism: it is the unchanged baseline.
+        # The static split gets none of these mechanisms: it is the unchanged baseline.
         "session_idle_release_s": args.idle_release if dynamic and args.idle_release else None,
+        "spill_new_sessions_at": args.spill if dynamic and args.spill else None,
         "controller": {
             "enabled": dynamic, "interval_s": 1.0, "low_watermark": args.low_watermark,
             "high_watermark": args.high_watermark, "hysteresis": 0.05, "dwell_steps": args.dwell,
@@ -340,7 +343,8 @@ async def main(args: argparse.Namespace) -> None:
           f"dwell_steps={args.dwell}, "
           f"return_dwell_steps={args.return_dwell}, ttft_target_s={args.ttft_target or 'off'} "
           f"(quantile {args.ttft_quantile:g}, max uncached {args.ttft_max_uncached or 'any'}), "
-          f"session_idle_release_s={args.idle_release or 'off'}; 'ttft n' = samples behind "
+          f"session_idle_release_s={args.idle_release or 'off'}, "
+          f"spill_new_sessions_at={args.spill or 'off'}; 'ttft n' = samples behind "
           "each p99 (with n samples, p99 is the ceil(n/100)-th slowest)")
     static = await run_variant(False, args)
     dynamic = await run_variant(True, args)
@@ -383,4 +387,6 @@ if __name__ == "__main__":
                         help="controller return_dwell_steps")
     parser.add_argument("--idle-release", type=float, default=0.0,
                         help="session_idle_release_s for the dynamic run (0: off)")
+    parser.add_argument("--spill", type=int, default=1,
+                        help="spill_new_sessions_at for the dynamic run (0: off)")
     asyncio.run(main(parser.parse_args()))

@@ -165,6 +165,12 @@ class PoolsSettings(_Frozen):
         "weights no longer give it: by then its KV prefix is likely evicted, so stickiness "
         "saves little (unset: sessions move only when their pool saturates)"
     )
+    spill_new_sessions_at: int | None = Field(
+        None, ge=1, description="a new session (no prefix cached anywhere yet) whose weighted "
+        "pool has this many requests in flight on every replica goes to an allowed pool with "
+        "a replica below it, and to that replica: its first, uncached prefill does not queue "
+        "behind another (unset: new sessions follow the weights only)"
+    )
 
     @model_validator(mode="after")
     def _cross_references(self) -> Self:

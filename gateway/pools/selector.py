@@ -13,8 +13,13 @@ Per request (cost: O(replicas) plus one inner `choose` per allowed pool):
    stay per pool) ranks a view restricted to that pool; the other allowed pools follow as a
    failover tail (unsaturated first, heavier weight first).
 
+With `spill_new_sessions_at`, a new session (no home pool) whose weighted pool has that
+many requests in flight on every replica goes to another allowed pool with room (`spill`),
+and inside its pool a replica with room is ranked first.
+
 `Choice.reason` is `<pool>:<why>:<inner reason>`, with `why` one of rule_tenant,
-rule_class, session, weights, weights_home_saturated, weights_idle_release, all_saturated:
+rule_class, session, weights, weights_home_saturated, weights_idle_release, spill,
+all_saturated:
 a small label set,
 since the proxy counts decisions by reason.
 """
@@ -111,11 +116,15 @@ class PoolSelector:
         )
         ranked: list[ReplicaId] = []
         inner_reason = ""
+        spill = self._settings.spill_new_sessions_at
         for group in (pool, *tail):
             ids, reason = self._rank_within(group, inner_request, view, groups[group])
-            ranked.extend(ids)
             if group == pool:
                 inner_reason = reason
+                if spill is not None and why in ("weights", "spill"):
+                    # New session: a replica with room first, the inner order otherwise.
+                    ids.sort(key=lambda r: view.inflight(r) >= spill)
+            ranked.extend(ids)
         if not ranked:
             # The inner policy declined every capable replica (its own saturation filter):
             # still offer them, least utilised first, rather than drop the request.
@@ -159,7 +168,18 @@ class PoolSelector:
             return pool, "all_saturated"
         if home is not None and home in saturated:
             return by_weight, "weights_home_saturated"
+        spill = self._settings.spill_new_sessions_at
+        if home is None and spill is not None and not self._has_room(groups[by_weight], view, spill):
+            # A new session's first turn is its one uncached prefill: better on an idle
+            # replica of another pool than queued behind a busy one of the weighted pool.
+            roomy = [g for g in open_groups if g != by_weight and self._has_room(groups[g], view, spill)]
+            if roomy:
+                return max(roomy, key=lambda g: (snap.weights.get(g, 0.0), -util[g], g)), "spill"
         return by_weight, "weights"
+
+    @staticmethod
+    def _has_room(replicas: list[ReplicaState], view: ClusterView, busy_at: int) -> bool:
+        return any(view.inflight(r.id) < busy_at for r in replicas)
 
     def _rank_within(
         self, group: str, request: RouteRequest, view: ClusterView, allowed: list[ReplicaState]

@@ -223,3 +223,35 @@ def test_split_by_weight_edges(point: float) -> None:
 def test_session_point_is_stable_and_in_range() -> None:
     assert session_point("abc") == session_point("abc")
     assert all(0.0 <= session_point(str(i)) < 1.0 for i in range(1000))
+
+
+def _busy_view(busy: dict[str, int]) -> ClusterView:
+    base = two_pools()
+    return ClusterView(replicas=base.replicas, now=base.now, in_flight={ReplicaId(k): v for k, v in busy.items()})
+
+
+def test_new_session_spills_only_when_every_replica_of_its_pool_is_busy() -> None:
+    sel, _ = selector({"h200": 0.0, "domestic": 1.0}, spill_new_sessions_at=1)
+    # One domestic replica is free: the new session stays in its pool, on the free replica.
+    view = _busy_view({"domestic-0": 1, "domestic-1": 2})
+    choice = sel.choose(request("new-a"), view)
+    assert choice.first == ReplicaId("domestic-2") and ":weights:" in choice.reason
+    # Every domestic replica busy, an h200 one idle: the first turn goes there.
+    view = _busy_view({"domestic-0": 1, "domestic-1": 1, "domestic-2": 3, "h200-0": 1})
+    choice = sel.choose(request("new-b"), view)
+    assert choice.first in {ReplicaId("h200-1"), ReplicaId("h200-2")}
+    assert choice.reason.startswith("h200:spill:")
+    # Nowhere idle: the weights decide, as without the option.
+    view = _busy_view({f"{p}-{i}": 1 for p in ("h200", "domestic") for i in range(3)})
+    assert sel.choose(request("new-c"), view).reason.startswith("domestic:weights:")
+
+
+def test_placed_sessions_never_spill_and_spill_is_off_by_default() -> None:
+    busy = _busy_view({"domestic-0": 1, "domestic-1": 1, "domestic-2": 1})
+    sel, _ = selector({"h200": 0.0, "domestic": 1.0}, spill_new_sessions_at=1)
+    home = sel.choose(request("old"), two_pools()).first
+    assert home is not None and pool_of(busy, home) == "domestic"
+    sel.placed(request("old"), home)
+    assert sel.choose(request("old"), busy).first == home  # its prefix lives there
+    off, _ = selector({"h200": 0.0, "domestic": 1.0})
+    assert off.choose(request("new"), busy).reason.startswith("domestic:weights:")
