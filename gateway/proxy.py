@@ -431,11 +431,14 @@ class ProxyEndpoint:
             return status, status < 400, None, usage
 
         iterator = response.iter_bytes()
+        # The last chunk goes out with the end of the response (one write) when the client
+        # can tell the body is complete without another read.
+        body_done: Callable[[], bool] | None = getattr(response, "body_done", None)
         tail = b""
         stripper = UsageStripper() if strip_usage else None
         error_code: str | None = None
         try:
-            first = await anext(iterator, b"")
+            chunk = await anext(iterator, b"")
         except GatewayError as err:
             await self._send_error(send, err, call)
             return err.status, False, err.code, None
@@ -444,22 +447,26 @@ class ProxyEndpoint:
         if first_byte is not None:
             first_byte()
         await send({"type": "http.response.start", "status": status, "headers": out_headers})
-        if first:
-            if stripper is not None:
-                first = stripper.feed(first)
-            elif want_usage:
-                tail = first[-_USAGE_TAIL_BYTES:]
-            if first:
-                await send({"type": "http.response.body", "body": first, "more_body": True})
+        ended = False
         try:
-            async for chunk in iterator:
-                if stripper is not None:
-                    chunk = stripper.feed(chunk)
-                    if not chunk:
-                        continue
-                elif want_usage:
-                    tail = (tail + chunk)[-_USAGE_TAIL_BYTES:]
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            while True:
+                if chunk:
+                    if stripper is not None:
+                        chunk = stripper.feed(chunk)
+                    elif want_usage:
+                        tail = (tail + chunk)[-_USAGE_TAIL_BYTES:]
+                if body_done is not None and body_done():
+                    if stripper is not None:
+                        chunk += stripper.flush()
+                    call.stop_watching()
+                    ended = True
+                    await send({"type": "http.response.body", "body": chunk, "more_body": False})
+                    break
+                if chunk:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                chunk = await anext(iterator, b"")
+                if not chunk and (body_done is None or body_done()):
+                    break
         except GatewayError as err:
             # Too late for a status code: tell SSE clients in-band, the way vLLM does.
             error_code = err.code or "upstream_error"
@@ -467,10 +474,11 @@ class ProxyEndpoint:
             if stripper is not None and (held := stripper.flush()):
                 await send({"type": "http.response.body", "body": held, "more_body": True})
             await send({"type": "http.response.body", "body": b"data: " + err.body() + b"\n\n", "more_body": True})
-        if stripper is not None and (held := stripper.flush()):
-            await send({"type": "http.response.body", "body": held, "more_body": True})
-        call.stop_watching()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if not ended:
+            if stripper is not None and (held := stripper.flush()):
+                await send({"type": "http.response.body", "body": held, "more_body": True})
+            call.stop_watching()
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
         if stripper is not None:
             usage = stripper.usage
         else:

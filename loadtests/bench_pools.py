@@ -17,8 +17,8 @@ With `--ttft-target` (seconds) the dynamic run's controller also reads each pool
 first-byte times (quantile `--ttft-quantile` over 10 s) as utilisation (the simulator, like
 vLLM, sends its first stream chunk with the first token, so first byte = TTFT); with
 `--ttft-max-uncached N` only requests with at most N uncached prompt tokens feed it.
-With `--idle-release`, sessions idle that long follow the weights. `--spill N` (default 1,
-0: off) sets `spill_new_sessions_at`: a new session whose weighted pool has N requests in
+With `--idle-release`, sessions idle that long follow the weights. `--spill N` (default 0:
+off) sets `spill_new_sessions_at`: a new session whose weighted pool has N requests in
 flight on every replica starts on a replica with room in the other pool. The static run
 has none of these.
 p99 over ~115 requests per low phase is the 2nd-slowest request: repeat runs and read the
@@ -27,7 +27,7 @@ spread, and `--tails` shows which requests made it.
     python loadtests/bench_pools.py [--scale 1.0] [--rate-scale 1.0] [--seed 1] [--tails]
         [--policy prefix_affinity] [--low-watermark 0.4] [--high-watermark 0.7]
         [--smoothing 0.5] [--dwell 5] [--return-dwell 5] [--ttft-target 0] [--ttft-quantile 1.0]
-        [--ttft-max-uncached 0] [--idle-release 0] [--spill 1]
+        [--ttft-max-uncached 0] [--idle-release 0] [--spill 0]
 
 The dynamic table is followed by the number of weight moves and direction reversals per
 phase (how much the weights flap) and a timeline.
@@ -387,6 +387,6 @@ if __name__ == "__main__":
                         help="controller return_dwell_steps")
     parser.add_argument("--idle-release", type=float, default=0.0,
                         help="session_idle_release_s for the dynamic run (0: off)")
-    parser.add_argument("--spill", type=int, default=1,
+    parser.add_argument("--spill", type=int, default=0,
                         help="spill_new_sessions_at for the dynamic run (0: off)")
     asyncio.run(main(parser.parse_args()))

@@ -7,6 +7,10 @@ client library leaks out, so a second implementation can be swapped in by config
 Contract:
 * Transport failures surface as `gateway.errors` exceptions (mapped once, in
   `gateway.upstream.errors.map_transport_error`), from `send()` and from the iterator.
+* Optional: `body_done() -> bool`, true once every body byte arrived and was handed out.
+  The proxy then sends the last chunk with the end of the response (one write, not two)
+  and stops iterating, so an implementation offering it must count the body as read
+  without a final StopAsyncIteration (h1 does; the others do not offer it).
 * `aclose()` on a response whose body was not read to the end closes the TCP connection
   instead of returning it to the pool: that is how the engine learns the client left and
   aborts generation. `aclose()` is idempotent.

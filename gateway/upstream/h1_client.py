@@ -215,7 +215,15 @@ class H1Response:
         self.status = conn.status
         self.headers: RawHeaders = conn.headers
 
-    async def iter_bytes(self) -> AsyncIterator[bytes]:
+    def iter_bytes(self) -> AsyncIterator[bytes]:
+        # The response is its own iterator: no async generator to finalise when the proxy
+        # stops at `body_done()` instead of draining the iterator to StopAsyncIteration.
+        return self
+
+    def __aiter__(self) -> H1Response:
+        return self
+
+    async def __anext__(self) -> bytes:
         conn = self._conn
         chunks = conn.chunks
         while True:
@@ -225,13 +233,17 @@ class H1Response:
                 chunk = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
                 chunks.clear()
                 conn.consumed(len(chunk))
-                yield chunk
-            elif conn.complete:
-                return
-            elif conn.error is not None:
+                return chunk
+            if conn.complete:
+                raise StopAsyncIteration
+            if conn.error is not None:
                 raise conn.error
-            else:
-                await conn.wait()
+            await conn.wait()
+
+    def body_done(self) -> bool:
+        """Every body byte arrived and was handed out: the next read would end."""
+        conn = self._conn
+        return conn.complete and not conn.chunks
 
     async def read(self) -> bytes:
         conn = self._conn
