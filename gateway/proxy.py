@@ -43,7 +43,7 @@ from gateway.errors import (
 from gateway.forward import Leg, open_leg
 from gateway.hooks import ForwardContext, RequestOutcome
 from gateway.keys import route_request
-from gateway.middleware.request_id import MAX_LENGTH as MAX_REQUEST_ID
+from gateway.middleware.request_id import accepted_request_id
 from gateway.state import GatewayState
 from gateway.stream_usage import UsageStripper, inject_usage
 from gateway.types import Choice, Endpoint, ReplicaId, RouteRequest
@@ -61,10 +61,6 @@ Send = Callable[[Message], Awaitable[None]]
 REQUEST_ID_SCOPE_KEY = "kvgate.request_id"
 REPLICA_HEADER = b"x-kvgate-replica"
 _SSE = b"text/event-stream"
-
-
-def new_request_id() -> str:
-    return os.urandom(12).hex()
 
 
 class _RequestIds:
@@ -136,7 +132,7 @@ class ProxyEndpoint:
             if not call.started:
                 err = GatewayError(f"internal gateway error ({type(exc).__name__})")
                 status, headers, body = error_response_parts(err)
-                headers.append((b"x-request-id", call.request_id or new_request_id().encode()))
+                headers.append((b"x-request-id", call.request_id or self._new_id().encode()))
                 await send({"type": "http.response.start", "status": status, "headers": headers})
                 await send({"type": "http.response.body", "body": body, "more_body": False})
 
@@ -162,11 +158,10 @@ class ProxyEndpoint:
         # The request-id middleware is skipped on the fast path (gateway.fastpath); the
         # same rule is applied here: keep a sane client id, else mint one.
         request_id: str | None = scope.get(REQUEST_ID_SCOPE_KEY)
-        forward_id = request_id is None and client_id is None
+        forward_id = False  # only a minted id is added to what the engine gets
         if request_id is None:
-            if client_id is not None and 0 < len(client_id) <= MAX_REQUEST_ID and client_id.isascii():
-                request_id = client_id.decode("ascii")
-            else:
+            request_id = accepted_request_id(client_id)
+            if request_id is None:
                 request_id = self._new_id()
                 forward_id = True
         call.request_id = request_id.encode()
@@ -408,7 +403,7 @@ class ProxyEndpoint:
         """
         response = leg.response
         status = response.status
-        out_headers = response_headers(response.headers, own_request_id=True)
+        out_headers = response_headers(response.headers)
         out_headers.append((REPLICA_HEADER, leg.replica.encode()))
         out_headers.append((b"x-request-id", call.request_id))
         streaming = any(n == b"content-type" and v.startswith(_SSE) for n, v in out_headers)

@@ -17,6 +17,13 @@ HEADER = b"x-request-id"
 MAX_LENGTH = 128  # longer client ids are replaced: they would bloat logs and engine ids
 
 
+def accepted_request_id(value: bytes | None) -> str | None:
+    """The client's id when it is usable (1 to MAX_LENGTH ASCII bytes), else None."""
+    if value is not None and 0 < len(value) <= MAX_LENGTH and value.isascii():
+        return value.decode("ascii")
+    return None
+
+
 class RequestIdMiddleware:
     """Stores the id in ``scope["kvgate.request_id"]`` for the handlers that forward it."""
 
@@ -30,8 +37,7 @@ class RequestIdMiddleware:
         request_id: str | None = None
         for name, value in scope["headers"]:
             if name == HEADER:
-                if 0 < len(value) <= MAX_LENGTH and value.isascii():
-                    request_id = value.decode("ascii")
+                request_id = accepted_request_id(value)
                 break
         if request_id is None:
             request_id = os.urandom(12).hex()

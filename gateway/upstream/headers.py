@@ -19,9 +19,8 @@ HOP_BY_HOP: frozenset[bytes] = frozenset(
 )
 # Recomputed by the next hop; forwarding them would lie about the new message.
 _REQUEST_DROP = HOP_BY_HOP | {b"host", b"content-length", b"expect"}
-_RESPONSE_DROP = HOP_BY_HOP | {b"content-length"}
-# The gateway answers with its own X-Request-Id (the client's, or one it minted).
-_RELAY_DROP = _RESPONSE_DROP | {b"x-request-id"}
+# X-Request-Id too: the gateway answers with its own (the client's, or one it minted).
+_RESPONSE_DROP = HOP_BY_HOP | {b"content-length", b"x-request-id"}
 
 
 def _filter(
@@ -48,12 +47,10 @@ def request_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes,
     return _filter(headers, _REQUEST_DROP)
 
 
-def response_headers(
-    headers: Iterable[tuple[bytes, bytes]], *, own_request_id: bool = False
-) -> list[tuple[bytes, bytes]]:
+def response_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """Engine response headers that may go to the client (lower-cased names).
 
-    Content-Length is dropped too: the ASGI server recomputes framing for what we send.
-    `own_request_id`: drop the engine's X-Request-Id, the caller adds the gateway's.
+    Content-Length is dropped too: the ASGI server recomputes framing for what we send;
+    and X-Request-Id, which the proxy sets itself.
     """
-    return _filter(headers, _RELAY_DROP if own_request_id else _RESPONSE_DROP)
+    return _filter(headers, _RESPONSE_DROP)
