@@ -230,7 +230,7 @@ class ProxyEndpoint:
                 task.uncancel()
         finally:
             call.active = False
-            call.stop_watching()
+            call.close_watcher()
 
     # -- routing + forwarding -----------------------------------------------------------
     async def _route_and_relay(
@@ -364,7 +364,10 @@ class ProxyEndpoint:
                     if leg is not None:
                         return leg
                 payload = raw if gate is None else gate.payload(request, body, raw, replica)
-                return await open_to(replica, payload)
+                # Straight to open_leg, not through open_to: one coroutine less per request.
+                return await open_leg(
+                    cluster, state.client, state.health, replica, self.path, headers, payload
+                )
             except GatewayError as err:
                 last_error = err
                 state.metrics.upstream_failure(replica, err.code or "error")

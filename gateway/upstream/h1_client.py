@@ -55,7 +55,6 @@ class _Conn(asyncio.Protocol):
         self.complete = False
         self.error: GatewayError | None = None
         self.keep_alive = True
-        self.until_eof = False
         self.waiter: asyncio.Future[None] | None = None
         self.last_data = 0.0
         self.paused = False
@@ -87,7 +86,7 @@ class _Conn(asyncio.Protocol):
             on_lost()
         if self.complete or self.error is not None:
             return
-        if self.headers_done and self.until_eof and exc is None:
+        if self.headers_done and exc is None and self._until_eof():
             # A body delimited by the connection closing (no length, not chunked).
             self.complete = True
             self._wake()
@@ -102,9 +101,6 @@ class _Conn(asyncio.Protocol):
         p = self._parser
         self.status = p.get_status_code()
         self.keep_alive = p.should_keep_alive()
-        self.until_eof = not any(
-            n.lower() in (b"content-length", b"transfer-encoding") for n, _ in self.headers
-        ) and self.status not in (204, 304)
         self.headers_done = True
         self._wake()
 
@@ -116,6 +112,15 @@ class _Conn(asyncio.Protocol):
     def on_message_complete(self) -> None:
         self.complete = True
         self._wake()
+
+    def _until_eof(self) -> bool:
+        """The body is delimited by the connection closing (no length, not chunked).
+
+        Only asked when the connection drops, so the response path does not pay for it.
+        """
+        return self.status not in (204, 304) and not any(
+            n.lower() in (b"content-length", b"transfer-encoding") for n, _ in self.headers
+        )
 
     # -- used by the client and the response ------------------------------------------
     def _wake(self) -> None:
@@ -190,9 +195,17 @@ class _Watchdog:
         conn.fail(UpstreamTimeout(f"upstream {self._url} timed out"))
 
     def headers_arrived(self) -> None:
-        """From now on the limit is the idle time between reads."""
-        if self._handle is not None:
-            self._handle.cancel()
+        """From now on the limit is the idle time between reads.
+
+        The pending timer is kept when it fires no later than the idle limit would (with
+        equal limits, always): `_fire` then re-arms for the idle time left, so the usual
+        request pays for one timer, not two.
+        """
+        handle = self._handle
+        if handle is not None:
+            if handle.when() <= self._loop.time() + self._idle_s:
+                return
+            handle.cancel()
         self._handle = self._loop.call_later(self._idle_s, self._fire)
 
     def cancel(self) -> None:

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from gateway.errors import UpstreamConnectError, UpstreamError
+from gateway.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout
 from gateway.upstream import Timeouts
 from gateway.upstream.h1_client import H1Client
 
@@ -274,3 +274,37 @@ async def test_max_connections_caps_each_engine_and_frees_slots_on_close(serve: 
     await client.aclose()
     await asyncio.sleep(0.05)
     assert client._open[next(iter(client._open))] == 0
+
+
+async def test_idle_limit_longer_than_the_header_deadline_keeps_one_timer(serve: Callable[[Handler], Awaitable[Scripted]]) -> None:
+    # Headers come at once; the body then arrives after a gap longer than the headers
+    # deadline (0.3 s) but shorter than the idle-read limit (0.8 s), so it must succeed;
+    # a second, longer gap then times out on the idle limit, counted from the last data.
+    gaps: list[float] = []
+
+    async def gappy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nab")
+        await writer.drain()
+        await asyncio.sleep(0.5)
+        writer.write(b"c")
+        await writer.drain()
+        await asyncio.sleep(5)
+
+    server = await serve(gappy)
+    client = H1Client(Timeouts(connect_s=1, response_headers_s=0.3, read_s=0.8))
+    resp = await client.send("POST", server.url, [], b"{}")
+    loop = asyncio.get_running_loop()
+    received = bytearray()
+    t_last = loop.time()
+    with pytest.raises(UpstreamTimeout):
+        async for chunk in resp.iter_bytes():
+            gaps.append(loop.time() - t_last)
+            t_last = loop.time()
+            received += chunk
+    idle = loop.time() - t_last
+    await resp.aclose()
+    await client.aclose()
+    assert bytes(received) == b"abc"
+    assert gaps[-1] > 0.4  # the late byte was waited for past the headers deadline
+    assert 0.7 < idle < 2.0  # then the idle-read limit ended it
