@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.types import Choice, ClusterView, ReplicaId, RouteRequest, SessionKey
@@ -57,6 +57,9 @@ class RequestOutcome:
     disconnected: bool = False
     error_code: str | None = None
     started_at: float = 0.0  # wall clock (time.time) at arrival
+    # The JSON body as forwarded (aliases resolved). Observers must not mutate it; it lets
+    # one re-send the prompt (pools' prefix warming) without keeping bodies elsewhere.
+    body: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
 
 OutcomeObserver = Callable[[RequestOutcome], None]

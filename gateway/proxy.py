@@ -307,7 +307,7 @@ class ProxyEndpoint:
                 error_code = error_code or "client_gone"
                 if not status:
                     status = 499
-            self._finish(request, request.request_id, replica, status, ok, t0, started_at, call, retries, usage, error_code)
+            self._finish(request, request.request_id, replica, status, ok, t0, started_at, call, retries, usage, error_code, body)
 
     def _candidate(self, choice: Choice, tried: list[ReplicaId]) -> ReplicaId | None:
         cluster = self.state.cluster
@@ -507,6 +507,7 @@ class ProxyEndpoint:
         retries: int,
         usage: dict[str, Any] | None,
         error_code: str | None,
+        body: dict[str, Any] | None = None,
     ) -> None:
         state = self.state
         now = time.perf_counter()
@@ -537,6 +538,7 @@ class ProxyEndpoint:
             disconnected=call.disconnected,
             error_code=error_code,
             started_at=started_at,
+            body=body,
         )
         for observer in observers:
             try:

@@ -17,17 +17,27 @@ With `--ttft-target` (seconds) the dynamic run's controller also reads each pool
 first-byte times (quantile `--ttft-quantile` over 10 s) as utilisation (the simulator, like
 vLLM, sends its first stream chunk with the first token, so first byte = TTFT); with
 `--ttft-max-uncached N` only requests with at most N uncached prompt tokens feed it.
-With `--idle-release`, sessions idle that long follow the weights. `--spill N` (default 0:
-off) sets `spill_new_sessions_at`: a new session whose weighted pool has N requests in
-flight on every replica starts on a replica with room in the other pool. The static run
-has none of these.
+With `--idle-release`, sessions idle that long follow the weights. `--spill N` (default 1;
+0: off) sets `spill_new_sessions_at`: a new session whose weighted pool has N requests in
+flight on every replica starts on a replica with room in the other pool. `--warm` (on by
+default; `--no-warm` turns it off) enables `warm_moves`: after a turn on a pool the weights
+no longer give the session, its prompt is prefilled on an idle replica of the weighted pool
+and the session moves there (`--warm-interval`: `min_interval_s`; `--warm-max-prompt`:
+`max_prompt_tokens`, default 4096 here: the 2,000-token system prompt is cached on both
+pools and the domestic profile prefills about 4,500 tokens per second, so a live request
+waits at most about half a second behind a warm-up).
+The defaults are the configuration docs/pools.md reports; with warm moves the load answers
+the weights within a turn, so the dwell is 2 steps, not 5.
+`--new-sessions-pool P` starts every new session on pool P while it is not saturated. The
+static run has none of these.
 p99 over ~115 requests per low phase is the 2nd-slowest request: repeat runs and read the
 spread, and `--tails` shows which requests made it.
 
     python loadtests/bench_pools.py [--scale 1.0] [--rate-scale 1.0] [--seed 1] [--tails]
         [--policy prefix_affinity] [--low-watermark 0.4] [--high-watermark 0.7]
-        [--smoothing 0.5] [--dwell 5] [--return-dwell 5] [--ttft-target 0] [--ttft-quantile 1.0]
-        [--ttft-max-uncached 0] [--idle-release 0] [--spill 0]
+        [--smoothing 0.5] [--dwell 2] [--return-dwell 2] [--ttft-target 0] [--ttft-quantile 1.0]
+        [--ttft-max-uncached 0] [--idle-release 0] [--spill 1] [--no-warm]
+        [--warm-interval 60] [--warm-max-prompt 4096] [--new-sessions-pool h200]
 
 The dynamic table is followed by the number of weight moves and direction reversals per
 phase (how much the weights flap) and a timeline.
@@ -97,6 +107,9 @@ def pools_config(dynamic: bool, args: argparse.Namespace) -> dict[str, Any]:
         # The static split gets none of these mechanisms: it is the unchanged baseline.
         "session_idle_release_s": args.idle_release if dynamic and args.idle_release else None,
         "spill_new_sessions_at": args.spill if dynamic and args.spill else None,
+        "warm_moves": {"enabled": dynamic and args.warm, "min_interval_s": args.warm_interval,
+                       "max_prompt_tokens": args.warm_max_prompt},
+        "new_sessions_pool": args.new_sessions_pool if dynamic else None,
         "controller": {
             "enabled": dynamic, "interval_s": 1.0, "low_watermark": args.low_watermark,
             "high_watermark": args.high_watermark, "hysteresis": 0.05, "dwell_steps": args.dwell,
@@ -169,6 +182,7 @@ class Run:
     results: list[Result] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
     phase_cost: dict[str, dict[str, Any]] = field(default_factory=dict)
+    warm: dict[str, Any] = field(default_factory=dict)
 
 
 async def one_request(http: httpx.AsyncClient, sid: str, prompt: str, max_tokens: int,
@@ -261,6 +275,7 @@ async def run_variant(dynamic: bool, args: argparse.Namespace) -> Run:
         after = run.phase_cost[names[i + 1]]["before"] if i + 1 < len(names) else final
         run.phase_cost[name] = {
             pool: tuple(a - b for a, b in zip(after[pool], before[pool])) for pool in after}
+    run.warm = runtime.admin_payload()["warm_moves"]
     await server.stop()
     for group in engines.values():
         for engine in group:
@@ -336,6 +351,8 @@ def timeline(run: Run) -> None:
 async def main(args: argparse.Namespace) -> None:
     print("pools: h200 (h200-sparse, 2 replicas, 8 cards x 4.50/h), "
           "domestic (domestic, 2 replicas, 8 cards x 0.90/h); cost basis: busy")
+    warm = (f"on (min_interval_s {args.warm_interval:g}, max_prompt_tokens "
+            f"{args.warm_max_prompt})" if args.warm else "off")
     print(f"router inside each pool: {args.policy}; phases (req/s, s): " + ", ".join(
         f"{n} {r * args.rate_scale:g}/{s * args.scale:g}" for n, r, s in PHASES))
     print(f"dynamic run: low_watermark={args.low_watermark:g}, "
@@ -344,12 +361,18 @@ async def main(args: argparse.Namespace) -> None:
           f"return_dwell_steps={args.return_dwell}, ttft_target_s={args.ttft_target or 'off'} "
           f"(quantile {args.ttft_quantile:g}, max uncached {args.ttft_max_uncached or 'any'}), "
           f"session_idle_release_s={args.idle_release or 'off'}, "
-          f"spill_new_sessions_at={args.spill or 'off'}; 'ttft n' = samples behind "
+          f"spill_new_sessions_at={args.spill or 'off'}, "
+          f"warm_moves={warm}, "
+          f"new_sessions_pool={args.new_sessions_pool or 'unset'}; 'ttft n' = samples behind "
           "each p99 (with n samples, p99 is the ceil(n/100)-th slowest)")
     static = await run_variant(False, args)
     dynamic = await run_variant(True, args)
     s_tab, d_tab = phase_table(static, args), phase_table(dynamic, args)
     timeline(dynamic)
+    if dynamic.warm.get("enabled"):
+        print("\nprefix warm-ups (dynamic): " + (", ".join(
+            f"{d['from']}->{d['to']} {d['result']} {d['count']}" for d in dynamic.warm["done"])
+            or "none"))
     print("\n== verdict (dynamic vs static) ==")
     for name, _, _ in PHASES:
         s, d = s_tab[name], d_tab[name]
@@ -382,11 +405,20 @@ if __name__ == "__main__":
     parser.add_argument("--high-watermark", type=float, default=0.7)
     parser.add_argument("--smoothing", type=float, default=0.5,
                         help="controller smoothing (weight of the newest sample)")
-    parser.add_argument("--dwell", type=int, default=5, help="controller dwell_steps")
-    parser.add_argument("--return-dwell", type=int, default=5,
+    parser.add_argument("--dwell", type=int, default=2, help="controller dwell_steps")
+    parser.add_argument("--return-dwell", type=int, default=2,
                         help="controller return_dwell_steps")
     parser.add_argument("--idle-release", type=float, default=0.0,
                         help="session_idle_release_s for the dynamic run (0: off)")
-    parser.add_argument("--spill", type=int, default=0,
+    parser.add_argument("--warm", action=argparse.BooleanOptionalAction, default=True,
+                        help="warm_moves for the dynamic run: placed sessions follow the "
+                        "weights after their prefix was prefilled on the new pool")
+    parser.add_argument("--warm-interval", type=float, default=60.0,
+                        help="warm_moves.min_interval_s: a session moves at most this often")
+    parser.add_argument("--warm-max-prompt", type=int, default=4096,
+                        help="warm_moves.max_prompt_tokens: longer sessions are not moved")
+    parser.add_argument("--new-sessions-pool", default=None, choices=POOLS,
+                        help="new_sessions_pool for the dynamic run (default: unset)")
+    parser.add_argument("--spill", type=int, default=1,
                         help="spill_new_sessions_at for the dynamic run (0: off)")
     asyncio.run(main(parser.parse_args()))

@@ -144,6 +144,38 @@ class ControllerSettings(_Frozen):
         return self
 
 
+class WarmMoveSettings(_Frozen):
+    """Moving a placed session to the pool the weights now give it, its prefix first.
+
+    After a turn succeeds on a pool the weights no longer give the session, the gateway
+    sends the same prompt (at most one generated token) to an idle replica of that pool in
+    the background, then records the session there. The next turn finds its prefix cached on
+    the new pool instead of paying a cold prefill; a session whose warm-up fails stays put.
+    """
+
+    enabled: bool = Field(False, description="move placed sessions by warming their prefix")
+    max_prompt_tokens: int = Field(
+        8192, ge=1, description="longer prompts (estimated tokens) are not warmed: a live "
+        "request reaching the target replica during the warm-up waits for its prefill, so "
+        "this bounds that wait (roughly this many tokens at the target's prefill rate)"
+    )
+    min_interval_s: float = Field(
+        60.0, ge=0.0, description="a session moves at most once per this many seconds"
+    )
+    max_concurrent: int = Field(
+        4, ge=1, description="warm-ups in flight at once, gateway-wide (one per replica)"
+    )
+    timeout_s: float = Field(120.0, gt=0.0, description="a warm-up taking longer is abandoned")
+    retry_s: float = Field(
+        10.0, ge=0.0, description="when no replica of the target pool is idle as a turn ends, "
+        "keep looking this long (a user reading the answer leaves time; 0: do not wait)"
+    )
+    max_waiting: int = Field(
+        64, ge=1, description="sessions waiting for an idle replica at once (each holds its "
+        "last request body)"
+    )
+
+
 class PoolsSettings(_Frozen):
     """`pools:` section of the gateway config."""
 
@@ -164,6 +196,13 @@ class PoolsSettings(_Frozen):
         None, gt=0.0, description="a session idle this many seconds may leave a pool the "
         "weights no longer give it: by then its KV prefix is likely evicted, so stickiness "
         "saves little (unset: sessions move only when their pool saturates)"
+    )
+    warm_moves: WarmMoveSettings = Field(default_factory=WarmMoveSettings)
+    new_sessions_pool: str | None = Field(
+        None, description="pool where a new session's first turn (its one fully uncached "
+        "prefill) runs while that pool is not saturated, e.g. the fast cards; with "
+        "warm_moves on, the session then follows the weights with its prefix warmed on the "
+        "way (unset: new sessions follow the weights)"
     )
     spill_new_sessions_at: int | None = Field(
         None, ge=1, description="a new session (no prefix cached anywhere yet) whose weighted "
@@ -195,6 +234,8 @@ class PoolsSettings(_Frozen):
                     f"{list(model.pools)}, requires={sorted(model.requires)}, "
                     f"min_context={model.min_context}"
                 )
+        if self.new_sessions_pool is not None and self.new_sessions_pool not in known:
+            raise ValueError(f"new_sessions_pool: unknown pool {self.new_sessions_pool!r}")
         for i, rule in enumerate(self.rules):
             for pool in rule.prefer:
                 if pool not in known:

@@ -153,9 +153,13 @@ class CostLedger:
         usage: Usage,
         started_at: float,
         duration_s: float,
+        *,
+        served: bool = True,
     ) -> None:
         """Account one finished request that `replica` of `pool` served from `started_at`
-        (any clock, the same for every call) for `duration_s`. Unknown pools are ignored."""
+        (any clock, the same for every call) for `duration_s`. Unknown pools are ignored.
+        `served=False` (the gateway's own work, e.g. a prefix warm-up) charges the busy time
+        without counting a request."""
         spec = self._specs.get(pool) if pool is not None else None
         if spec is None:
             return
@@ -163,7 +167,7 @@ class CostLedger:
         tally.prompt += usage.prompt_tokens
         tally.cached += usage.cached_tokens
         tally.completion += usage.completion_tokens
-        tally.requests += 1
+        tally.requests += served
         busy = self._busy.get(replica)
         if busy is None:
             busy = self._busy[replica] = BusyTime()

@@ -2,7 +2,8 @@
 
 Does nothing unless the `pools:` section is present. Otherwise: one router instance per
 pool behind a `PoolSelector`, alias resolution before the proxy's model check, the cost
-observer, the weight controller as a lifespan service, and GET /admin/pools.
+observer (and the prefix warmer, with `warm_moves`), the weight controller as a lifespan
+service, and GET /admin/pools.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from gateway.policy import Policy, PolicyContext
 from gateway.pools.admin import admin_route
 from gateway.pools.runtime import PoolsRuntime
+from gateway.pools.warm import PrefixWarmer
 from gateway.routing import build_router
 from gateway.state import GatewayState
 from gateway.types import ReplicaState
@@ -33,6 +35,10 @@ def install(state: GatewayState) -> None:
     selector = runtime.wrap(per_pool_router, replicas)
     state.cluster.on_membership_change(runtime.membership_changed)
     state.set_router(selector)
+    if settings.warm_moves.enabled:
+        runtime.warmer = PrefixWarmer(
+            settings.warm_moves, selector, state, runtime.charge_warmup
+        )
     state.observers.append(runtime.observe)
     state.services.append(runtime)
     state.extras[EXTRAS_KEY] = runtime

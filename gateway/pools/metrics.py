@@ -3,7 +3,7 @@ scrape time, so the request path never touches a metric object for them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -23,15 +23,22 @@ METRICS: dict[str, str] = {
     "kvgate_pool_cost_per_1k_tokens": "Cost per 1,000 total (prompt + generated) tokens.",
     "kvgate_pool_cost_per_1k_output_tokens": "Cost per 1,000 generated tokens.",
     "kvgate_pool_throughput_tokens_per_second": "Total tokens per second over the last minute.",
+    "kvgate_pool_warm_moves": "Sessions' prefix warm-ups by source pool, target pool, result.",
 }
+
+WarmCountsSource = Callable[[], Mapping[tuple[str, str, str], int]]
 
 
 class PoolCollector(Collector):
     def __init__(
-        self, snapshot: Callable[[], WeightSnapshot], ledger: CostLedger | None = None
+        self,
+        snapshot: Callable[[], WeightSnapshot],
+        ledger: CostLedger | None = None,
+        warm_counts: WarmCountsSource | None = None,
     ) -> None:
         self._snapshot = snapshot
         self._ledger = ledger
+        self._warm_counts = warm_counts
 
     def _gauge(self, name: str, labels: list[str]) -> GaugeMetricFamily:
         return GaugeMetricFamily(name, METRICS[name], labels=labels)
@@ -56,6 +63,14 @@ class PoolCollector(Collector):
         yield from (weight, util, changes, last, reason)
         if self._ledger is not None:
             yield from self._cost_metrics()
+        warm = CounterMetricFamily(
+            "kvgate_pool_warm_moves", METRICS["kvgate_pool_warm_moves"],
+            labels=["from_pool", "to_pool", "result"],
+        )
+        counts = self._warm_counts() if self._warm_counts is not None else {}
+        for (src, dst, result), n in sorted(counts.items()):
+            warm.add_metric([src, dst, result], n)
+        yield warm
 
     def _cost_metrics(self) -> Iterable[Metric]:
         assert self._ledger is not None
@@ -87,7 +102,8 @@ def register(
     registry: CollectorRegistry,
     snapshot: Callable[[], WeightSnapshot],
     ledger: CostLedger | None = None,
+    warm_counts: WarmCountsSource | None = None,
 ) -> PoolCollector:
-    collector = PoolCollector(snapshot, ledger)
+    collector = PoolCollector(snapshot, ledger, warm_counts)
     registry.register(collector)
     return collector

@@ -24,6 +24,7 @@ from gateway.pools.cost import BASES, CostLedger, Usage
 from gateway.pools.latency import TtftWindow
 from gateway.pools.placement import Placement
 from gateway.pools.selector import PoolSelector
+from gateway.pools.warm import PrefixWarmer
 from gateway.types import ClusterView, ReplicaId, ReplicaState
 
 
@@ -65,8 +66,12 @@ class PoolsRuntime:
         self._replica_pool = {r.id: r.pool for r in replicas}
         self.ledger = CostLedger(settings, self._replica_counts, clock=ledger_clock)
         self.selector: PoolSelector | None = None
+        self.warmer: PrefixWarmer | None = None  # set by install when warm_moves is on
         if registry is not None:
-            metrics.register(registry, lambda: self.controller.snapshot, self.ledger)
+            metrics.register(
+                registry, lambda: self.controller.snapshot, self.ledger,
+                lambda: self.warmer.counts if self.warmer is not None else {},
+            )
 
     def wrap(
         self,
@@ -83,10 +88,18 @@ class PoolsRuntime:
         return self.placement.served_name(model)
 
     def record(
-        self, replica: ReplicaId, usage: Usage, started_at: float, duration_s: float
+        self, replica: ReplicaId, usage: Usage, started_at: float, duration_s: float,
+        *, served: bool = True,
     ) -> None:
         """Account one finished request; replicas outside any configured pool are skipped."""
-        self.ledger.record(self._replica_pool.get(replica), replica, usage, started_at, duration_s)
+        self.ledger.record(
+            self._replica_pool.get(replica), replica, usage, started_at, duration_s,
+            served=served,
+        )
+
+    def charge_warmup(self, replica: ReplicaId, started_at: float, duration_s: float) -> None:
+        """A prefix warm-up kept `replica` busy; it served no tokens to anyone."""
+        self.record(replica, Usage(0, 0, 0), started_at, duration_s, served=False)
 
     def observe(self, outcome: RequestOutcome) -> None:
         """Outcome observer. A failed request that reached a replica still kept it busy, so
@@ -101,6 +114,8 @@ class PoolsRuntime:
             outcome.prompt_tokens or 0, outcome.cached_tokens or 0, outcome.completion_tokens or 0
         )
         self.record(outcome.replica, usage, outcome.started_at, outcome.latency_s)
+        if self.warmer is not None:
+            self.warmer.consider(outcome)
 
     def _measures_queueing(self, outcome: RequestOutcome) -> bool:
         limit = self.settings.controller.ttft_max_uncached_tokens
@@ -122,6 +137,8 @@ class PoolsRuntime:
 
     async def stop(self) -> None:
         await self.controller.stop()
+        if self.warmer is not None:
+            await self.warmer.stop()
 
     def admin_payload(self) -> dict[str, Any]:
         snap = self.controller.snapshot
@@ -168,4 +185,18 @@ class PoolsRuntime:
                 if (t := self.placement.resolve(public)) is not None
             },
             "cost": cost,
+            "warm_moves": self._warm_payload(),
+        }
+
+    def _warm_payload(self) -> dict[str, Any]:
+        warmer = self.warmer
+        if warmer is None:
+            return {"enabled": False}
+        return {
+            "enabled": True,
+            "in_flight": warmer.in_flight,
+            "done": [
+                {"from": src, "to": dst, "result": result, "count": n}
+                for (src, dst, result), n in sorted(warmer.counts.items())
+            ],
         }

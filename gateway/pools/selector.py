@@ -17,9 +17,12 @@ With `spill_new_sessions_at`, a new session (no home pool) whose weighted pool h
 many requests in flight on every replica goes to another allowed pool with room (`spill`),
 and inside its pool a replica with room is ranked first.
 
+With `new_sessions_pool`, a new session starts on that pool while it is not saturated (a
+matching rule still wins).
+
 `Choice.reason` is `<pool>:<why>:<inner reason>`, with `why` one of rule_tenant,
-rule_class, session, weights, weights_home_saturated, weights_idle_release, spill,
-all_saturated:
+rule_class, session, weights, weights_home_saturated, weights_idle_release, new_session,
+spill, all_saturated:
 a small label set,
 since the proxy counts decisions by reason.
 """
@@ -168,6 +171,12 @@ class PoolSelector:
             return pool, "all_saturated"
         if home is not None and home in saturated:
             return by_weight, "weights_home_saturated"
+        start = self._settings.new_sessions_pool
+        if home is None and start is not None and start in groups and start not in saturated:
+            # The first turn is the session's one uncached prefill: on the fast cards it
+            # costs little latency; warm moves can then take the session where the
+            # weights want it.
+            return start, "new_session"
         spill = self._settings.spill_new_sessions_at
         if home is None and spill is not None and not self._has_room(groups[by_weight], view, spill):
             # A new session's first turn is its one uncached prefill: better on an idle
@@ -176,6 +185,59 @@ class PoolSelector:
             if roomy:
                 return max(roomy, key=lambda g: (snap.weights.get(g, 0.0), -util[g], g)), "spill"
         return by_weight, "weights"
+
+    def warm_move(
+        self, request: RouteRequest, served_on: ReplicaId, view: ClusterView
+    ) -> tuple[str, ReplicaId | None] | None:
+        """For `warm_moves`: None when a session that just ran on `served_on` should stay;
+        else the pool the weights now give it and where to prefill its prompt there first,
+        an idle replica ranked by that pool's inner policy (None: none is idle now)."""
+        found = self._warm_move(request, served_on, view)
+        if found is None:
+            return None
+        pool, served, groups = found
+        inner_request = request if served == request.model else replace(request, model=served)
+        ids, _ = self._rank_within(pool, inner_request, view, groups[pool])
+        # Only an idle replica: a warm-up's prefill must not queue ahead of live requests.
+        return pool, next((r for r in ids if view.inflight(r) == 0), None)
+
+    def _warm_move(
+        self, request: RouteRequest, served_on: ReplicaId, view: ClusterView
+    ) -> tuple[str, str, dict[str, list[ReplicaState]]] | None:
+        """(pool to move to, served model name, open pools) or None to stay."""
+        home = self._replica_pool.get(served_on)
+        if home is None:
+            return None
+        remembered = self._sessions.get(request.session_key)
+        if remembered is not None and remembered[0] != home:
+            return None  # the session has moved on since that turn
+        if any(self._matches(rule, request) for _, rule in self._rules):
+            return None  # a rule places this class or tenant, not the weights
+        found = self._open_groups(request, view)
+        if found is None:
+            return None
+        served, groups = found
+        snap = self._weights()
+        split = [(g, snap.weights.get(g, 0.0)) for g in sorted(groups)]
+        pool = split_by_weight(session_point(request.session_key), split)
+        return None if pool == home else (pool, served, groups)
+
+    def _open_groups(
+        self, request: RouteRequest, view: ClusterView
+    ) -> tuple[str, dict[str, list[ReplicaState]]] | None:
+        """The served model name and the unsaturated pools allowed to serve it."""
+        try:
+            target, candidates = self.placement.place(request.model, view, request.prompt_tokens)
+        except GatewayError:
+            return None
+        groups: dict[str, list[ReplicaState]] = {}
+        for replica in candidates:
+            groups.setdefault(replica.pool or _UNPOOLED, []).append(replica)
+        saturation = self._settings.controller.saturation
+        open_groups = {
+            g: rs for g, rs in groups.items() if self._group_util(g, rs, view) < saturation
+        }
+        return (target.served, open_groups) if open_groups else None
 
     @staticmethod
     def _has_room(replicas: list[ReplicaState], view: ClusterView, busy_at: int) -> bool:

@@ -255,3 +255,73 @@ def test_placed_sessions_never_spill_and_spill_is_off_by_default() -> None:
     assert sel.choose(request("old"), busy).first == home  # its prefix lives there
     off, _ = selector({"h200": 0.0, "domestic": 1.0})
     assert off.choose(request("new"), busy).reason.startswith("domestic:weights:")
+
+
+def test_warm_move_names_an_idle_replica_of_the_pool_the_weights_now_give() -> None:
+    view = two_pools()
+    sel, snap = selector({"h200": 1.0, "domestic": 0.0}, view)
+    conv = request("conv")
+    home = sel.choose(conv, view).first
+    assert home is not None and pool_of(view, home) == "h200"
+    sel.placed(conv, home)
+    # The weights still give the session its pool: nothing to move.
+    assert sel.warm_move(conv, home, view) is None
+    snap[0] = WeightSnapshot(MappingProxyType({"h200": 0.0, "domestic": 1.0}), version=1)
+    move = sel.warm_move(conv, home, view)
+    assert move is not None and move[0] == "domestic"
+    target = move[1]
+    assert target is not None and pool_of(view, target) == "domestic"
+    # The inner policy's first pick, unless it is busy: then the next idle one, else none.
+    busy_first = cluster(*view.replicas, in_flight={target: 1})
+    second = sel.warm_move(conv, home, busy_first)
+    assert second is not None and second[1] not in (None, target)
+    assert pool_of(view, second[1]) == "domestic"
+    all_busy = cluster(*view.replicas, in_flight={f"domestic-{i}": 1 for i in range(3)})
+    assert sel.warm_move(conv, home, all_busy) == ("domestic", None)
+    # Warming does not move the session by itself: `placed` on the target does.
+    assert sel.choose(conv, view).first == home
+    sel.placed(conv, target)
+    assert pool_of(view, sel.choose(conv, view).first) == "domestic"
+    # A late look at the old turn finds the session gone: nothing to warm.
+    assert sel.warm_move(conv, home, view) is None
+
+
+def test_warm_move_leaves_rule_placed_and_unservable_requests_alone() -> None:
+    view = two_pools(**{f"domestic-{i}": BUSY for i in range(3)})
+    sel, _ = selector(
+        {"h200": 0.0, "domestic": 1.0},
+        view,
+        rules=[{"priority_class": "interactive", "prefer": ["h200"]}],
+    )
+    home = ReplicaId("h200-0")
+    # A rule places the class: the weights do not move it.
+    interactive = request("a", priority_class="interactive")
+    assert sel.warm_move(interactive, home, two_pools()) is None
+    # The weighted pool is saturated: there is nowhere better to warm.
+    assert sel.warm_move(request("b"), home, view) is None
+    # Only h200 has fp4: the capability constraint holds for warm-ups too.
+    assert sel.warm_move(request("c", FP4_MODEL), home, two_pools()) is None
+    assert sel.warm_move(request("d", "no-such-model"), home, two_pools()) is None
+
+
+def test_new_sessions_start_on_the_configured_pool_unless_it_is_saturated() -> None:
+    view = two_pools()
+    sel, _ = selector(
+        {"h200": 0.0, "domestic": 1.0}, view, new_sessions_pool="h200",
+        rules=[{"priority_class": "batch", "prefer": ["domestic"]}],
+    )
+    first = sel.choose(request("conv"), view)
+    assert pool_of(view, first.first) == "h200" and first.reason.startswith("h200:new_session:")
+    assert first.first is not None
+    sel.placed(request("conv"), first.first)
+    # Only the first turn: a placed session is at home wherever it lives now.
+    assert sel.choose(request("conv"), view).reason.startswith("h200:session:")
+    # A rule still wins, and a saturated start pool is skipped.
+    assert pool_of(view, sel.choose(request("b", priority_class="batch"), view).first) == "domestic"
+    hot = two_pools(**{f"h200-{i}": BUSY for i in range(3)})
+    assert pool_of(hot, sel.choose(request("other"), hot).first) == "domestic"
+
+
+def test_new_sessions_pool_must_be_a_configured_pool() -> None:
+    with pytest.raises(ValueError, match="new_sessions_pool: unknown pool 'h100'"):
+        settings(new_sessions_pool="h100")

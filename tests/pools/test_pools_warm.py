@@ -1,0 +1,190 @@
+"""Warm moves end to end: a session placed on the pricey pool follows the weights to the
+cheap one only after its prompt was prefilled there, so its next turn hits the cache."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import openai
+
+from gateway.keys import session_key
+from gateway.pools.warm import warm_body
+from gateway.sim.faults import FaultConfig
+from gateway.testing.servers import RunningGateway, gateway, sim_engines
+from gateway.types import Endpoint, ReplicaId
+
+MODEL = "small"
+# Long enough that a cold prefill and a warm one differ by far more than the newest turn.
+HISTORY = " ".join(f"fact {i}: the sky over harbour {i} was grey at noon." for i in range(50))
+
+
+def pools(warm: bool) -> dict[str, Any]:
+    return {
+        "pools": [
+            {"name": "fast", "price_per_card_hour": 4.0, "slots_per_replica": 8},
+            {"name": "cheap", "price_per_card_hour": 1.0, "slots_per_replica": 8},
+        ],
+        "models": [{"name": MODEL}],
+        # The weights give every session to the cheap pool from the start.
+        "initial_weights": {"fast": 0.0, "cheap": 1.0},
+        "controller": {"enabled": False},
+        "warm_moves": {"enabled": warm, "min_interval_s": 0.0},
+    }
+
+
+@contextlib.asynccontextmanager
+async def two_pools(
+    warm: bool, cheap_faults: FaultConfig | None = None
+) -> AsyncIterator[RunningGateway]:
+    async with (
+        sim_engines(1, "tiny", model_name=MODEL, time_scale=4.0) as fast,
+        sim_engines(2, "tiny", model_name=MODEL, time_scale=4.0) as cheap,
+    ):
+        if cheap_faults is not None:
+            for engine in cheap:
+                await engine.set_faults(cheap_faults)
+        replicas = [{"id": f"fast-{e.index}", "url": e.url, "pool": "fast"} for e in fast]
+        replicas += [{"id": f"cheap-{e.index}", "url": e.url, "pool": "cheap"} for e in cheap]
+        async with gateway(
+            fast + cheap, replicas=replicas, pools=pools(warm),
+            routing={"policy": "prefix_affinity"},
+        ) as gw:
+            yield gw
+
+
+async def turn(
+    client: openai.AsyncOpenAI, messages: list[dict[str, str]]
+) -> tuple[str, int, int, str]:
+    raw = await client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=messages, max_tokens=8, extra_headers={"X-Session-Id": "conv"}
+    )
+    reply = raw.parse()
+    assert reply.usage is not None and reply.usage.prompt_tokens_details is not None
+    cached = reply.usage.prompt_tokens_details.cached_tokens or 0
+    content = reply.choices[0].message.content or ""
+    return raw.headers["x-kvgate-replica"], reply.usage.prompt_tokens, cached, content
+
+
+async def conversation_after_a_peak(gw: RunningGateway) -> list[tuple[str, int, int]]:
+    """A session placed on the fast pool (as during a peak), then three more turns."""
+    assert gw.state.placements is not None
+    key = session_key({}, Endpoint.CHAT, "conv", 0, [])[0]
+    await gw.state.placements.record(key, ReplicaId("fast-0"))
+    client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="-", max_retries=0)
+    messages = [{"role": "user", "content": HISTORY}]
+    seen = []
+    for i in range(3):
+        replica, prompt, cached, content = await turn(client, messages)
+        seen.append((replica, prompt, cached))
+        messages += [
+            {"role": "assistant", "content": content},
+            {"role": "user", "content": f"and what about harbour {i}?"},
+        ]
+        await wait_for_warmups(gw)
+    return seen
+
+
+async def wait_for_warmups(gw: RunningGateway) -> None:
+    runtime = gw.state.extras["pools"]
+    for _ in range(200):
+        if runtime.warmer is None or runtime.warmer.in_flight == 0:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("warm-up never finished")
+
+
+async def test_placed_session_moves_to_the_weighted_pool_with_its_prefix_warm() -> None:
+    async with two_pools(warm=True) as gw:
+        seen = await conversation_after_a_peak(gw)
+        (first, _, _), (second, prompt2, cached2), (third, prompt3, cached3) = seen
+        assert first == "fast-0"
+        # The next turn runs on the cheap pool, with all but its newest turn cached there.
+        assert second.startswith("cheap-")
+        assert cached2 >= prompt2 - 64, seen
+        assert third == second and cached3 >= prompt3 - 64, seen
+        async with httpx.AsyncClient(base_url=gw.url) as http:
+            admin = (await http.get("/admin/pools")).json()
+            metrics = (await http.get("/metrics")).text
+        assert admin["warm_moves"]["done"] == [
+            {"from": "fast", "to": "cheap", "result": "ok", "count": 1}
+        ]
+        assert (
+            'kvgate_pool_warm_moves_total{from_pool="fast",result="ok",to_pool="cheap"} 1.0'
+            in metrics
+        )
+        # The warm-up is charged to the cheap pool's busy time but counts as no request.
+        cost = admin["cost"]
+        assert cost["cheap"]["requests"] == 2 and cost["fast"]["requests"] == 1
+        assert cost["cheap"]["cost"]["busy"] > 0
+        assert gw.state.cluster.view().inflight(ReplicaId(second)) == 0
+
+
+async def test_without_warm_moves_the_session_stays_where_it_was_placed() -> None:
+    async with two_pools(warm=False) as gw:
+        seen = await conversation_after_a_peak(gw)
+        assert [replica for replica, _, _ in seen] == ["fast-0"] * 3
+        # Stickiness is what keeps the prefix: later turns hit the cache on fast-0.
+        assert all(cached > 0 for _, _, cached in seen[1:])
+
+
+async def test_session_waits_for_an_idle_replica_of_the_target_pool() -> None:
+    async with two_pools(warm=True) as gw:
+        cluster = gw.state.cluster
+        busy = [ReplicaId("cheap-0"), ReplicaId("cheap-1")]
+        for replica in busy:  # what a long request on each cheap replica would hold
+            cluster.acquire(replica)
+        assert gw.state.placements is not None
+        key = session_key({}, Endpoint.CHAT, "conv", 0, [])[0]
+        await gw.state.placements.record(key, ReplicaId("fast-0"))
+        client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="-", max_retries=0)
+        messages = [{"role": "user", "content": HISTORY}]
+        replica, _, _, content = await turn(client, messages)
+        assert replica == "fast-0"
+        warmer = gw.state.extras["pools"].warmer
+        await asyncio.sleep(0.5)
+        assert warmer.waiting == 1 and warmer.in_flight == 0
+        for replica in busy:
+            cluster.release(replica)
+        for _ in range(100):
+            if warmer.waiting == 0 and warmer.in_flight == 0:
+                break
+            await asyncio.sleep(0.05)
+        messages += [
+            {"role": "assistant", "content": content},
+            {"role": "user", "content": "and then?"},
+        ]
+        replica, prompt, cached, _ = await turn(client, messages)
+        assert replica.startswith("cheap-") and cached >= prompt - 64
+
+
+async def test_failed_warm_up_leaves_the_session_where_it_was() -> None:
+    # The cheap engines answer every generation request 400 (health probes still pass).
+    async with two_pools(warm=True, cheap_faults=FaultConfig(error=400)) as gw:
+        seen = await conversation_after_a_peak(gw)
+        assert [replica for replica, _, _ in seen] == ["fast-0"] * 3
+        async with httpx.AsyncClient(base_url=gw.url) as http:
+            admin = (await http.get("/admin/pools")).json()
+        assert admin["warm_moves"]["done"] == [
+            {"from": "fast", "to": "cheap", "result": "failed", "count": 3}
+        ]
+        view = gw.state.cluster.view()
+        assert all(view.inflight(r.id) == 0 for r in view.replicas)
+
+
+def test_warm_body_keeps_the_prompt_and_asks_for_one_token() -> None:
+    body = {
+        "model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{"x": 1}],
+        "stream": True, "stream_options": {"include_usage": True}, "n": 3, "min_tokens": 20,
+        "max_completion_tokens": 500, "response_format": {"type": "json_object"},
+        "temperature": 0.3,
+    }
+    warm = warm_body(body)
+    assert warm == {
+        "model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{"x": 1}],
+        "temperature": 0.3, "max_tokens": 1, "stream": False,
+    }
+    assert body["stream"] is True  # the original is untouched
