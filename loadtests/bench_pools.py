@@ -372,7 +372,8 @@ async def main(args: argparse.Namespace) -> None:
     if dynamic.warm.get("enabled"):
         print("\nprefix warm-ups (dynamic): " + (", ".join(
             f"{d['from']}->{d['to']} {d['result']} {d['count']}" for d in dynamic.warm["done"])
-            or "none"))
+            or "none") + "; not warmed when the turn ended: " + (", ".join(
+            f"{why} {n}" for why, n in dynamic.warm["skipped"].items()) or "none"))
     print("\n== verdict (dynamic vs static) ==")
     for name, _, _ in PHASES:
         s, d = s_tab[name], d_tab[name]

@@ -195,6 +195,8 @@ class PoolsRuntime:
         return {
             "enabled": True,
             "in_flight": warmer.in_flight,
+            "waiting": warmer.waiting,
+            "skipped": dict(sorted(warmer.skipped.items())),
             "done": [
                 {"from": src, "to": dst, "result": result, "count": n}
                 for (src, dst, result), n in sorted(warmer.counts.items())

@@ -89,6 +89,8 @@ class PrefixWarmer:
         self._waiting: OrderedDict[str, tuple[RequestOutcome, float]] = OrderedDict()
         self._poller: asyncio.Task[None] | None = None
         self.counts: WarmCounts = Counter()
+        # Why sessions the weights send elsewhere were not warmed when their turn ended.
+        self.skipped: Counter[str] = Counter()
 
     @property
     def in_flight(self) -> int:
@@ -109,13 +111,21 @@ class PrefixWarmer:
             return
         key = request.session_key
         self._waiting.pop(key, None)  # a newer turn supersedes what was waiting
-        too_long = request.prompt_tokens > self._settings.max_prompt_tokens
-        if too_long or key in self._sessions_warming:
+        if key in self._sessions_warming:
+            return
+        move = self._selector.warm_move(request, replica, self._state.cluster.view())
+        if move is None:
+            return  # the weights keep the session where it is
+        if request.prompt_tokens > self._settings.max_prompt_tokens:
+            self.skipped["too_long"] += 1
             return
         moved = self._moved_at.get(key)
         if moved is not None and self._clock() - moved < self._settings.min_interval_s:
+            self.skipped["moved_recently"] += 1
             return
-        started = self._try(outcome)
+        started = self._try(outcome, move)
+        if started is None:
+            self.skipped["no_idle_replica_yet"] += 1
         if started is None and self._settings.retry_s > 0:
             self._waiting[key] = (outcome, self._clock() + self._settings.retry_s)
             while len(self._waiting) > self._settings.max_waiting:
@@ -123,14 +133,18 @@ class PrefixWarmer:
             if self._poller is None or self._poller.done():
                 self._poller = asyncio.get_running_loop().create_task(self._poll())
 
-    def _try(self, outcome: RequestOutcome) -> bool | None:
+    def _try(
+        self, outcome: RequestOutcome, move: tuple[str, ReplicaId | None] | None = None
+    ) -> bool | None:
         """Start the warm-up if there is somewhere to warm. True: started; False: nothing
-        to do (the weights keep the session where it is); None: no idle replica yet."""
+        to do (the weights keep the session where it is); None: no idle replica yet.
+        `move`: the selector's answer when the caller has just asked it."""
         request, body, replica = outcome.request, outcome.body, outcome.replica
         assert request is not None and body is not None and replica is not None
         if len(self._tasks) >= self._settings.max_concurrent:
             return None
-        move = self._selector.warm_move(request, replica, self._state.cluster.view())
+        if move is None:
+            move = self._selector.warm_move(request, replica, self._state.cluster.view())
         if move is None:
             return False
         target = move[1]

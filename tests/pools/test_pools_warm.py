@@ -22,7 +22,7 @@ MODEL = "small"
 HISTORY = " ".join(f"fact {i}: the sky over harbour {i} was grey at noon." for i in range(50))
 
 
-def pools(warm: bool) -> dict[str, Any]:
+def pools(warm: bool, **warm_moves: Any) -> dict[str, Any]:
     return {
         "pools": [
             {"name": "fast", "price_per_card_hour": 4.0, "slots_per_replica": 8},
@@ -32,13 +32,13 @@ def pools(warm: bool) -> dict[str, Any]:
         # The weights give every session to the cheap pool from the start.
         "initial_weights": {"fast": 0.0, "cheap": 1.0},
         "controller": {"enabled": False},
-        "warm_moves": {"enabled": warm, "min_interval_s": 0.0},
+        "warm_moves": {"enabled": warm, "min_interval_s": 0.0, **warm_moves},
     }
 
 
 @contextlib.asynccontextmanager
 async def two_pools(
-    warm: bool, cheap_faults: FaultConfig | None = None
+    warm: bool, cheap_faults: FaultConfig | None = None, **warm_moves: Any
 ) -> AsyncIterator[RunningGateway]:
     async with (
         sim_engines(1, "tiny", model_name=MODEL, time_scale=4.0) as fast,
@@ -50,7 +50,7 @@ async def two_pools(
         replicas = [{"id": f"fast-{e.index}", "url": e.url, "pool": "fast"} for e in fast]
         replicas += [{"id": f"cheap-{e.index}", "url": e.url, "pool": "cheap"} for e in cheap]
         async with gateway(
-            fast + cheap, replicas=replicas, pools=pools(warm),
+            fast + cheap, replicas=replicas, pools=pools(warm, **warm_moves),
             routing={"policy": "prefix_affinity"},
         ) as gw:
             yield gw
@@ -159,6 +159,15 @@ async def test_session_waits_for_an_idle_replica_of_the_target_pool() -> None:
         ]
         replica, prompt, cached, _ = await turn(client, messages)
         assert replica.startswith("cheap-") and cached >= prompt - 64
+
+
+async def test_prompt_over_the_cap_is_not_warmed_and_the_skip_is_counted() -> None:
+    async with two_pools(warm=True, max_prompt_tokens=64) as gw:
+        seen = await conversation_after_a_peak(gw)
+        assert [replica for replica, _, _ in seen] == ["fast-0"] * 3
+        async with httpx.AsyncClient(base_url=gw.url) as http:
+            warm = (await http.get("/admin/pools")).json()["warm_moves"]
+        assert warm["done"] == [] and warm["skipped"] == {"too_long": 3}
 
 
 async def test_failed_warm_up_leaves_the_session_where_it_was() -> None:
