@@ -20,6 +20,9 @@ and inside its pool a replica with room is ranked first.
 With `new_sessions_pool`, a new session starts on that pool while it is not saturated (a
 matching rule still wins).
 
+`warm_move` answers the prefix warmer (gateway.pools.warm): whether a session that just
+ran should follow the weights to another pool, and which idle replica there to warm first.
+
 `Choice.reason` is `<pool>:<why>:<inner reason>`, with `why` one of rule_tenant,
 rule_class, session, weights, weights_home_saturated, weights_idle_release, new_session,
 spill, all_saturated:
