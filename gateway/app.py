@@ -36,7 +36,7 @@ from gateway.proxy import ProxyEndpoint
 from gateway.routing import build_router
 from gateway.settings import KvgateSettings, ReplicaSettings
 from gateway.state import GatewayState
-from gateway.types import Endpoint, ReplicaId, ReplicaState
+from gateway.types import ENDPOINT_PATHS, ReplicaId, ReplicaState
 from gateway.upstream import Timeouts, make_client
 
 log = logging.getLogger("kvgate")
@@ -55,11 +55,7 @@ FEATURE_INSTALLERS: tuple[str, ...] = (
     "gateway.admission.install:install",
 )
 
-ROUTES = (
-    ("/v1/chat/completions", Endpoint.CHAT),
-    ("/v1/completions", Endpoint.COMPLETIONS),
-    ("/v1/embeddings", Endpoint.EMBEDDINGS),
-)
+ROUTES = tuple((path, endpoint) for endpoint, path in ENDPOINT_PATHS.items())
 
 
 def replica_state(r: ReplicaSettings) -> ReplicaState:

@@ -33,6 +33,14 @@ class Endpoint(str, Enum):
     EMBEDDINGS = "embeddings"
 
 
+# Where each endpoint is served: OpenAI's paths, as vLLM serves them.
+ENDPOINT_PATHS: Mapping[Endpoint, str] = MappingProxyType({
+    Endpoint.CHAT: "/v1/chat/completions",
+    Endpoint.COMPLETIONS: "/v1/completions",
+    Endpoint.EMBEDDINGS: "/v1/embeddings",
+})
+
+
 @dataclass(frozen=True, slots=True)
 class RouteRequest:
     """What a policy may know about a request: no bodies, no Starlette objects.

@@ -38,11 +38,12 @@ from gateway.hooks import RequestOutcome
 from gateway.pools.config import WarmMoveSettings
 from gateway.pools.selector import PoolSelector
 from gateway.state import GatewayState
-from gateway.types import ReplicaId, RouteRequest
+from gateway.types import ENDPOINT_PATHS, Endpoint, ReplicaId, RouteRequest
 
 log = logging.getLogger("kvgate.pools")
 
-_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+# Endpoints whose prompt fills a prefix cache (RequestOutcome.endpoint is the value).
+_PATHS = {e.value: ENDPOINT_PATHS[e] for e in (Endpoint.CHAT, Endpoint.COMPLETIONS)}
 # Generation-only fields: they cannot change the prompt's KV, and some would conflict with a
 # one-token answer (min_tokens, n, best_of) or cost engine work for nothing (grammars).
 _GENERATION_ONLY = frozenset({
