@@ -107,7 +107,7 @@ class ForwardContext:
     request: RouteRequest
     body: dict[str, Any]  # the parsed JSON body (do not mutate; copy to change)
     raw_body: bytes
-    path: str
+    path: str  # the route, with the client's query string if it sent one
     headers: list[tuple[bytes, bytes]]  # filtered request headers, x-request-id included
     choice: Choice
     view: ClusterView

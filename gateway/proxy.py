@@ -216,10 +216,13 @@ class ProxyEndpoint:
             if client_id is not None:
                 fwd_headers = [h for h in fwd_headers if h[0] != b"x-request-id"]
             fwd_headers.append((b"x-request-id", call.request_id))
+        # The query string goes along unchanged (vLLM ignores it; a proxy must not eat it).
+        query: bytes = scope.get("query_string", b"")
+        path = self.path + "?" + query.decode("latin-1") if query else self.path
         call.watch(receive)
         try:
             await self._route_and_relay(
-                request, body, raw, fwd_headers, send, call, t0, started_at, strip_usage
+                request, body, raw, fwd_headers, send, call, t0, started_at, path, strip_usage
             )
         except asyncio.CancelledError:
             if not call.disconnected:
@@ -243,6 +246,7 @@ class ProxyEndpoint:
         call: _Call,
         t0: float,
         started_at: float,
+        path: str,
         strip_usage: bool = False,
     ) -> None:
         state = self.state
@@ -275,7 +279,7 @@ class ProxyEndpoint:
             try:
                 if state.admission is not None:
                     request = state.admission.classify(request, body, headers)
-                leg, retries = await self._open(request, body, raw, headers)
+                leg, retries = await self._open(request, body, raw, headers, path)
             except GatewayError as err:
                 status, error_code = err.status, err.code
                 await self._send_error(send, err, call)
@@ -322,8 +326,10 @@ class ProxyEndpoint:
         body: dict[str, Any],
         raw: bytes,
         headers: list[tuple[bytes, bytes]],
+        path: str,
     ) -> tuple[Leg, int]:
-        """Choose and open a leg, failing over down the ranking on retryable errors."""
+        """Choose and open a leg to `path` (the route plus the client's query string),
+        failing over down the ranking on retryable errors."""
         state = self.state
         cluster = state.cluster
         view = cluster.view()
@@ -340,7 +346,7 @@ class ProxyEndpoint:
 
         async def open_to(replica: ReplicaId, payload: bytes, hdrs: list[tuple[bytes, bytes]] | None = None) -> Leg:
             return await open_leg(
-                cluster, state.client, state.health, replica, self.path, headers if hdrs is None else hdrs, payload
+                cluster, state.client, state.health, replica, path, headers if hdrs is None else hdrs, payload
             )
 
         async def attempt() -> Leg:
@@ -359,14 +365,14 @@ class ProxyEndpoint:
             tried.append(replica)
             try:
                 if state.dispatcher is not None:
-                    ctx = ForwardContext(request, body, raw, self.path, headers, choice, view, open_to)
+                    ctx = ForwardContext(request, body, raw, path, headers, choice, view, open_to)
                     leg = await state.dispatcher.dispatch(ctx)
                     if leg is not None:
                         return leg
                 payload = raw if gate is None else gate.payload(request, body, raw, replica)
                 # Straight to open_leg, not through open_to: one coroutine less per request.
                 return await open_leg(
-                    cluster, state.client, state.health, replica, self.path, headers, payload
+                    cluster, state.client, state.health, replica, path, headers, payload
                 )
             except GatewayError as err:
                 last_error = err

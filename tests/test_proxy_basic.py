@@ -144,3 +144,26 @@ async def test_upstream_status_and_error_body_pass_through(client: openai.AsyncO
     with pytest.raises(openai.BadRequestError) as info:
         await client.chat.completions.create(model=MODEL, messages=user("p"), extra_body={"priority": 5})
     assert "Priority scheduling" in str(info.value)
+
+
+@pytest.mark.parametrize("client_kind", ["h1", "aiohttp", "httpx"])
+async def test_query_string_reaches_the_engine(engines: list[SimEngine], client_kind: str) -> None:
+    # Azure-style SDK set-ups add `?api-version=...` to every call; a proxy must not eat it.
+    async with gateway(engines, upstream={"client": client_kind}) as gw:
+        async with openai.AsyncOpenAI(
+            base_url=gw.url + "/v1", api_key="k", max_retries=0,
+            default_query={"api-version": "2024-10-21"},
+        ) as client:
+            await client.chat.completions.create(
+                model=MODEL, messages=user("q"), max_tokens=1, extra_query={"note": "a b/c"}
+            )
+            stream = await client.completions.create(model=MODEL, prompt="q", max_tokens=2, stream=True)
+            async for _ in stream:
+                pass
+        async with httpx.AsyncClient(base_url=gw.url) as http:
+            plain = await http.post("/v1/chat/completions", json={"model": MODEL, "messages": user("p"), "max_tokens": 1})
+            assert plain.status_code == 200
+    records = [r for e in engines for r in e.request_log]
+    assert len(records) == 3
+    queries = sorted(r.query for r in records)
+    assert queries == sorted(["api-version=2024-10-21&note=a+b%2Fc", "api-version=2024-10-21", ""]), queries

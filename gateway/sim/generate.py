@@ -67,8 +67,10 @@ class Generation(Response):
         self.handle: RequestHandle | None = None
         self.started = False
         self.record: RequestRecord | None = None
+        self.query = ""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.query = scope.get("query_string", b"").decode("latin-1")
         work = asyncio.ensure_future(self._run(send))
         watch = asyncio.ensure_future(_wait_disconnect(receive))
         try:
@@ -95,7 +97,9 @@ class Generation(Response):
         from gateway.sim.server import RequestRecord
 
         engine, p = self.engine, self.parsed
-        self.record = record = RequestRecord(self.rid, p.kind, status=200, priority=p.priority)
+        self.record = record = RequestRecord(
+            self.rid, p.kind, status=200, priority=p.priority, query=self.query
+        )
         engine.request_log.append(record)
         try:
             try:

@@ -62,6 +62,7 @@ class RequestRecord:
     disconnected: bool = False
     preemptions: int = 0
     transfer_bytes: int = 0
+    query: str = ""  # the request's query string, as received
 
 
 class SimEngine:

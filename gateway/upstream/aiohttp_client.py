@@ -1,4 +1,5 @@
-"""`UpstreamClient` on aiohttp (the default: faster than httpx in loadtests/bench_overhead.py)."""
+"""`UpstreamClient` on aiohttp (faster than httpx in loadtests/bench_overhead.py; the h1
+client hands https URLs to it)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import aiohttp
+from yarl import URL
 
 from gateway.upstream.base import RawHeaders, Timeouts
 from gateway.upstream.errors import map_transport_error
@@ -99,7 +101,9 @@ class AiohttpClient:
             async with asyncio.timeout(t.response_headers_s):
                 resp = await session.request(
                     method,
-                    url,
+                    # encoded=True: the client's query string goes out byte for byte, not
+                    # re-quoted (yarl would turn %2F back into /).
+                    URL(url, encoded=True),
                     headers=str_headers,
                     data=body,
                     timeout=client_timeout,
