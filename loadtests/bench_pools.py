@@ -23,9 +23,11 @@ flight on every replica starts on a replica with room in the other pool. `--warm
 default; `--no-warm` turns it off) enables `warm_moves`: after a turn on a pool the weights
 no longer give the session, its prompt is prefilled on an idle replica of the weighted pool
 and the session moves there (`--warm-interval`: `min_interval_s`; `--warm-max-prompt`:
-`max_prompt_tokens`, default 4096 here: the 2,000-token system prompt is cached on both
-pools and the domestic profile prefills about 4,500 tokens per second, so a live request
-waits at most about half a second behind a warm-up).
+`max_prompt_tokens`, default 65536 here, the domestic profile's context, so no session is
+too long to move; `--warm-slice`: `slice_tokens`, default 256 here: the domestic profile
+prefills about 4,500 tokens per second, so a live request waits at most about 60 ms
+behind a warm-up's slice). `--long-prefill N` runs every engine of both variants with
+vLLM's `long_prefill_token_threshold` N (default off).
 The defaults are the configuration docs/pools.md reports; with warm moves the load answers
 the weights within a turn, so the dwell is 2 steps, not 5.
 `--new-sessions-pool P` starts every new session on pool P while it is not saturated. The
@@ -37,7 +39,8 @@ spread, and `--tails` shows which requests made it.
         [--policy prefix_affinity] [--low-watermark 0.4] [--high-watermark 0.7]
         [--smoothing 0.5] [--dwell 2] [--return-dwell 2] [--ttft-target 0] [--ttft-quantile 1.0]
         [--ttft-max-uncached 0] [--idle-release 0] [--spill 1] [--no-warm]
-        [--warm-interval 60] [--warm-max-prompt 4096] [--new-sessions-pool h200]
+        [--warm-interval 60] [--warm-max-prompt 65536] [--warm-slice 256]
+        [--long-prefill 0] [--new-sessions-pool h200]
 
 The dynamic table is followed by the number of weight moves and direction reversals per
 phase (how much the weights flap) and a timeline.
@@ -108,7 +111,7 @@ def pools_config(dynamic: bool, args: argparse.Namespace) -> dict[str, Any]:
         "session_idle_release_s": args.idle_release if dynamic and args.idle_release else None,
         "spill_new_sessions_at": args.spill if dynamic and args.spill else None,
         "warm_moves": {"enabled": dynamic and args.warm, "min_interval_s": args.warm_interval,
-                       "max_prompt_tokens": args.warm_max_prompt},
+                       "max_prompt_tokens": args.warm_max_prompt, "slice_tokens": args.warm_slice},
         "new_sessions_pool": args.new_sessions_pool if dynamic else None,
         "controller": {
             "enabled": dynamic, "interval_s": 1.0, "low_watermark": args.low_watermark,
@@ -166,6 +169,7 @@ class Result:
     ok: bool
     uncached: int = -1
     at: float = 0.0
+    error: str = ""  # why a failed request failed (status and message, or the exception)
 
 
 @dataclass
@@ -183,6 +187,8 @@ class Run:
     samples: list[Sample] = field(default_factory=list)
     phase_cost: dict[str, dict[str, Any]] = field(default_factory=dict)
     warm: dict[str, Any] = field(default_factory=dict)
+    # Warm-move counters at each phase's start (admin payload), for per-phase deltas.
+    warm_at: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 async def one_request(http: httpx.AsyncClient, sid: str, prompt: str, max_tokens: int,
@@ -191,12 +197,14 @@ async def one_request(http: httpx.AsyncClient, sid: str, prompt: str, max_tokens
             "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
     ttft: float | None = None
-    pool, ok, uncached = "?", False, -1
+    pool, ok, uncached, error = "?", False, -1, ""
     try:
         async with http.stream("POST", "/v1/chat/completions", content=orjson.dumps(body),
                                headers={"content-type": "application/json",
                                         "x-session-id": sid}) as resp:
             pool = pool_of.get(resp.headers.get("x-kvgate-replica", ""), "?")
+            if resp.status_code != 200:
+                error = f"HTTP {resp.status_code}: {(await resp.aread())[:160].decode(errors='replace')}"
             async for line in resp.aiter_lines():
                 if ttft is None and line.startswith("data:") and '"content":"' in line \
                         and '"content":""' not in line:
@@ -206,9 +214,9 @@ async def one_request(http: httpx.AsyncClient, sid: str, prompt: str, max_tokens
                     cached = (use.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
                     uncached = use["prompt_tokens"] - cached
             ok = resp.status_code == 200
-    except httpx.HTTPError:
-        ok = False
-    run.results.append(Result(phase, pool, ttft, ok, uncached, t0 - since))
+    except httpx.HTTPError as exc:
+        ok, error = False, f"{type(exc).__name__}: {exc}"
+    run.results.append(Result(phase, pool, ttft, ok, uncached, t0 - since, error))
 
 
 def cost_snapshot(runtime: PoolsRuntime) -> dict[str, tuple[float, int, int, int]]:
@@ -217,10 +225,28 @@ def cost_snapshot(runtime: PoolsRuntime) -> dict[str, tuple[float, int, int, int
             for name, pc in runtime.ledger.summary().items()}
 
 
+def warm_counts(runtime: PoolsRuntime) -> dict[str, int]:
+    """Flat warm-move counters: `done <from>-><to> <result>` and `skipped <reason>`."""
+    warm = runtime.admin_payload()["warm_moves"]
+    out = {f"{d['from']}->{d['to']} {d['result']}": int(d["count"]) for d in warm.get("done", [])}
+    out.update({f"skip {why}": int(n) for why, n in warm.get("skipped", {}).items()})
+    return out
+
+
+def warm_by_phase(run: Run) -> None:
+    names = [p[0] for p in PHASES] + ["end"]
+    print("\nprefix warm-ups and skips per phase (dynamic):")
+    for name, nxt in itertools.pairwise(names):
+        a, b = run.warm_at.get(name, {}), run.warm_at.get(nxt, {})
+        delta = {k: b.get(k, 0) - a.get(k, 0) for k in b}
+        print(f"  {name:<10} " + (", ".join(f"{k} {v}" for k, v in sorted(delta.items()) if v) or "none"))
+
+
 async def run_variant(dynamic: bool, args: argparse.Namespace) -> Run:
     run = Run("dynamic" if dynamic else "static 50/50")
     engines: dict[str, list[SimEngine]] = {
-        pool: [SimEngine(PROFILES[PROFILE[pool]], index=i, model_name=MODEL, seed=i)
+        pool: [SimEngine(PROFILES[PROFILE[pool]].scaled(long_prefill_token_threshold=args.long_prefill),
+                         index=i, model_name=MODEL, seed=i)
                for i in range(2)] for pool in POOLS}
     for group in engines.values():
         for engine in group:
@@ -250,6 +276,7 @@ async def run_variant(dynamic: bool, args: argparse.Namespace) -> Run:
         for name, rate, seconds in PHASES:
             current[0] = name
             before = cost_snapshot(runtime)
+            run.warm_at[name] = warm_counts(runtime)
             t_start = time.perf_counter()
             t_end = t_start + seconds * args.scale
             phase_tasks: set[asyncio.Task[None]] = set()
@@ -276,6 +303,7 @@ async def run_variant(dynamic: bool, args: argparse.Namespace) -> Run:
         run.phase_cost[name] = {
             pool: tuple(a - b for a, b in zip(after[pool], before[pool])) for pool in after}
     run.warm = runtime.admin_payload()["warm_moves"]
+    run.warm_at["end"] = warm_counts(runtime)
     await server.stop()
     for group in engines.values():
         for engine in group:
@@ -325,6 +353,9 @@ def phase_table(run: Run, args: argparse.Namespace) -> dict[str, dict[str, float
               f" {per_total:>9.6f} {per_out:>9.5f} {tps:>8.0f}")
     if args.tails:
         print("slowest TTFTs: " + "\n               ".join(tails))
+    for r in run.results:
+        if not r.ok:
+            print(f"failed: {r.phase} @{r.at:.0f}s on {r.pool}: {r.error or 'no reason recorded'}")
     return out
 
 
@@ -352,7 +383,8 @@ async def main(args: argparse.Namespace) -> None:
     print("pools: h200 (h200-sparse, 2 replicas, 8 cards x 4.50/h), "
           "domestic (domestic, 2 replicas, 8 cards x 0.90/h); cost basis: busy")
     warm = (f"on (min_interval_s {args.warm_interval:g}, max_prompt_tokens "
-            f"{args.warm_max_prompt})" if args.warm else "off")
+            f"{args.warm_max_prompt}, slice_tokens {args.warm_slice or 'off'})" if args.warm else "off")
+    print(f"engines: long_prefill_token_threshold={args.long_prefill or 'off'} (both pools, both runs)")
     print(f"router inside each pool: {args.policy}; phases (req/s, s): " + ", ".join(
         f"{n} {r * args.rate_scale:g}/{s * args.scale:g}" for n, r, s in PHASES))
     print(f"dynamic run: low_watermark={args.low_watermark:g}, "
@@ -374,6 +406,7 @@ async def main(args: argparse.Namespace) -> None:
             f"{d['from']}->{d['to']} {d['result']} {d['count']}" for d in dynamic.warm["done"])
             or "none") + "; not warmed when the turn ended: " + (", ".join(
             f"{why} {n}" for why, n in dynamic.warm["skipped"].items()) or "none"))
+        warm_by_phase(dynamic)
     print("\n== verdict (dynamic vs static) ==")
     for name, _, _ in PHASES:
         s, d = s_tab[name], d_tab[name]
@@ -416,7 +449,13 @@ if __name__ == "__main__":
                         "weights after their prefix was prefilled on the new pool")
     parser.add_argument("--warm-interval", type=float, default=60.0,
                         help="warm_moves.min_interval_s: a session moves at most this often")
-    parser.add_argument("--warm-max-prompt", type=int, default=4096,
+    parser.add_argument("--long-prefill", type=int, default=0,
+                        help="engines' long_prefill_token_threshold (vLLM's "
+                             "--long-prefill-token-threshold), both pools and both runs; 0: off")
+    parser.add_argument("--warm-slice", type=int, default=256,
+                        help="warm_moves.slice_tokens: warm in growing prefixes this many tokens "
+                             "apart, each only while the replica is idle (0: one request)")
+    parser.add_argument("--warm-max-prompt", type=int, default=65536,
                         help="warm_moves.max_prompt_tokens: longer sessions are not moved")
     parser.add_argument("--new-sessions-pool", default=None, choices=POOLS,
                         help="new_sessions_pool for the dynamic run (default: unset)")

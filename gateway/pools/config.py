@@ -155,15 +155,20 @@ class WarmMoveSettings(_Frozen):
 
     enabled: bool = Field(False, description="move placed sessions by warming their prefix")
     max_prompt_tokens: int = Field(
-        8192, ge=1, description="longer prompts (estimated tokens) are not warmed: a live "
-        "request reaching the target replica during the warm-up waits for its prefill, so "
-        "this bounds that wait (roughly this many tokens at the target's prefill rate)"
+        32768, ge=1, description="longer prompts (estimated tokens) are not warmed; with "
+        "slice_tokens 0 a live request reaching the target replica during the warm-up waits "
+        "for its whole prefill, so this bounds that wait"
     )
     min_interval_s: float = Field(
         60.0, ge=0.0, description="a session moves at most once per this many seconds"
     )
     max_concurrent: int = Field(
         4, ge=1, description="warm-ups in flight at once, gateway-wide (one per replica)"
+    )
+    slice_tokens: int = Field(
+        512, ge=0, description="prefill the prompt in growing prefixes of about this many more "
+        "tokens each, sending the next only while the replica has no live request, so a live "
+        "turn waits behind one slice at most, not the whole warm-up (0: one request)"
     )
     timeout_s: float = Field(120.0, gt=0.0, description="a warm-up taking longer is abandoned")
     retry_s: float = Field(

@@ -15,10 +15,12 @@ reads the answer, on a replica that had nothing else to do.
 Costs and bounds: the warm-up holds an in-flight slot like any request (routing sees it),
 is charged to the target pool's busy time but adds no served tokens, runs only for prompts
 up to `max_prompt_tokens`, at most `max_concurrent` at once and one per replica, and a
-session moves at most once per `min_interval_s`. When no replica of the target pool is idle
-as the turn ends, the session waits up to `retry_s` for one (at most `max_waiting` sessions
-wait, each holding its last body). A failed or abandoned warm-up leaves the session where
-it was.
+session moves at most once per `min_interval_s`. A long prompt is warmed in slices
+(`slice_tokens`, gateway.pools.slices), each sent only while the replica has no live
+request, so a live turn never waits behind more than one slice. When no replica of the
+target pool is idle as the turn ends, the session waits up to `retry_s` for one (at most
+`max_waiting` sessions wait, each holding its last body). A failed or abandoned warm-up
+leaves the session where it was.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from gateway.forward import open_leg
 from gateway.hooks import RequestOutcome
 from gateway.pools.config import WarmMoveSettings
 from gateway.pools.selector import PoolSelector
+from gateway.pools.slices import prefix_bodies
 from gateway.state import GatewayState
 from gateway.types import ENDPOINT_PATHS, Endpoint, ReplicaId, RouteRequest
 
@@ -54,6 +57,7 @@ _GENERATION_ONLY = frozenset({
 })
 _SESSIONS_REMEMBERED = 65536
 _POLL_S = 0.2  # how often sessions waiting for an idle replica look again
+_IDLE_POLL_S = 0.01  # between slices, how often a busy target is looked at again
 
 # (from pool, to pool, result) -> count; result is ok, failed or timeout.
 WarmCounts = Counter[tuple[str, str, str]]
@@ -184,22 +188,34 @@ class PrefixWarmer:
     ) -> None:
         state = self._state
         result = "failed"
-        started_at, t0 = time.time(), time.perf_counter()
+        started_at = time.time()
         headers = [
             (b"content-type", b"application/json"),
             (b"x-request-id", f"{request.request_id}-warm".encode()),
         ]
+        busy = 0.0
+        ok = False
         try:
             async with asyncio.timeout(self._settings.timeout_s):
-                leg = await open_leg(
-                    state.cluster, state.client, state.health, target, path, headers,
-                    orjson.dumps(body),
-                )
-                try:
-                    await leg.response.read()
-                    ok = leg.response.status == 200
-                finally:
-                    await leg.aclose()
+                pieces = prefix_bodies(body, request.prompt_tokens, self._settings.slice_tokens)
+                for i, piece in enumerate(pieces):
+                    if i:
+                        # Only idle time: a live request on the replica goes first.
+                        while state.cluster.in_flight.get(target, 0) > 0:
+                            await asyncio.sleep(_IDLE_POLL_S)
+                    t = time.perf_counter()
+                    leg = await open_leg(
+                        state.cluster, state.client, state.health, target, path, headers,
+                        orjson.dumps(piece),
+                    )
+                    try:
+                        await leg.response.read()
+                        ok = leg.response.status == 200
+                    finally:
+                        await leg.aclose()
+                        busy += time.perf_counter() - t
+                    if not ok:
+                        break
             if ok:
                 result = "ok"
                 self._record_move(request, target)
@@ -212,7 +228,7 @@ class PrefixWarmer:
         finally:
             self._targets.discard(target)
             self._sessions_warming.discard(request.session_key)
-            self._charge(target, started_at, time.perf_counter() - t0)
+            self._charge(target, started_at, busy)
             to = self._selector.pool_of(target) or ""
             self.counts[(source, to, result)] += 1
 
