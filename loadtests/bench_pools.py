@@ -226,7 +226,7 @@ def cost_snapshot(runtime: PoolsRuntime) -> dict[str, tuple[float, int, int, int
 
 
 def warm_counts(runtime: PoolsRuntime) -> dict[str, int]:
-    """Flat warm-move counters: `done <from>-><to> <result>` and `skipped <reason>`."""
+    """Flat warm-move counters: `<from>-><to> <result>` and `skip <reason>`."""
     warm = runtime.admin_payload()["warm_moves"]
     out = {f"{d['from']}->{d['to']} {d['result']}": int(d["count"]) for d in warm.get("done", [])}
     out.update({f"skip {why}": int(n) for why, n in warm.get("skipped", {}).items()})
