@@ -42,6 +42,15 @@ def pools(warm: bool, **warm_moves: Any) -> dict[str, Any]:
 async def two_pools(
     warm: bool, cheap_faults: FaultConfig | None = None, **warm_moves: Any
 ) -> AsyncIterator[RunningGateway]:
+    async with two_pools_and_engines(warm, cheap_faults, **warm_moves) as (gw, _):
+        yield gw
+
+
+@contextlib.asynccontextmanager
+async def two_pools_and_engines(
+    warm: bool, cheap_faults: FaultConfig | None = None, **warm_moves: Any
+) -> AsyncIterator[tuple[RunningGateway, list[SimEngine]]]:
+    """The gateway and the cheap pool's engines (whose request logs show the warm-ups)."""
     async with (
         sim_engines(1, "tiny", model_name=MODEL, time_scale=4.0) as fast,
         sim_engines(2, "tiny", model_name=MODEL, time_scale=4.0) as cheap,
@@ -55,7 +64,7 @@ async def two_pools(
             fast + cheap, replicas=replicas, pools=pools(warm, **warm_moves),
             routing={"policy": "prefix_affinity"},
         ) as gw:
-            yield gw
+            yield gw, cheap
 
 
 async def turn(
@@ -206,73 +215,53 @@ def warm_records(engines: list[SimEngine]) -> list[RequestRecord]:
 
 
 async def test_sliced_warm_up_prefills_in_growing_pieces_and_moves_the_session() -> None:
-    async with (
-        sim_engines(1, "tiny", model_name=MODEL, time_scale=4.0) as fast,
-        sim_engines(2, "tiny", model_name=MODEL, time_scale=4.0) as cheap,
-    ):
-        replicas = [{"id": f"fast-{e.index}", "url": e.url, "pool": "fast"} for e in fast]
-        replicas += [{"id": f"cheap-{e.index}", "url": e.url, "pool": "cheap"} for e in cheap]
-        async with gateway(
-            fast + cheap, replicas=replicas, pools=pools(True, slice_tokens=128),
-            routing={"policy": "prefix_affinity"},
-        ) as gw:
-            seen = await conversation_after_a_peak(gw)
-            (first, _, _), (second, prompt2, cached2), _ = seen
-            assert first == "fast-0" and second.startswith("cheap-")
-            assert cached2 >= prompt2 - 64, seen
-            pieces = warm_records(cheap)
-            # One warm-up (one session moved once), sent as several growing prefixes; each
-            # piece found the one before it cached.
-            assert len(pieces) >= 3, pieces
-            prompts = [p.prompt_tokens for p in pieces]
-            assert prompts == sorted(prompts) and prompts[0] < prompts[-1]
-            assert all(p.cached_tokens >= q.prompt_tokens - 32 for q, p in itertools.pairwise(pieces)), pieces
-            admin = gw.state.extras["pools"].admin_payload()["warm_moves"]
-            assert admin["done"] == [{"from": "fast", "to": "cheap", "result": "ok", "count": 1}]
+    async with two_pools_and_engines(True, slice_tokens=128) as (gw, cheap):
+        seen = await conversation_after_a_peak(gw)
+        (first, _, _), (second, prompt2, cached2), _ = seen
+        assert first == "fast-0" and second.startswith("cheap-")
+        assert cached2 >= prompt2 - 64, seen
+        pieces = warm_records(cheap)
+        # One warm-up (one session moved once), sent as several growing prefixes; each
+        # piece found the one before it cached.
+        assert len(pieces) >= 3, pieces
+        prompts = [p.prompt_tokens for p in pieces]
+        assert prompts == sorted(prompts) and prompts[0] < prompts[-1]
+        assert all(p.cached_tokens >= q.prompt_tokens - 32 for q, p in itertools.pairwise(pieces)), pieces
+        admin = gw.state.extras["pools"].admin_payload()["warm_moves"]
+        assert admin["done"] == [{"from": "fast", "to": "cheap", "result": "ok", "count": 1}]
 
 
 async def test_sliced_warm_up_pauses_while_a_live_request_holds_the_replica() -> None:
     # Each generation takes 0.2 s on the cheap engines, so the warm-up's pieces are visible.
-    async with (
-        sim_engines(1, "tiny", model_name=MODEL, time_scale=4.0) as fast,
-        sim_engines(2, "tiny", model_name=MODEL, time_scale=4.0) as cheap,
-    ):
-        for engine in cheap:
-            await engine.set_faults(FaultConfig(slow=0.2))
-        replicas = [{"id": f"fast-{e.index}", "url": e.url, "pool": "fast"} for e in fast]
-        replicas += [{"id": f"cheap-{e.index}", "url": e.url, "pool": "cheap"} for e in cheap]
-        async with gateway(
-            fast + cheap, replicas=replicas, pools=pools(True, slice_tokens=128),
-            routing={"policy": "prefix_affinity"},
-        ) as gw:
-            assert gw.state.placements is not None
-            key = session_key({}, Endpoint.CHAT, "conv", 0, [])[0]
-            await gw.state.placements.record(key, ReplicaId("fast-0"))
-            client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="-", max_retries=0)
-            replica, _, _, _ = await turn(client, [{"role": "user", "content": HISTORY}])
-            assert replica == "fast-0"
-            cluster = gw.state.cluster
-            cheap_ids = [ReplicaId("cheap-0"), ReplicaId("cheap-1")]
-            target = None
-            for _ in range(200):
-                target = next((r for r in cheap_ids if cluster.in_flight.get(r, 0) == 1), None)
-                if target is not None:
+    async with two_pools_and_engines(True, FaultConfig(slow=0.2), slice_tokens=128) as (gw, cheap):
+        assert gw.state.placements is not None
+        key = session_key({}, Endpoint.CHAT, "conv", 0, [])[0]
+        await gw.state.placements.record(key, ReplicaId("fast-0"))
+        client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="-", max_retries=0)
+        replica, _, _, _ = await turn(client, [{"role": "user", "content": HISTORY}])
+        assert replica == "fast-0"
+        cluster = gw.state.cluster
+        cheap_ids = [ReplicaId("cheap-0"), ReplicaId("cheap-1")]
+        target = None
+        for _ in range(200):
+            target = next((r for r in cheap_ids if cluster.in_flight.get(r, 0) == 1), None)
+            if target is not None:
+                break
+            await asyncio.sleep(0.005)
+        assert target is not None, "the warm-up never started"
+        cluster.acquire(target)  # what a live request on that replica holds
+        try:
+            for _ in range(200):  # the first piece ends; the live one stays
+                if cluster.in_flight.get(target, 0) == 1:
                     break
                 await asyncio.sleep(0.005)
-            assert target is not None, "the warm-up never started"
-            cluster.acquire(target)  # what a live request on that replica holds
-            try:
-                for _ in range(200):  # the first piece ends; the live one stays
-                    if cluster.in_flight.get(target, 0) == 1:
-                        break
-                    await asyncio.sleep(0.005)
-                done_before = len(warm_records(cheap))
-                await asyncio.sleep(0.6)
-                # Paused: no further piece went out while the replica was busy.
-                assert cluster.in_flight.get(target, 0) == 1
-                assert len(warm_records(cheap)) == done_before == 1
-            finally:
-                cluster.release(target)
-            await wait_for_warmups(gw)
-            assert len(warm_records(cheap)) >= 3
-            assert cluster.in_flight.get(target, 0) == 0
+            done_before = len(warm_records(cheap))
+            await asyncio.sleep(0.6)
+            # Paused: no further piece went out while the replica was busy.
+            assert cluster.in_flight.get(target, 0) == 1
+            assert len(warm_records(cheap)) == done_before == 1
+        finally:
+            cluster.release(target)
+        await wait_for_warmups(gw)
+        assert len(warm_records(cheap)) >= 3
+        assert cluster.in_flight.get(target, 0) == 0
