@@ -89,8 +89,9 @@ def build_state(settings: KvgateSettings) -> GatewayState:
     if isinstance(router, ReactsToMembership):
         cluster.on_membership_change(router.membership_changed)
     metrics = GatewayMetrics(cluster)
-    health = HealthMonitor(cluster, client, settings.health)
-    models = ModelsCache(cluster, client, settings.models.cache_ttl_s, t.probe_s)
+    auth = settings.upstream.auth_headers()
+    health = HealthMonitor(cluster, client, settings.health, headers=auth)
+    models = ModelsCache(cluster, client, settings.models.cache_ttl_s, t.probe_s, headers=auth)
     return GatewayState(
         settings=settings,
         cluster=cluster,

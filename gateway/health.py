@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -53,9 +53,11 @@ class HealthMonitor:
         *,
         clock: Callable[[], float] | None = None,
         on_change: Callable[[ReplicaId, Health], None] | None = None,
+        headers: Sequence[tuple[bytes, bytes]] = (),
     ) -> None:
         self.cluster = cluster
         self.client = client
+        self.headers = headers  # the engines' API key, if they need one
         self.settings = settings
         self.clock = clock or cluster.clock
         self.on_change = on_change
@@ -132,7 +134,9 @@ class HealthMonitor:
             return False  # removed while the probe round was being scheduled
         url = self.cluster.url_of(replica) + self.settings.path
         try:
-            resp = await self.client.send("GET", url, (), None, timeouts=self._probe_timeouts)
+            resp = await self.client.send(
+                "GET", url, self.headers, None, timeouts=self._probe_timeouts
+            )
         except GatewayError:
             self.record_failure(replica)
             return False

@@ -27,7 +27,7 @@ request path pays nothing for a feature that is not configured:
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -60,6 +60,9 @@ class RequestOutcome:
     # The JSON body as forwarded (aliases resolved). Observers must not mutate it; it lets
     # one re-send the prompt (pools' prefix warming) without keeping bodies elsewhere.
     body: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+    # The request headers as forwarded to the engine (a reference, not a copy): a re-sent
+    # prompt carries the client's credentials, as engines started with an API key require.
+    headers: Sequence[tuple[bytes, bytes]] | None = field(default=None, repr=False, compare=False)
 
 
 OutcomeObserver = Callable[[RequestOutcome], None]

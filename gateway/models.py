@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -22,10 +23,17 @@ log = logging.getLogger("kvgate.models")
 
 class ModelsCache:
     def __init__(
-        self, cluster: Cluster, client: UpstreamClient, ttl_s: float, timeout_s: float
+        self,
+        cluster: Cluster,
+        client: UpstreamClient,
+        ttl_s: float,
+        timeout_s: float,
+        *,
+        headers: Sequence[tuple[bytes, bytes]] = (),
     ) -> None:
         self.cluster = cluster
         self.client = client
+        self.headers = headers  # the engines' API key, if they need one
         self.ttl_s = ttl_s
         self._timeouts = Timeouts(timeout_s, timeout_s, timeout_s)
         self._body: bytes | None = None
@@ -37,7 +45,7 @@ class ModelsCache:
             return None
         url = self.cluster.url_of(replica) + "/v1/models"
         try:
-            resp = await self.client.send("GET", url, (), None, timeouts=self._timeouts)
+            resp = await self.client.send("GET", url, self.headers, None, timeouts=self._timeouts)
             try:
                 raw = await resp.read()
             finally:

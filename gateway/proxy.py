@@ -311,7 +311,7 @@ class ProxyEndpoint:
                 error_code = error_code or "client_gone"
                 if not status:
                     status = 499
-            self._finish(request, request.request_id, replica, status, ok, t0, started_at, call, retries, usage, error_code, body)
+            self._finish(request, request.request_id, replica, status, ok, t0, started_at, call, retries, usage, error_code, body, headers)
 
     def _candidate(self, choice: Choice, tried: list[ReplicaId]) -> ReplicaId | None:
         cluster = self.state.cluster
@@ -514,6 +514,7 @@ class ProxyEndpoint:
         usage: dict[str, Any] | None,
         error_code: str | None,
         body: dict[str, Any] | None = None,
+        headers: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
         state = self.state
         now = time.perf_counter()
@@ -545,6 +546,7 @@ class ProxyEndpoint:
             error_code=error_code,
             started_at=started_at,
             body=body,
+            headers=headers,
         )
         for observer in observers:
             try:

@@ -13,7 +13,15 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from gateway.admission.config import AdmissionSettings
@@ -145,6 +153,18 @@ class UpstreamSettings(Section):
     max_connections: int = Field(
         1024, ge=1, description="most open connections per engine (h1) or in all (aiohttp, httpx)"
     )
+    engine_api_key: SecretStr | None = Field(
+        None, description="for engines started with --api-key: sent as 'Authorization: Bearer' "
+        "on the gateway's own requests (health probes, metric scrapes, model discovery, prefix "
+        "warm-ups); client requests keep the client's own Authorization. Prefer the "
+        "KVGATE_UPSTREAM__ENGINE_API_KEY environment variable to writing it in a file"
+    )
+
+    def auth_headers(self) -> tuple[tuple[bytes, bytes], ...]:
+        """The header the gateway's own requests to engines carry (none without a key)."""
+        if self.engine_api_key is None:
+            return ()
+        return ((b"authorization", b"Bearer " + self.engine_api_key.get_secret_value().encode()),)
 
 
 class KvgateSettings(BaseSettings):

@@ -26,7 +26,8 @@ and the session moves there (`--warm-interval`: `min_interval_s`; `--warm-max-pr
 `max_prompt_tokens`, default 65536 here, the domestic profile's context, so no session is
 too long to move; `--warm-slice`: `slice_tokens`, default 256 here: the domestic profile
 prefills about 4,500 tokens per second, so a live request waits at most about 60 ms
-behind a warm-up's slice). `--long-prefill N` runs every engine of both variants with
+behind a warm-up's slice; `--no-warm-pressure`: also move sessions onto the pricier pool
+while their own pool is under the high watermark). `--long-prefill N` runs every engine of both variants with
 vLLM's `long_prefill_token_threshold` N (default off).
 The defaults are the configuration docs/pools.md reports; with warm moves the load answers
 the weights within a turn, so the dwell is 2 steps, not 5.
@@ -39,7 +40,7 @@ spread, and `--tails` shows which requests made it.
         [--policy prefix_affinity] [--low-watermark 0.4] [--high-watermark 0.7]
         [--smoothing 0.5] [--dwell 2] [--return-dwell 2] [--ttft-target 0] [--ttft-quantile 1.0]
         [--ttft-max-uncached 0] [--idle-release 0] [--spill 1] [--no-warm]
-        [--warm-interval 60] [--warm-max-prompt 65536] [--warm-slice 256]
+        [--warm-interval 60] [--warm-max-prompt 65536] [--warm-slice 256] [--no-warm-pressure]
         [--long-prefill 0] [--new-sessions-pool h200]
 
 The dynamic table is followed by the number of weight moves and direction reversals per
@@ -111,7 +112,8 @@ def pools_config(dynamic: bool, args: argparse.Namespace) -> dict[str, Any]:
         "session_idle_release_s": args.idle_release if dynamic and args.idle_release else None,
         "spill_new_sessions_at": args.spill if dynamic and args.spill else None,
         "warm_moves": {"enabled": dynamic and args.warm, "min_interval_s": args.warm_interval,
-                       "max_prompt_tokens": args.warm_max_prompt, "slice_tokens": args.warm_slice},
+                       "max_prompt_tokens": args.warm_max_prompt, "slice_tokens": args.warm_slice,
+                       "pricier_only_under_pressure": args.warm_pressure},
         "new_sessions_pool": args.new_sessions_pool if dynamic else None,
         "controller": {
             "enabled": dynamic, "interval_s": 1.0, "low_watermark": args.low_watermark,
@@ -383,7 +385,8 @@ async def main(args: argparse.Namespace) -> None:
     print("pools: h200 (h200-sparse, 2 replicas, 8 cards x 4.50/h), "
           "domestic (domestic, 2 replicas, 8 cards x 0.90/h); cost basis: busy")
     warm = (f"on (min_interval_s {args.warm_interval:g}, max_prompt_tokens "
-            f"{args.warm_max_prompt}, slice_tokens {args.warm_slice or 'off'})" if args.warm else "off")
+            f"{args.warm_max_prompt}, slice_tokens {args.warm_slice or 'off'}, "
+            f"pricier_only_under_pressure {args.warm_pressure})" if args.warm else "off")
     print(f"engines: long_prefill_token_threshold={args.long_prefill or 'off'} (both pools, both runs)")
     print(f"router inside each pool: {args.policy}; phases (req/s, s): " + ", ".join(
         f"{n} {r * args.rate_scale:g}/{s * args.scale:g}" for n, r, s in PHASES))
@@ -455,6 +458,9 @@ if __name__ == "__main__":
     parser.add_argument("--warm-slice", type=int, default=256,
                         help="warm_moves.slice_tokens: warm in growing prefixes this many tokens "
                              "apart, each only while the replica is idle (0: one request)")
+    parser.add_argument("--warm-pressure", action=argparse.BooleanOptionalAction, default=True,
+                        help="warm_moves.pricier_only_under_pressure: onto the pricier pool only "
+                             "while the session's pool is at or above the high watermark")
     parser.add_argument("--warm-max-prompt", type=int, default=65536,
                         help="warm_moves.max_prompt_tokens: longer sessions are not moved")
     parser.add_argument("--new-sessions-pool", default=None, choices=POOLS,

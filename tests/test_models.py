@@ -3,10 +3,11 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
 
 from gateway.sim.profiles import PROFILES
 from gateway.sim.server import SimEngine
-from gateway.testing.servers import gateway
+from gateway.testing.servers import gateway, sim_engines
 from gateway.types import ReplicaId
 
 
@@ -37,3 +38,35 @@ async def test_models_union_discovery_and_404_per_model() -> None:
     finally:
         for e in engines:
             await e.stop()
+
+
+async def test_engines_behind_an_api_key_are_discovered_with_the_gateways_own_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KVGATE_UPSTREAM__ENGINE_API_KEY", "sk-engine")
+    async with (
+        sim_engines(2, "instant", model_name="alpha", api_key="sk-engine") as engines,
+        gateway(engines) as gw,
+    ):
+        assert "sk-engine" not in repr(gw.state.settings)  # a secret, masked when shown
+        # Discovery (GET /v1/models on each engine) needed the key: the model is known.
+        assert gw.state.cluster.known_models() == {"alpha"}
+        async with httpx.AsyncClient(base_url=gw.url) as http:
+            listed = (await http.get("/v1/models")).json()["data"]
+            assert [m["id"] for m in listed] == ["alpha"]
+            chat = {"model": "alpha", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
+            # Client requests keep the client's own Authorization: the engine decides.
+            ok = await http.post(
+                "/v1/chat/completions", json=chat, headers={"authorization": "Bearer sk-engine"}
+            )
+            refused = await http.post("/v1/chat/completions", json=chat)
+        assert ok.status_code == 200
+        assert refused.status_code == 401 and refused.json() == {"error": "Unauthorized"}
+
+
+async def test_without_the_key_keyed_engines_serve_no_discovered_model() -> None:
+    async with (
+        sim_engines(1, "instant", model_name="alpha", api_key="sk-engine") as engines,
+        gateway(engines) as gw,
+    ):
+        assert gw.state.cluster.known_models() is None  # discovery was refused

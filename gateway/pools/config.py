@@ -170,6 +170,12 @@ class WarmMoveSettings(_Frozen):
         "tokens each, sending the next only while the replica has no live request, so a live "
         "turn waits behind one slice at most, not the whole warm-up (0: one request)"
     )
+    pricier_only_under_pressure: bool = Field(
+        True, description="move a session onto a pool with a higher price per replica-hour "
+        "only while its own pool's utilisation is at or above the controller's high "
+        "watermark: otherwise the move pays a prefill on the pricier cards for no latency "
+        "gain, and the session soon moves back once the weights catch up with the load"
+    )
     timeout_s: float = Field(120.0, gt=0.0, description="a warm-up taking longer is abandoned")
     retry_s: float = Field(
         10.0, ge=0.0, description="when no replica of the target pool is idle as a turn ends, "

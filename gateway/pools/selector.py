@@ -204,6 +204,21 @@ class PoolSelector:
         # Only an idle replica: a warm-up's prefill must not queue ahead of live requests.
         return pool, next((r for r in ids if view.inflight(r) == 0), None)
 
+    def move_buys_latency_only(self, served_on: ReplicaId, pool: str) -> bool:
+        """True when moving a session from `served_on`'s pool onto `pool` would pay a higher
+        replica-hour price while its own pool is not under pressure (smoothed utilisation
+        under the high watermark). Such a move costs a prefill on the pricier cards and buys
+        nothing: the weights lag the load on purpose, so after a peak they still point at
+        the pricier pool for a while, and a session moved then is soon moved back."""
+        home = self._replica_pool.get(served_on)
+        source, target = self._specs.get(home or _UNPOOLED), self._specs.get(pool)
+        if source is None or target is None:
+            return False
+        if target.price_per_replica_hour <= source.price_per_replica_hour:
+            return False
+        util = self._weights().utilisation.get(source.name)
+        return util is not None and util < self._settings.controller.high_watermark
+
     def _warm_move(
         self, request: RouteRequest, served_on: ReplicaId, view: ClusterView
     ) -> tuple[str, str, dict[str, list[ReplicaState]]] | None:

@@ -29,7 +29,7 @@ import asyncio
 import logging
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -55,6 +55,8 @@ _GENERATION_ONLY = frozenset({
     "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
     "max_completion_tokens",
 })
+# Client headers a warm-up does not carry: it has its own body, and its own request id.
+_NOT_CARRIED = frozenset({b"content-type", b"content-encoding", b"x-request-id"})
 _SESSIONS_REMEMBERED = 65536
 _POLL_S = 0.2  # how often sessions waiting for an idle replica look again
 _IDLE_POLL_S = 0.01  # between slices, how often a busy target is looked at again
@@ -86,6 +88,8 @@ class PrefixWarmer:
         self._state = state
         self._charge = charge  # (replica, started_at wall clock, seconds busy)
         self._clock = clock
+        self._auth = state.settings.upstream.auth_headers()
+        self._not_carried = _NOT_CARRIED | {b"authorization"} if self._auth else _NOT_CARRIED
         self._tasks: set[asyncio.Task[None]] = set()
         self._targets: set[ReplicaId] = set()
         self._sessions_warming: set[str] = set()
@@ -124,6 +128,9 @@ class PrefixWarmer:
         if request.prompt_tokens > self._settings.max_prompt_tokens:
             self.skipped["too_long"] += 1
             return
+        if self._pricier_needs_pressure(replica, move[0]):
+            self.skipped["pricier_pool_without_pressure"] += 1
+            return
         moved = self._moved_at.get(key)
         if moved is not None and self._clock() - moved < self._settings.min_interval_s:
             self.skipped["moved_recently"] += 1
@@ -150,7 +157,7 @@ class PrefixWarmer:
             return None
         if move is None:
             move = self._selector.warm_move(request, replica, self._state.cluster.view())
-        if move is None:
+        if move is None or self._pricier_needs_pressure(replica, move[0]):
             return False
         target = move[1]
         if target is None or target in self._targets:
@@ -159,11 +166,19 @@ class PrefixWarmer:
         self._targets.add(target)
         self._sessions_warming.add(request.session_key)
         task = asyncio.get_running_loop().create_task(
-            self._warm(request, _PATHS[outcome.endpoint], warm_body(body), source, target)
+            self._warm(
+                request, _PATHS[outcome.endpoint], warm_body(body), source, target,
+                outcome.headers or (),
+            )
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return True
+
+    def _pricier_needs_pressure(self, replica: ReplicaId, pool: str) -> bool:
+        return self._settings.pricier_only_under_pressure and (
+            self._selector.move_buys_latency_only(replica, pool)
+        )
 
     async def _poll(self) -> None:
         """Retry waiting sessions, oldest first, until each starts, expires or is moot."""
@@ -184,12 +199,16 @@ class PrefixWarmer:
 
     async def _warm(
         self, request: RouteRequest, path: str, body: dict[str, Any], source: str,
-        target: ReplicaId,
+        target: ReplicaId, client_headers: Sequence[tuple[bytes, bytes]],
     ) -> None:
         state = self._state
         result = "failed"
         started_at = time.time()
-        headers = [
+        # The headers the triggering turn was forwarded with: an engine that checks an API
+        # key gets the client's, or the gateway's own (upstream.engine_api_key) when set.
+        headers = [h for h in client_headers if h[0] not in self._not_carried]
+        headers += self._auth
+        headers += [
             (b"content-type", b"application/json"),
             (b"x-request-id", f"{request.request_id}-warm".encode()),
         ]

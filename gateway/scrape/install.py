@@ -48,6 +48,7 @@ def install(state: GatewayState) -> None:
     scraper = MetricsScraper(
         settings,
         lambda: tuple(cluster.members.values()),
+        headers=state.settings.upstream.auth_headers(),
         registry=state.metrics.registry,
         on_load=cluster.publish_load,
         health=ScrapeHealth(state.health),

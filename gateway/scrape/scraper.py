@@ -59,6 +59,7 @@ class MetricsScraper:
         targets: Callable[[], Sequence[ScrapeTarget]],
         *,
         client: httpx.AsyncClient | None = None,
+        headers: Sequence[tuple[bytes, bytes]] = (),
         registry: CollectorRegistry | None = None,
         on_load: LoadListener | None = None,
         health: ScrapeHealthSink | None = None,
@@ -67,6 +68,7 @@ class MetricsScraper:
         self.settings = settings
         self._targets = targets
         self._client = client
+        self._headers = {k.decode(): v.decode() for k, v in headers}  # the engines' API key
         self._owns_client = client is None
         self._on_load = on_load
         self._health = health
@@ -120,7 +122,7 @@ class MetricsScraper:
         url = target.url.rstrip("/") + self.settings.path
         started = self._clock()
         try:
-            response = await client.get(url, timeout=self.settings.timeout_s)
+            response = await client.get(url, timeout=self.settings.timeout_s, headers=self._headers)
             if response.status_code != 200:
                 self._failed(target.id, f"status_{response.status_code}")
                 return None

@@ -63,6 +63,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "package; default: about 4 characters a token)",
     )
     parser.add_argument(
+        "--api-key",
+        default=None,
+        help="like vLLM's --api-key: /v1 requests need 'Authorization: Bearer KEY' (401 "
+        "otherwise)",
+    )
+    parser.add_argument(
         "--bootstrap-timeout",
         type=float,
         default=30.0,
@@ -116,6 +122,7 @@ def cluster_from_args(args: argparse.Namespace) -> SimCluster:
         fault_replicas=args.fault_replica,
         bootstrap_timeout_s=args.bootstrap_timeout,
         tokenizer=FileTokenizer(args.tokenizer_file) if args.tokenizer_file else None,
+        api_key=args.api_key,
     )
 
 

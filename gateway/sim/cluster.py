@@ -20,7 +20,7 @@ class SimCluster:
     Use as `async with SimCluster(...) as cluster:` or `await start()` / `await stop()`.
     `roles` gives one role per replica (shorter lists repeat their last entry); `faults`
     applies to the replicas listed in `fault_replicas` (all when None). `tokenizer`
-    (default: about 4 characters a token) is shared by all engines.
+    (default: about 4 characters a token) is shared by all engines, and so is `api_key`.
     """
 
     def __init__(
@@ -40,6 +40,7 @@ class SimCluster:
         fault_replicas: Sequence[int] | None = None,
         bootstrap_timeout_s: float = DEFAULT_BOOTSTRAP_TIMEOUT_S,
         tokenizer: Tokenizer | None = None,
+        api_key: str | None = None,
     ) -> None:
         if replicas < 1:
             raise ValueError("replicas must be at least 1")
@@ -60,6 +61,7 @@ class SimCluster:
                 faults=faults if fault_replicas is None or i in fault_replicas else NO_FAULTS,
                 bootstrap_timeout_s=bootstrap_timeout_s,
                 tokenizer=tokenizer,
+                api_key=api_key,
             )
             for i in range(replicas)
         ]

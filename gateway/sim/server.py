@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import uuid
 from collections import deque
@@ -83,8 +84,10 @@ class SimEngine:
         bootstrap_timeout_s: float = DEFAULT_BOOTSTRAP_TIMEOUT_S,
         request_log_size: int = DEFAULT_REQUEST_LOG_SIZE,
         tokenizer: Tokenizer | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.index = index
+        self.api_key = api_key
         self.profile = profile
         self.model_name = model_name
         self.flavor = flavor
@@ -200,9 +203,10 @@ class SimEngine:
             Route("/sim/kv/{request_id}", self._kv_pull, methods=["GET"]),
             Route("/sim/bootstrap/{room:int}", self._bootstrap, methods=["GET"]),
         ]
-        return Starlette(
-            routes=routes, lifespan=self._lifespan, middleware=[Middleware(EchoRequestId)]
-        )
+        middleware = [Middleware(EchoRequestId)]
+        if self.api_key is not None:
+            middleware.append(Middleware(RequireApiKey, key=self.api_key))
+        return Starlette(routes=routes, lifespan=self._lifespan, middleware=middleware)
 
     async def _chat(self, request: Request) -> Response:
         return await self._generate(request, "chat")
@@ -358,6 +362,25 @@ class EchoRequestId:
             await send(message)
 
         await self.app(scope, receive, send_with_id)
+
+
+class RequireApiKey:
+    """Pure ASGI middleware: like vLLM's `--api-key`, every `/v1` path needs
+    `Authorization: Bearer <key>` (401 otherwise); health and metrics stay open."""
+
+    def __init__(self, app: ASGIApp, key: str) -> None:
+        self.app = app
+        self.expected = b"Bearer " + key.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            given = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+            if given is None or not hmac.compare_digest(given, self.expected):
+                await Response(
+                    b'{"error":"Unauthorized"}', status_code=401, media_type="application/json"
+                )(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def _error(status: int, message: str, param: str | None = None) -> Response:

@@ -286,6 +286,28 @@ def test_warm_move_names_an_idle_replica_of_the_pool_the_weights_now_give() -> N
     assert sel.warm_move(conv, home, view) is None
 
 
+def test_a_move_onto_the_pricier_pool_buys_latency_only_while_its_own_pool_is_cool() -> None:
+    sel, snap = selector({"h200": 1.0, "domestic": 0.0})
+    on_domestic, on_h200 = ReplicaId("domestic-0"), ReplicaId("h200-0")
+    weights = MappingProxyType({"h200": 1.0, "domestic": 0.0})
+    # No utilisation sample yet: nothing speaks against the move.
+    assert not sel.move_buys_latency_only(on_domestic, "h200")
+
+    def sampled(domestic: float) -> WeightSnapshot:
+        return WeightSnapshot(weights, MappingProxyType({"h200": 0.1, "domestic": domestic}))
+
+    high = settings().controller.high_watermark
+    snap[0] = sampled(high - 0.01)
+    assert sel.move_buys_latency_only(on_domestic, "h200")
+    snap[0] = sampled(high)  # under pressure: the move relieves the session's pool
+    assert not sel.move_buys_latency_only(on_domestic, "h200")
+    # Onto the cheaper pool, or within a price, a move always pays.
+    snap[0] = sampled(0.0)
+    assert not sel.move_buys_latency_only(on_h200, "domestic")
+    assert not sel.move_buys_latency_only(on_domestic, "domestic")
+    assert not sel.move_buys_latency_only(ReplicaId("nowhere"), "h200")
+
+
 def test_warm_move_leaves_rule_placed_and_unservable_requests_alone() -> None:
     view = two_pools(**{f"domestic-{i}": BUSY for i in range(3)})
     sel, _ = selector(

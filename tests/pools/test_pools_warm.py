@@ -24,16 +24,19 @@ MODEL = "small"
 HISTORY = " ".join(f"fact {i}: the sky over harbour {i} was grey at noon." for i in range(50))
 
 
-def pools(warm: bool, **warm_moves: Any) -> dict[str, Any]:
+def pools(
+    warm: bool, weights: dict[str, float] | None = None, **warm_moves: Any
+) -> dict[str, Any]:
     return {
         "pools": [
             {"name": "fast", "price_per_card_hour": 4.0, "slots_per_replica": 8},
             {"name": "cheap", "price_per_card_hour": 1.0, "slots_per_replica": 8},
         ],
         "models": [{"name": MODEL}],
-        # The weights give every session to the cheap pool from the start.
-        "initial_weights": {"fast": 0.0, "cheap": 1.0},
-        "controller": {"enabled": False},
+        # Unless told otherwise, the weights give every session to the cheap pool from the
+        # start. The controller keeps them, but samples utilisation often.
+        "initial_weights": weights or {"fast": 0.0, "cheap": 1.0},
+        "controller": {"enabled": False, "interval_s": 0.05},
         "warm_moves": {"enabled": warm, "min_interval_s": 0.0, **warm_moves},
     }
 
@@ -48,20 +51,32 @@ async def two_pools(
 
 @contextlib.asynccontextmanager
 async def two_pools_and_engines(
-    warm: bool, cheap_faults: FaultConfig | None = None, **warm_moves: Any
+    warm: bool,
+    cheap_faults: FaultConfig | None = None,
+    weights: dict[str, float] | None = None,
+    api_key: str | None = None,
+    **warm_moves: Any,
 ) -> AsyncIterator[tuple[RunningGateway, list[SimEngine]]]:
-    """The gateway and the cheap pool's engines (whose request logs show the warm-ups)."""
+    """The gateway and the cheap pool's engines (whose request logs show the warm-ups).
+    With `api_key`, every engine requires it, as vLLM's `--api-key` does."""
     async with (
-        sim_engines(1, "tiny", model_name=MODEL, time_scale=4.0) as fast,
-        sim_engines(2, "tiny", model_name=MODEL, time_scale=4.0) as cheap,
+        sim_engines(1, "tiny", model_name=MODEL, time_scale=4.0, api_key=api_key) as fast,
+        sim_engines(2, "tiny", model_name=MODEL, time_scale=4.0, api_key=api_key) as cheap,
     ):
         if cheap_faults is not None:
             for engine in cheap:
                 await engine.set_faults(cheap_faults)
-        replicas = [{"id": f"fast-{e.index}", "url": e.url, "pool": "fast"} for e in fast]
-        replicas += [{"id": f"cheap-{e.index}", "url": e.url, "pool": "cheap"} for e in cheap]
+        # Models listed: discovery (GET /v1/models, keyless) is refused by keyed engines.
+        replicas = [
+            {"id": f"fast-{e.index}", "url": e.url, "pool": "fast", "models": [MODEL]}
+            for e in fast
+        ]
+        replicas += [
+            {"id": f"cheap-{e.index}", "url": e.url, "pool": "cheap", "models": [MODEL]}
+            for e in cheap
+        ]
         async with gateway(
-            fast + cheap, replicas=replicas, pools=pools(warm, **warm_moves),
+            fast + cheap, replicas=replicas, pools=pools(warm, weights, **warm_moves),
             routing={"policy": "prefix_affinity"},
         ) as gw:
             yield gw, cheap
@@ -80,12 +95,14 @@ async def turn(
     return raw.headers["x-kvgate-replica"], reply.usage.prompt_tokens, cached, content
 
 
-async def conversation_after_a_peak(gw: RunningGateway) -> list[tuple[str, int, int]]:
-    """A session placed on the fast pool (as during a peak), then three more turns."""
+async def conversation_after_a_peak(
+    gw: RunningGateway, placed_on: str = "fast-0", api_key: str = "-"
+) -> list[tuple[str, int, int]]:
+    """A session placed on `placed_on` (the fast pool, as during a peak), then three turns."""
     assert gw.state.placements is not None
     key = session_key({}, Endpoint.CHAT, "conv", 0, [])[0]
-    await gw.state.placements.record(key, ReplicaId("fast-0"))
-    client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="-", max_retries=0)
+    await gw.state.placements.record(key, ReplicaId(placed_on))
+    client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=api_key, max_retries=0)
     messages = [{"role": "user", "content": HISTORY}]
     seen = []
     for i in range(3):
@@ -193,6 +210,51 @@ async def test_failed_warm_up_leaves_the_session_where_it_was() -> None:
         ]
         view = gw.state.cluster.view()
         assert all(view.inflight(r.id) == 0 for r in view.replicas)
+
+
+async def test_no_move_onto_the_pricier_pool_while_the_sessions_own_pool_is_cool() -> None:
+    # The weights give sessions to the fast pool, but the cheap one is idle: moving there
+    # would pay a prefill on the pricier cards and buy nothing.
+    to_fast = {"fast": 1.0, "cheap": 0.0}
+    async with two_pools_and_engines(True, weights=to_fast) as (gw, _):
+        await utilisation_sampled(gw)
+        seen = await conversation_after_a_peak(gw, placed_on="cheap-0")
+        assert [replica for replica, _, _ in seen] == ["cheap-0"] * 3
+        warm = gw.state.extras["pools"].admin_payload()["warm_moves"]
+        assert warm["done"] == [] and warm["skipped"] == {"pricier_pool_without_pressure": 3}
+    # Switched off, the same session follows the weights onto the fast pool.
+    async with two_pools_and_engines(
+        True, weights=to_fast, pricier_only_under_pressure=False
+    ) as (gw, _):
+        await utilisation_sampled(gw)
+        seen = await conversation_after_a_peak(gw, placed_on="cheap-0")
+        assert [replica for replica, _, _ in seen] == ["cheap-0", "fast-0", "fast-0"], seen
+        warm = gw.state.extras["pools"].admin_payload()["warm_moves"]
+        assert warm["done"] == [{"from": "cheap", "to": "fast", "result": "ok", "count": 1}]
+
+
+async def utilisation_sampled(gw: RunningGateway) -> None:
+    controller = gw.state.extras["pools"].controller
+    for _ in range(100):
+        if controller.snapshot.utilisation:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the controller never sampled utilisation")
+
+
+async def test_warm_up_carries_the_clients_api_key_to_engines_that_require_one() -> None:
+    async with two_pools_and_engines(True, api_key="sk-engine") as (gw, cheap):
+        seen = await conversation_after_a_peak(gw, api_key="sk-engine")
+        assert seen[0][0] == "fast-0" and seen[1][0].startswith("cheap-"), seen
+        assert seen[1][2] >= seen[1][1] - 64, seen  # the warm-up was accepted: cached
+        pieces = warm_records(cheap)
+        assert pieces and all(p.status == 200 for p in pieces), pieces
+        warm = gw.state.extras["pools"].admin_payload()["warm_moves"]
+        assert warm["done"] == [{"from": "fast", "to": "cheap", "result": "ok", "count": 1}]
+        # The engines do check: a request without the key is refused.
+        async with httpx.AsyncClient(base_url=cheap[0].url) as http:
+            refused = await http.post("/v1/chat/completions", json={"model": MODEL})
+        assert refused.status_code == 401 and refused.json() == {"error": "Unauthorized"}
 
 
 def test_warm_body_keeps_the_prompt_and_asks_for_one_token() -> None:
