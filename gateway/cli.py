@@ -48,6 +48,7 @@ def _serve(args: argparse.Namespace) -> int:
         # Off unless asked for: uvicorn's header rewrite runs on every request otherwise.
         "proxy_headers": server.proxy_headers,
         "forwarded_allow_ips": server.forwarded_allow_ips,
+        "timeout_keep_alive": server.keep_alive_s,
         "lifespan": "on",
         # The engines' own Date/Server headers are relayed; do not add a second pair.
         "server_header": False,

@@ -19,6 +19,10 @@ import uvicorn
 # Long enough for a streamed answer to finish, short enough that a stalled stream (the sim's
 # fault injection keeps one open on purpose) cannot hang a test's teardown.
 DEFAULT_GRACEFUL_SHUTDOWN_S = 2
+# How long an idle client connection stays open. uvicorn's own default (5 s) equals the
+# idle expiry of httpx and the openai SDK, so a client reusing a connection the server is
+# closing at that instant gets a reset; the side that closes first must be the client.
+DEFAULT_KEEP_ALIVE_S = 75.0
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -150,7 +154,8 @@ async def start_server(
     """Serve `app` on `host:port` in the running loop; return when it accepts connections.
 
     Defaults: lifespan "on" (startup errors surface here instead of being ignored), access
-    log off, log level "warning", graceful shutdown bounded by DEFAULT_GRACEFUL_SHUTDOWN_S.
+    log off, log level "warning", graceful shutdown bounded by DEFAULT_GRACEFUL_SHUTDOWN_S,
+    idle connections kept DEFAULT_KEEP_ALIVE_S.
     Any `uvicorn.Config` keyword overrides them. Raises RuntimeError if start-up fails.
     """
     options: dict[str, Any] = {
@@ -158,6 +163,7 @@ async def start_server(
         "access_log": False,
         "log_level": "warning",
         "timeout_graceful_shutdown": DEFAULT_GRACEFUL_SHUTDOWN_S,
+        "timeout_keep_alive": DEFAULT_KEEP_ALIVE_S,
     }
     options.update(uvicorn_kwargs)
     sock = _bind(host, port)

@@ -30,6 +30,7 @@ from gateway.pd.config import PDSettings
 from gateway.pools.config import PoolsSettings
 from gateway.routing import RoutingSettings
 from gateway.scrape.config import ScrapeSettings
+from gateway.serving import DEFAULT_KEEP_ALIVE_S
 from gateway.store.config import StoreSettings
 from gateway.trace.config import TraceCaptureSettings
 from gateway.types import Role
@@ -59,6 +60,12 @@ class ServerSettings(Section):
         False, description="trust X-Forwarded-For/-Proto from forwarded_allow_ips (behind an LB)"
     )
     forwarded_allow_ips: str = Field("127.0.0.1", description="comma-separated IPs, or *")
+    keep_alive_s: float = Field(
+        DEFAULT_KEEP_ALIVE_S, gt=0, description="idle client connections stay open this long; "
+        "keep it above the clients' and load balancer's idle timeouts (httpx and the openai "
+        "SDK drop idle connections after 5 s, uvicorn's own default), so that the client, not "
+        "the gateway, closes an idle connection and no request is sent into a closing one"
+    )
 
 
 class ReplicaSettings(Section):

@@ -65,6 +65,15 @@ def test_kvgate_serve_without_arguments_answers_openai_requests() -> None:
         r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions",
                        json={"model": "kvgate-sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
         assert r.status_code == 200 and r.headers["x-kvgate-replica"].startswith("sim-")
+        # An idle client connection outlives the 5 s after which httpx and the openai SDK
+        # drop theirs (and uvicorn, by default, its own): the client closes first.
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            ask = b"GET /health HTTP/1.1\r\nhost: kvgate\r\n\r\n"
+            sock.sendall(ask)
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+            time.sleep(6.0)
+            sock.sendall(ask)
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200")
     finally:
         proc.send_signal(signal.SIGINT)
         try:

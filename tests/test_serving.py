@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
-from gateway.serving import start_server
+from gateway.serving import DEFAULT_KEEP_ALIVE_S, start_server
 
 
 def _app(events: list[str]) -> Starlette:
@@ -84,6 +84,15 @@ async def test_failed_startup_raises_instead_of_exiting() -> None:
 
     with pytest.raises(RuntimeError):
         await start_server(Starlette(lifespan=broken))
+
+
+async def test_idle_connections_are_kept_longer_than_clients_keep_theirs() -> None:
+    server = await start_server(_app([]))
+    try:
+        # httpx and the openai SDK expire idle connections after 5 s: ours must outlive them.
+        assert server._server.config.timeout_keep_alive == DEFAULT_KEEP_ALIVE_S > 5
+    finally:
+        await server.stop()
 
 
 async def test_accepted_connections_have_tcp_nodelay() -> None:
