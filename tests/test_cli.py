@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import http.client
 import os
 import signal
 import socket
@@ -67,13 +68,17 @@ def test_kvgate_serve_without_arguments_answers_openai_requests() -> None:
         assert r.status_code == 200 and r.headers["x-kvgate-replica"].startswith("sim-")
         # An idle client connection outlives the 5 s after which httpx and the openai SDK
         # drop theirs (and uvicorn, by default, its own): the client closes first.
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-            ask = b"GET /health HTTP/1.1\r\nhost: kvgate\r\n\r\n"
-            sock.sendall(ask)
-            assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        try:
+            conn.request("GET", "/health")
+            first = conn.getresponse()
+            first.read()
+            sock = conn.sock
             time.sleep(6.0)
-            sock.sendall(ask)
-            assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+            conn.request("GET", "/health")  # RemoteDisconnected if the gateway had closed it
+            assert conn.getresponse().status == 200 and conn.sock is sock
+        finally:
+            conn.close()
     finally:
         proc.send_signal(signal.SIGINT)
         try:
