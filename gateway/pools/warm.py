@@ -155,9 +155,11 @@ class PrefixWarmer:
         assert request is not None and body is not None and replica is not None
         if len(self._tasks) >= self._settings.max_concurrent:
             return None
-        if move is None:
+        if move is None:  # a retry: ask again (the caller already vetted a move it passes)
             move = self._selector.warm_move(request, replica, self._state.cluster.view())
-        if move is None or self._pricier_needs_pressure(replica, move[0]):
+            if move is not None and self._pricier_needs_pressure(replica, move[0]):
+                return False
+        if move is None:
             return False
         target = move[1]
         if target is None or target in self._targets:
