@@ -16,13 +16,11 @@ from typing import Any, Self
 
 import uvicorn
 
+from gateway.settings import DEFAULT_KEEP_ALIVE_S
+
 # Long enough for a streamed answer to finish, short enough that a stalled stream (the sim's
 # fault injection keeps one open on purpose) cannot hang a test's teardown.
 DEFAULT_GRACEFUL_SHUTDOWN_S = 2
-# How long an idle client connection stays open. uvicorn's own default (5 s) equals the
-# idle expiry of httpx and the openai SDK, so a client reusing a connection the server is
-# closing at that instant gets a reset; the side that closes first must be the client.
-DEFAULT_KEEP_ALIVE_S = 75.0
 
 
 class _EmbeddedServer(uvicorn.Server):

@@ -30,13 +30,16 @@ from gateway.pd.config import PDSettings
 from gateway.pools.config import PoolsSettings
 from gateway.routing import RoutingSettings
 from gateway.scrape.config import ScrapeSettings
-from gateway.serving import DEFAULT_KEEP_ALIVE_S
 from gateway.store.config import StoreSettings
 from gateway.trace.config import TraceCaptureSettings
 from gateway.types import Role
 
 ENV_PREFIX = "KVGATE_"
 CONFIG_FILE_ENV = "KVGATE_CONFIG_FILE"
+# How long an idle client connection stays open. uvicorn's own default (5 s) equals the
+# idle expiry of httpx and the openai SDK, so a client reusing a connection the server is
+# closing at that instant gets a reset; the side that closes first must be the client.
+DEFAULT_KEEP_ALIVE_S = 75.0
 
 
 class Section(BaseModel):

@@ -34,14 +34,16 @@ the weights within a turn, so the dwell is 2 steps, not 5.
 `--new-sessions-pool P` starts every new session on pool P while it is not saturated. The
 static run has none of these.
 p99 over ~115 requests per low phase is the 2nd-slowest request: repeat runs and read the
-spread, and `--tails` shows which requests made it.
+spread, and `--tails` shows which requests made it. `--dump FILE` keeps every request and
+each phase's cost ledger; `loadtests/pools_pooled.py FILE...` pools several seeds into one
+verdict (p99 over all their low-phase requests, cost over all their tokens).
 
     python loadtests/bench_pools.py [--scale 1.0] [--rate-scale 1.0] [--seed 1] [--tails]
         [--policy prefix_affinity] [--low-watermark 0.4] [--high-watermark 0.7]
         [--smoothing 0.5] [--dwell 2] [--return-dwell 2] [--ttft-target 0] [--ttft-quantile 1.0]
         [--ttft-max-uncached 0] [--idle-release 0] [--spill 1] [--no-warm]
         [--warm-interval 60] [--warm-max-prompt 65536] [--warm-slice 256] [--no-warm-pressure]
-        [--long-prefill 0] [--new-sessions-pool h200]
+        [--long-prefill 0] [--new-sessions-pool h200] [--dump FILE] [--dynamic-only]
 
 The dynamic table is followed by the number of weight moves and direction reversals per
 phase (how much the weights flap) and a timeline.
@@ -172,6 +174,7 @@ class Result:
     uncached: int = -1
     at: float = 0.0
     error: str = ""  # why a failed request failed (status and message, or the exception)
+    sid: str = ""
 
 
 @dataclass
@@ -218,7 +221,7 @@ async def one_request(http: httpx.AsyncClient, sid: str, prompt: str, max_tokens
             ok = resp.status_code == 200
     except httpx.HTTPError as exc:
         ok, error = False, f"{type(exc).__name__}: {exc}"
-    run.results.append(Result(phase, pool, ttft, ok, uncached, t0 - since, error))
+    run.results.append(Result(phase, pool, ttft, ok, uncached, t0 - since, error, sid))
 
 
 def cost_snapshot(runtime: PoolsRuntime) -> dict[str, tuple[float, int, int, int]]:
@@ -355,6 +358,16 @@ def phase_table(run: Run, args: argparse.Namespace) -> dict[str, dict[str, float
               f" {per_total:>9.6f} {per_out:>9.5f} {tps:>8.0f}")
     if args.tails:
         print("slowest TTFTs: " + "\n               ".join(tails))
+        # Where a low phase's imported-pool turns come from: sessions running one turn there
+        # (then moved) or several (no move yet: no idle replica, moved recently, ...).
+        for name in LOW_PHASES:
+            per: dict[str, int] = {}
+            for r in run.results:
+                if r.phase == name and r.pool == "h200":
+                    per[r.sid] = per.get(r.sid, 0) + 1
+            hist = {k: sum(1 for v in per.values() if min(v, 3) == k) for k in (1, 2, 3)}
+            print(f"{name} turns on h200: {sum(per.values())} by {len(per)} sessions "
+                  f"(1 turn: {hist[1]}, 2: {hist[2]}, 3+: {hist[3]})")
     for r in run.results:
         if not r.ok:
             print(f"failed: {r.phase} @{r.at:.0f}s on {r.pool}: {r.error or 'no reason recorded'}")
@@ -381,6 +394,20 @@ def timeline(run: Run) -> None:
               f"  util={u[0]}/{u[1]}")
 
 
+def dump(args: argparse.Namespace, runs: list[Run]) -> None:
+    """Every request and each phase's cost ledger, for pooling several seeds
+    (loadtests/pools_pooled.py)."""
+    out = {"seed": args.seed, "phases": [p[0] for p in PHASES], "runs": {
+        ("dynamic" if r.label == "dynamic" else "static"): {
+            "results": [{"phase": x.phase, "pool": x.pool, "ttft": x.ttft, "ok": x.ok,
+                         "uncached": x.uncached, "at": x.at, "sid": x.sid} for x in r.results],
+            # pool -> (cost, total tokens, output tokens, requests, prompt, cached prompt)
+            "cost": {ph: {pool: list(v) for pool, v in by.items()}
+                     for ph, by in r.phase_cost.items()},
+        } for r in runs}}
+    Path(args.dump).write_bytes(orjson.dumps(out))
+
+
 async def main(args: argparse.Namespace) -> None:
     print("pools: h200 (h200-sparse, 2 replicas, 8 cards x 4.50/h), "
           "domestic (domestic, 2 replicas, 8 cards x 0.90/h); cost basis: busy")
@@ -400,9 +427,10 @@ async def main(args: argparse.Namespace) -> None:
           f"warm_moves={warm}, "
           f"new_sessions_pool={args.new_sessions_pool or 'unset'}; 'ttft n' = samples behind "
           "each p99 (with n samples, p99 is the ceil(n/100)-th slowest)")
-    static = await run_variant(False, args)
+    static = None if args.dynamic_only else await run_variant(False, args)
     dynamic = await run_variant(True, args)
-    s_tab, d_tab = phase_table(static, args), phase_table(dynamic, args)
+    s_tab = phase_table(static, args) if static is not None else None
+    d_tab = phase_table(dynamic, args)
     timeline(dynamic)
     if dynamic.warm.get("enabled"):
         print("\nprefix warm-ups (dynamic): " + (", ".join(
@@ -410,6 +438,10 @@ async def main(args: argparse.Namespace) -> None:
             or "none") + "; not warmed when the turn ended: " + (", ".join(
             f"{why} {n}" for why, n in dynamic.warm["skipped"].items()) or "none"))
         warm_by_phase(dynamic)
+    if args.dump:
+        dump(args, [r for r in (static, dynamic) if r is not None])
+    if s_tab is None:
+        return
     print("\n== verdict (dynamic vs static) ==")
     for name, _, _ in PHASES:
         s, d = s_tab[name], d_tab[name]
@@ -442,6 +474,11 @@ if __name__ == "__main__":
     parser.add_argument("--high-watermark", type=float, default=0.7)
     parser.add_argument("--smoothing", type=float, default=0.5,
                         help="controller smoothing (weight of the newest sample)")
+    parser.add_argument("--dynamic-only", action="store_true",
+                        help="skip the static split (exploration; the verdict needs both)")
+    parser.add_argument("--dump", default=None, metavar="FILE",
+                        help="write every request and the per-phase cost ledger as JSON "
+                             "(pool several seeds with loadtests/pools_pooled.py)")
     parser.add_argument("--dwell", type=int, default=2, help="controller dwell_steps")
     parser.add_argument("--return-dwell", type=int, default=2,
                         help="controller return_dwell_steps")

@@ -3,15 +3,18 @@ but each must at least parse and answer --help, so a typo is caught before a lon
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 
 LOADTESTS = Path(__file__).resolve().parents[1] / "loadtests"
 # locustfile imports locust (gevent monkey-patching): compiled only, never imported.
-SCRIPTS = sorted(p for p in LOADTESTS.glob("bench_*.py"))
+SCRIPTS = sorted([*LOADTESTS.glob("bench_*.py"), LOADTESTS / "pools_pooled.py"])
 
 
 def test_every_loadtest_compiles() -> None:
@@ -26,3 +29,48 @@ def test_benchmark_answers_help(script: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "usage:" in done.stdout
+
+
+def _pooled_module() -> Any:
+    spec = importlib.util.spec_from_file_location("pools_pooled", LOADTESTS / "pools_pooled.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(ttfts: dict[str, list[float]], cost: dict[str, float]) -> dict[str, Any]:
+    results = [{"phase": ph, "pool": "domestic", "ttft": t, "ok": True, "uncached": 0, "at": 0.0,
+                "sid": "s"} for ph, ts in ttfts.items() for t in ts]
+    return {"results": results,
+            "cost": {ph: {"all": [c, 1000, 10, 1, 990, 900]} for ph, c in cost.items()}}
+
+
+def test_pooled_verdict_takes_p99_and_cost_over_every_seed(tmp_path: Path, capsys: Any) -> None:
+    pooled = _pooled_module()
+    fast, slow = [0.1] * 99, [0.1] * 98 + [0.5, 0.5]
+    # Seed 1's dynamic low phase loses on its own (p99 of 100 = the slowest, 0.4 s vs
+    # 0.3 s); pooled over 200 requests its one slow request falls above the p99.
+    s1 = {"static": _run({"low": [0.1] * 99 + [0.3], "peak": fast, "low-2": fast},
+                         {"low": 1.0, "peak": 1.0, "low-2": 1.0}),
+          "dynamic": _run({"low": fast + [0.4], "peak": fast, "low-2": fast},
+                          {"low": 0.8, "peak": 1.2, "low-2": 0.9})}
+    s2 = {"static": _run({"low": [0.1] * 99 + [0.3], "peak": slow, "low-2": fast},
+                         {"low": 1.0, "peak": 1.0, "low-2": 1.0}),
+          "dynamic": _run({"low": fast + [0.1], "peak": fast, "low-2": fast},
+                          {"low": 0.7, "peak": 1.0, "low-2": 0.6})}
+    paths = []
+    for seed, runs in ((1, s1), (2, s2)):
+        path = tmp_path / f"d{seed}.json"
+        path.write_bytes(orjson.dumps({"seed": seed, "phases": [], "runs": runs}))
+        paths.append(str(path))
+    assert pooled.figures([s1["dynamic"], s2["dynamic"]], "low")[:2] == (0.1, 0.75)
+    pooled.main(paths)
+    out = capsys.readouterr().out
+    assert "all three targets met in 1 of 2 runs" in out
+    pooled_lines = out.split("pooled verdict")[1].splitlines()
+    low = next(x for x in pooled_lines if x.startswith("low "))
+    assert "cost +25.0% lower" in low and "0.100 vs 0.300 s" in low
+    assert low.endswith("static): MET")
+    low2 = next(x for x in pooled_lines if x.startswith("low-2"))
+    assert "cost +25.0% lower" in low2 and low2.endswith("static): MET")

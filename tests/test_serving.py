@@ -11,7 +11,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
-from gateway.serving import DEFAULT_KEEP_ALIVE_S, start_server
+from gateway.serving import start_server
+from gateway.settings import DEFAULT_KEEP_ALIVE_S
 
 
 def _app(events: list[str]) -> Starlette:
