@@ -46,7 +46,9 @@ def figures(runs: list[dict[str, Any]], phase: str) -> tuple[float, float, float
 
 
 def verdict(static: tuple[float, ...], dynamic: tuple[float, ...], phase: str) -> tuple[float, bool]:
-    saving = 1 - dynamic[1] / static[1]
+    """(cost saving, target met) from (p99, cost per 1k tokens, ...) of each variant: the
+    targets bench_pools.py prints per run, judged here on pooled figures as well."""
+    saving = 1 - dynamic[1] / static[1] if static[1] else float("nan")
     met = dynamic[0] <= static[0] and (phase not in LOW_PHASES or saving >= 0.20)
     return saving, met
 
