@@ -37,10 +37,14 @@ class Exposition:
     delay_s: float = 0.0
     hits: int = 0
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    peers: set[object] = field(default_factory=set)
+    auth: list[str | None] = field(default_factory=list)
 
     def app(self) -> Starlette:
         async def metrics(request: Request) -> Response:
             self.hits += 1
+            self.peers.add(request.client)
+            self.auth.append(request.headers.get("authorization"))
             self.ready.set()
             if self.delay_s:
                 await asyncio.sleep(self.delay_s)
@@ -145,6 +149,24 @@ async def test_failures_feed_health_and_keep_the_old_snapshot_until_stale(
         assert fresh.load_of(replica) is kept and stale.load_of(replica) is None
     finally:
         await scraper.stop()
+
+
+async def test_scrapes_reuse_one_connection_and_send_the_engine_key(
+    served: tuple[Exposition, RunningServer],
+) -> None:
+    expo, server = served
+    target = ReplicaState(ReplicaId("a"), server.url)
+    scraper = MetricsScraper(ScrapeSettings(), list, headers=[(b"authorization", b"Bearer k")])
+    await scraper.start()
+    try:
+        for status in (200, 500, 200, 200):
+            expo.status = status
+            await scraper.scrape_once(target)
+    finally:
+        await scraper.stop()
+    # Bodies are read to the end, error statuses included, so the connection stays pooled.
+    assert expo.hits == 4 and len(expo.peers) == 1
+    assert expo.auth == ["Bearer k"] * 4
 
 
 async def test_connection_refused_is_a_connect_failure() -> None:
