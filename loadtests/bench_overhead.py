@@ -9,6 +9,11 @@ CPU per request. Direct and gateway runs alternate (`--repeat` rounds, medians p
 
     python loadtests/bench_overhead.py                # full matrix, 3 rounds of ~5 s per cell
     python loadtests/bench_overhead.py --duration 2 --repeat 1 --clients h1
+    python loadtests/bench_overhead.py --clients h1 --levels 1 --context-tokens 100000
+
+`--context-tokens N` sends an agent-shaped conversation of about N tokens (system prompt,
+then user / assistant / tool turns) instead of one short question: real agent traffic carries
+contexts around 100K tokens, and what the gateway does per prompt byte shows only there.
 
 Targets (2-core machine, everything sharing it): ratio >= 0.35 at 32 concurrent, added
 p50 <= 0.5 ms at 1 concurrent.
@@ -55,16 +60,38 @@ def wait_ready(url: str, timeout: float = 30.0) -> None:
 
 
 # -- load generator (runs in its own process) -----------------------------------------
-async def _loadgen(url: str, concurrency: int, duration: float, stream: bool, warmup: float) -> dict[str, Any]:
+def agent_messages(context_tokens: int) -> list[dict[str, Any]]:
+    """About `context_tokens` tokens (4 characters each) of an agent conversation; one short
+    question when 0."""
+    if context_tokens <= 0:
+        return [{"role": "user", "content": "Say something short about caching."}]
+    line = "def handler(request): return route(request.session, request.prefix)  # ok\n"
+    per_turn = 2000 * 4  # characters per tool output, about 2K tokens
+    system = "You are a coding agent working in a large repository. " * 40
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": "Find why the request router leaks in-flight counters."},
+    ]
+    chars = len(system)
+    turn = 0
+    while chars < context_tokens * 4:
+        turn += 1
+        call = {"id": f"call_{turn}", "type": "function",
+                "function": {"name": "read_file", "arguments": json.dumps({"path": f"src/m{turn}.py"})}}
+        output = f"# src/m{turn}.py\n" + line * (per_turn // len(line))
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        messages.append({"role": "tool", "tool_call_id": f"call_{turn}", "content": output})
+        chars += len(output)
+    return messages
+
+
+async def _loadgen(
+    url: str, concurrency: int, duration: float, stream: bool, warmup: float, context_tokens: int = 0
+) -> dict[str, Any]:
     import aiohttp
 
     body = json.dumps(
-        {
-            "model": MODEL,
-            "messages": [{"role": "user", "content": "Say something short about caching."}],
-            "max_tokens": 8,
-            "stream": stream,
-        }
+        {"model": MODEL, "messages": agent_messages(context_tokens), "max_tokens": 8, "stream": stream}
     ).encode()
     headers = {"content-type": "application/json"}
     latencies: list[float] = []
@@ -120,10 +147,12 @@ async def _loadgen(url: str, concurrency: int, duration: float, stream: bool, wa
     }
 
 
-def run_loadgen(url: str, concurrency: int, duration: float, stream: bool, warmup: float) -> dict[str, Any]:
+def run_loadgen(
+    url: str, concurrency: int, duration: float, stream: bool, warmup: float, context_tokens: int = 0
+) -> dict[str, Any]:
     cmd = [
         sys.executable, __file__, "--loadgen", url, "--concurrency", str(concurrency),
-        "--duration", str(duration), "--warmup", str(warmup),
+        "--duration", str(duration), "--warmup", str(warmup), "--context-tokens", str(context_tokens),
     ] + (["--stream"] if stream else [])
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -197,6 +226,10 @@ def main() -> int:
     parser.add_argument("--clients", default="h1,aiohttp,httpx", help="upstream clients to compare")
     parser.add_argument("--repeat", type=int, default=3, help="alternating direct/gateway rounds per cell")
     parser.add_argument("--levels", default="1,32", help="concurrency levels")
+    parser.add_argument(
+        "--context-tokens", type=int, default=0,
+        help="send an agent conversation of about this many tokens (0: one short question)",
+    )
     args = parser.parse_args()
 
     if args.loadgen:
@@ -206,7 +239,9 @@ def main() -> int:
             uvloop.install()
         except ImportError:
             pass
-        result = asyncio.run(_loadgen(args.loadgen, args.concurrency, args.duration, args.stream, args.warmup))
+        result = asyncio.run(
+            _loadgen(args.loadgen, args.concurrency, args.duration, args.stream, args.warmup, args.context_tokens)
+        )
         print(json.dumps(result))
         return 0
 
@@ -227,10 +262,14 @@ def main() -> int:
                 # median over rounds: a neighbour's burst then hits both sides alike.
                 runs: dict[str, list[dict[str, Any]]] = {"-": [], **{k: [] for k in clients}}
                 for _ in range(args.repeat):
-                    runs["-"].append(run_loadgen(engine_url + "/v1/chat/completions", c, args.duration, stream, args.warmup))
+                    runs["-"].append(
+                        run_loadgen(engine_url + "/v1/chat/completions", c, args.duration, stream, args.warmup, args.context_tokens)
+                    )
                     for client, (gw, gw_url) in gateways.items():
                         cpu0 = cpu_seconds(gw.p.pid)
-                        r = run_loadgen(gw_url + "/v1/chat/completions", c, args.duration, stream, args.warmup)
+                        r = run_loadgen(
+                            gw_url + "/v1/chat/completions", c, args.duration, stream, args.warmup, args.context_tokens
+                        )
                         cpu1 = cpu_seconds(gw.p.pid)
                         if cpu0 is not None and cpu1 is not None:
                             # Warm-up requests are not counted in r["requests"]: scale them in.
@@ -258,6 +297,9 @@ def main() -> int:
               f"{r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} {r['ttfb_p50_ms']:>7.2f} {r['errors']:>4} "
               f"{r.get('ratio', float('nan')):>6.2f} {r.get('added_p50_ms', float('nan')):>7.2f} "
               f"{r.get('gw_cpu_us', float('nan')):>8.0f}")
+    if args.context_tokens:
+        size = len(json.dumps({"messages": agent_messages(args.context_tokens)}))
+        print(f"Each request: an agent conversation of about {args.context_tokens:,} tokens ({size:,} bytes of JSON).")
     print(f"Medians over {args.repeat} alternating rounds; +p50ms is the median of each round's "
           "gateway p50 minus that round's direct p50.")
     print("gwCPUus: gateway process CPU (user+system) per request, approximate.")

@@ -63,6 +63,33 @@ def test_parse_json_depth() -> None:
         parse_json(very_deep, 64)
 
 
+def _nested(depth: int, pad: int = 0) -> bytes:
+    """A body whose deepest container sits at `depth` (the body itself is level 1), padded
+    with a long string so that it can be made larger than the counting threshold."""
+    inner = b"[" * (depth - 1) + b"]" * (depth - 1)
+    return b'{"pad": "' + b"x" * pad + b'", "a": ' + inner + b"}"
+
+
+@pytest.mark.parametrize("pad", [0, 64 * 1024])  # counted first, and walked at once
+@pytest.mark.parametrize("limit", [4, 64, 199, 200, 201, 500])  # recursive and iterative
+def test_parse_json_depth_limit_is_exact(pad: int, limit: int) -> None:
+    assert parse_json(_nested(limit, pad), limit)["a"] is not None
+    with pytest.raises(BadRequest):
+        parse_json(_nested(limit + 1, pad), limit)
+
+
+def test_large_bodies_keep_the_depth_limit() -> None:
+    # 100K token ids, and a long chat with one message nested too deep at its very end.
+    ids = b'{"model": "m", "prompt": [' + b",".join(b"%d" % i for i in range(100_000)) + b"]}"
+    assert len(parse_json(ids, 64)["prompt"]) == 100_000
+    message = b'{"role": "user", "content": "' + b"y" * 1000 + b'"}'
+    chat = b'{"model": "m", "messages": [' + b",".join([message] * 400)
+    assert parse_json(chat + b"]}", 64)["messages"][399]["role"] == "user"
+    deep = chat + b', {"role": "user", "content": [' + b"[" * 70 + b"]" * 70 + b"]}]}"
+    with pytest.raises(BadRequest):
+        parse_json(deep, 64)
+
+
 def test_huge_numbers_parse_or_fail_cleanly() -> None:
     assert isinstance(parse_json(b'{"a": 123456789012345678901234567890}', 64)["a"], (int, float))
 
@@ -102,7 +129,9 @@ def test_validate_prompt_shapes(prompt: Any) -> None:
     assert validate({"model": "m", "input": prompt}, Endpoint.EMBEDDINGS) == "m"
 
 
-@pytest.mark.parametrize("prompt", [None, 3, [], [1, "a"], [[]], {"a": 1}, [True]])
+@pytest.mark.parametrize(
+    "prompt", [None, 3, [], [1, "a"], [[]], {"a": 1}, [True], [1, True], [[1, 2], [3, False]], [1.0]]
+)
 def test_validate_prompt_errors(prompt: Any) -> None:
     with pytest.raises(BadRequest) as info:
         validate({"model": "m", "prompt": prompt}, Endpoint.COMPLETIONS)
