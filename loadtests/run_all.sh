@@ -13,6 +13,7 @@ run() {
   echo "== $name took $((SECONDS - t0)) s" | tee -a "$out/$name.txt"
 }
 run overhead   loadtests/bench_overhead.py
+run routers    loadtests/bench_routers.py   # Rust routers only if installed: see its --help
 run store      loadtests/bench_store.py
 run decision   loadtests/bench_decision.py
 run sim        loadtests/bench_sim.py

@@ -74,3 +74,22 @@ def test_pooled_verdict_takes_p99_and_cost_over_every_seed(tmp_path: Path, capsy
     assert low.endswith("static): MET")
     low2 = next(x for x in pooled_lines if x.startswith("low-2"))
     assert "cost +25.0% lower" in low2 and low2.endswith("static): MET")
+
+
+def test_router_comparison_runs_kvgate_and_reports_missing_routers(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable, str(LOADTESTS / "bench_routers.py"), "--routers", "kvgate,vllm,sglang",
+            "--router-bin", str(tmp_path), "--levels", "1", "--modes", "plain",
+            "--duration", "0.4", "--warmup", "0.1", "--repeat", "1",
+        ],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = {line.split()[0]: line.split() for line in done.stdout.splitlines() if line.split()}
+    # router conc stream req/s p50 p99 +p50 ratio CPUus xRust err
+    assert rows["kvgate"][1:3] == ["1", "False"] and float(rows["kvgate"][3]) > 0
+    assert float(rows["kvgate"][6]) > 0 and rows["kvgate"][-1] == "0"  # slower than direct, no errors
+    assert float(rows["kvgate"][8]) > 0  # its CPU was measured
+    assert "skipped vllm: vllm-router is not installed" in done.stdout
+    assert "skipped sglang: sglang_router is not importable" in done.stdout

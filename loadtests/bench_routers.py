@@ -1,0 +1,212 @@
+"""kvgate next to the Rust routers (SGLang's and vLLM's), on the same engine and machine.
+
+One `instant` simulated engine, and in front of it, each in its own process: kvgate
+(default config, h1 upstream client), SGLang's router (`sglang-router`) and vLLM's router
+(`vllm-router`). The load generator of bench_overhead.py drives the engine directly and
+then each router, in alternating rounds, and prints per router: requests/s, p50/p99, the
+added p50 (median over rounds of router p50 minus that round's direct p50), the
+throughput ratio to direct, and the router's CPU per request (user+system of its whole
+process tree) with its ratio to the cheapest Rust router's.
+
+The Rust routers are not dependencies of kvgate. Install them apart, for example:
+
+    python -m venv /tmp/routers && /tmp/routers/bin/pip install sglang-router vllm-router
+    python loadtests/bench_routers.py --router-bin /tmp/routers/bin
+
+A router that cannot be found or does not start is reported as skipped; kvgate always runs.
+Policies: kvgate's default (consistent hash, bounded load), `--sglang-policy` (default
+cache_aware, that router's own default) and `--vllm-policy` (default consistent_hash, the
+closest to kvgate's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from bench_overhead import (
+    MODEL,
+    Proc,
+    agent_messages,
+    free_port,
+    run_loadgen,
+    start_gateway,
+    wait_ready,
+)
+
+ROUTERS = ("kvgate", "sglang", "vllm")
+
+
+def tree_cpu_seconds(pid: int) -> float | None:
+    """User+system CPU of `pid` and its live descendants (a router may run helpers)."""
+    tck = os.sysconf("SC_CLK_TCK")
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(entry.name)] = int(fields[1])
+        cpu[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tck
+    if pid not in cpu:
+        return None
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        total += cpu.get(p, 0.0)
+        todo.extend(child for child, par in parent.items() if par == p)
+    return total
+
+
+def answers_chat(url: str, timeout: float) -> str | None:
+    """None once a chat completion through `url` succeeds within `timeout` s, else the last error."""
+    body = json.dumps({"model": MODEL, "messages": agent_messages(0), "max_tokens": 2}).encode()
+    deadline = time.monotonic() + timeout
+    error = "no attempt"
+    while time.monotonic() < deadline:
+        request = urllib.request.Request(
+            url + "/v1/chat/completions", data=body, headers={"content-type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=2) as resp:
+                resp.read()
+                return None
+        except OSError as exc:  # URLError and connection errors alike
+            error = repr(exc)
+            time.sleep(0.2)
+    return error
+
+
+def start_rust_router(kind: str, args: argparse.Namespace, engine_url: str) -> tuple[Proc, str] | str:
+    """(process, url) of a started router, or why it was skipped."""
+    port = free_port()
+    common = ["--worker-urls", engine_url, "--port", str(port), "--log-level", "error",
+              "--prometheus-port", str(free_port())]
+    if kind == "sglang":
+        python = str(Path(args.router_bin) / "python") if args.router_bin else sys.executable
+        if not Path(python).exists():
+            return f"sglang_router is not importable: no interpreter at {python}"
+        probe = Proc([python, "-c", "import sglang_router.launch_router"])
+        if probe.p.wait(60) != 0:
+            probe.stop()
+            return f"sglang_router is not importable by {python}"
+        probe.stop()
+        cmd = [python, "-m", "sglang_router.launch_router", "--policy", args.sglang_policy, *common]
+    else:
+        exe = str(Path(args.router_bin) / "vllm-router") if args.router_bin else shutil.which("vllm-router")
+        if not exe or not Path(exe).exists():
+            return "vllm-router is not installed (see --router-bin)"
+        cmd = [exe, "--policy", args.vllm_policy, *common]
+    proc = Proc(cmd)
+    url = f"http://127.0.0.1:{port}"
+    error = answers_chat(url, args.start_timeout)
+    if error is not None:
+        proc.stop()
+        return f"did not answer a chat completion within {args.start_timeout:.0f} s: {error}"
+    return proc, url
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--routers", default=",".join(ROUTERS), help="which of kvgate,sglang,vllm to run")
+    parser.add_argument("--router-bin", help="bin directory holding the Rust routers (a venv's bin)")
+    parser.add_argument("--sglang-policy", default="cache_aware")
+    parser.add_argument("--vllm-policy", default="consistent_hash")
+    parser.add_argument("--levels", default="1,32", help="concurrency levels")
+    parser.add_argument("--modes", default="plain,stream", help="plain and/or stream")
+    parser.add_argument("--duration", type=float, default=3.0, help="seconds measured per cell")
+    parser.add_argument("--warmup", type=float, default=0.5, help="seconds discarded per cell")
+    parser.add_argument("--repeat", type=int, default=5, help="alternating rounds per cell")
+    parser.add_argument("--context-tokens", type=int, default=0, help="agent conversation size (0: short)")
+    parser.add_argument("--start-timeout", type=float, default=60.0, help="seconds a router may take to start")
+    args = parser.parse_args()
+
+    wanted = [r for r in args.routers.split(",") if r]
+    unknown = sorted(set(wanted) - set(ROUTERS))
+    if unknown:
+        parser.error(f"unknown router(s) {unknown}; known: {', '.join(ROUTERS)}")
+    levels = [int(x) for x in args.levels.split(",")]
+    modes = [m == "stream" for m in args.modes.split(",") if m]
+    engine_port = free_port()
+    engine = Proc([sys.executable, "-m", "gateway.cli", "sim", "--profile", "instant", "--port", str(engine_port)])
+    engine_url = f"http://127.0.0.1:{engine_port}"
+    routers: dict[str, tuple[Proc, str]] = {}
+    skipped: dict[str, str] = {}
+    rows: list[dict[str, Any]] = []
+    try:
+        wait_ready(engine_url + "/health")
+        for name in wanted:
+            started = start_gateway(engine_url, "h1") if name == "kvgate" else start_rust_router(name, args, engine_url)
+            if isinstance(started, str):
+                skipped[name] = started
+            else:
+                routers[name] = started
+        for stream in modes:
+            for conc in levels:
+                direct: list[dict[str, Any]] = []
+                runs: dict[str, list[dict[str, Any]]] = {name: [] for name in routers}
+                for _ in range(args.repeat):
+                    direct.append(run_loadgen(engine_url + "/v1/chat/completions", conc, args.duration,
+                                              stream, args.warmup, args.context_tokens))
+                    for name, (proc, url) in routers.items():
+                        cpu0 = tree_cpu_seconds(proc.p.pid)
+                        r = run_loadgen(url + "/v1/chat/completions", conc, args.duration, stream,
+                                        args.warmup, args.context_tokens)
+                        cpu1 = tree_cpu_seconds(proc.p.pid)
+                        if cpu0 is not None and cpu1 is not None:
+                            total = r["requests"] * (args.duration + args.warmup) / args.duration
+                            r["cpu_us"] = (cpu1 - cpu0) / max(1.0, total) * 1e6
+                        runs[name].append(r)
+                d_rps = statistics.median(r["rps"] for r in direct)
+                rows.append({"router": "direct", "conc": conc, "stream": stream, "rps": d_rps,
+                             "p50": statistics.median(r["p50_ms"] for r in direct),
+                             "p99": statistics.median(r["p99_ms"] for r in direct),
+                             "errors": sum(r["errors"] for r in direct)})
+                for name, rs in runs.items():
+                    rows.append({
+                        "router": name, "conc": conc, "stream": stream,
+                        "rps": statistics.median(r["rps"] for r in rs),
+                        "p50": statistics.median(r["p50_ms"] for r in rs),
+                        "p99": statistics.median(r["p99_ms"] for r in rs),
+                        "added": statistics.median(r["p50_ms"] - d["p50_ms"] for r, d in zip(rs, direct)),
+                        "cpu": statistics.median(r["cpu_us"] for r in rs if "cpu_us" in r) if rs else float("nan"),
+                        "errors": sum(r["errors"] for r in rs),
+                    })
+                    rows[-1]["ratio"] = rows[-1]["rps"] / d_rps if d_rps else float("nan")
+    finally:
+        for proc, _ in routers.values():
+            proc.stop()
+        engine.stop()
+
+    print(f"{'router':8} {'conc':>4} {'stream':>6} {'req/s':>7} {'p50ms':>7} {'p99ms':>7} {'+p50ms':>7} "
+          f"{'ratio':>6} {'CPUus':>6} {'xRust':>6} {'err':>4}")
+    for row in rows:
+        rust = [r["cpu"] for r in rows if r["router"] in ("sglang", "vllm")
+                and (r["conc"], r["stream"]) == (row["conc"], row["stream"])]
+        versus = row["cpu"] / min(rust) if rust and "cpu" in row else float("nan")
+        print(f"{row['router']:8} {row['conc']:>4} {row['stream']!s:>6} {row['rps']:>7.0f} {row['p50']:>7.2f} "
+              f"{row['p99']:>7.2f} {row.get('added', float('nan')):>7.2f} {row.get('ratio', float('nan')):>6.2f} "
+              f"{row.get('cpu', float('nan')):>6.0f} {versus:>6.2f} {row['errors']:>4}")
+    for name, why in skipped.items():
+        print(f"skipped {name}: {why}")
+    print(f"Medians over {args.repeat} alternating rounds of {args.duration:g} s. +p50ms: router p50 minus "
+          "the same round's direct p50. CPUus: the router's process tree, user+system, per request; "
+          "xRust: that over the cheaper Rust router's in the same cell.")
+    if args.context_tokens:
+        print(f"Each request: an agent conversation of about {args.context_tokens:,} tokens.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
