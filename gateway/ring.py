@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections.abc import Callable, Collection, Container, Iterable, Iterator, Mapping
-from itertools import repeat
 from dataclasses import dataclass
+from itertools import repeat
 
 from gateway.hashing import hash_key, vnode_hash
 from gateway.types import ReplicaId
