@@ -22,6 +22,7 @@ closest to kvgate's).
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import shutil
@@ -82,7 +83,7 @@ def answers_chat(url: str, timeout: float) -> str | None:
             with urllib.request.urlopen(request, timeout=2) as resp:
                 resp.read()
                 return None
-        except OSError as exc:  # URLError and connection errors alike
+        except (OSError, http.client.HTTPException) as exc:  # URLError, resets, bad replies
             error = repr(exc)
             time.sleep(0.2)
     return error

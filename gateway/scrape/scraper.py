@@ -97,7 +97,9 @@ class MetricsScraper:
         if self._supervisor is not None:
             return
         if self._client is None:
-            t = self.settings.timeout_s
+            # The bound is scrape_once's own timeout; the client's limits stay behind it, so
+            # a slow connect reads as a timeout (not as an unreachable replica), as before.
+            t = 2 * self.settings.timeout_s
             # One connection per replica is all the poll loops use.
             self._client = make_client("h1", Timeouts(t, t, t), max_connections=4)
         self._reconcile()
@@ -129,7 +131,7 @@ class MetricsScraper:
         url = target.url.rstrip("/") + self.settings.path
         started = self._clock()
         try:
-            # The per-read limits of the client would let a trickling reply run longer.
+            # One limit for the whole scrape: per-read limits would let a trickling reply run on.
             async with asyncio.timeout(self.settings.timeout_s):
                 response = await client.send("GET", url, self._headers)
                 try:
