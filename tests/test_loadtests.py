@@ -4,6 +4,7 @@ but each must at least parse and answer --help, so a typo is caught before a lon
 from __future__ import annotations
 
 import importlib.util
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -89,7 +90,8 @@ def test_router_comparison_runs_kvgate_and_reports_missing_routers(tmp_path: Pat
     rows = {line.split()[0]: line.split() for line in done.stdout.splitlines() if line.split()}
     # router conc stream req/s p50 p99 +p50 ratio CPUus xRust err
     assert rows["kvgate"][1:3] == ["1", "False"] and float(rows["kvgate"][3]) > 0
-    assert float(rows["kvgate"][6]) > 0 and rows["kvgate"][-1] == "0"  # slower than direct, no errors
+    # One short round's added p50 may come out either side of zero: only its presence is checked.
+    assert math.isfinite(float(rows["kvgate"][6])) and rows["kvgate"][-1] == "0"  # no errors
     assert float(rows["kvgate"][8]) > 0  # its CPU was measured
     assert "skipped vllm: vllm-router is not installed" in done.stdout
     assert "skipped sglang: sglang_router is not importable" in done.stdout
