@@ -175,13 +175,14 @@ def main() -> int:
                              "p99": statistics.median(r["p99_ms"] for r in direct),
                              "errors": sum(r["errors"] for r in direct)})
                 for name, rs in runs.items():
+                    cpus = [r["cpu_us"] for r in rs if "cpu_us" in r]  # none if the router died
                     rows.append({
                         "router": name, "conc": conc, "stream": stream,
                         "rps": statistics.median(r["rps"] for r in rs),
                         "p50": statistics.median(r["p50_ms"] for r in rs),
                         "p99": statistics.median(r["p99_ms"] for r in rs),
                         "added": statistics.median(r["p50_ms"] - d["p50_ms"] for r, d in zip(rs, direct)),
-                        "cpu": statistics.median(r["cpu_us"] for r in rs if "cpu_us" in r) if rs else float("nan"),
+                        "cpu": statistics.median(cpus) if cpus else float("nan"),
                         "errors": sum(r["errors"] for r in rs),
                     })
                     rows[-1]["ratio"] = rows[-1]["rps"] / d_rps if d_rps else float("nan")
