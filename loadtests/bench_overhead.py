@@ -170,7 +170,8 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-cell medians over rounds (requests and errors summed); bench_routers.py uses it too."""
     keys = ("rps", "p50_ms", "p99_ms", "ttfb_p50_ms", "mean_ms", "gw_cpu_us")
     out: dict[str, Any] = {"requests": sum(r["requests"] for r in runs), "errors": sum(r["errors"] for r in runs)}
     for k in keys:
@@ -277,10 +278,10 @@ def main() -> int:
                             total = r["requests"] * (args.duration + args.warmup) / args.duration
                             r["gw_cpu_us"] = (cpu1 - cpu0) / max(1.0, total) * 1e6
                         runs[client].append(r)
-                d = _median_row(runs["-"])
+                d = median_row(runs["-"])
                 rows.append({"target": "direct", "client": "-", "conc": c, "stream": stream, **d})
                 for client in clients:
-                    r = _median_row(runs[client])
+                    r = median_row(runs[client])
                     r["ratio"] = r["rps"] / d["rps"] if d["rps"] else float("nan")
                     r["added_rounds"] = [g["p50_ms"] - dd["p50_ms"] for g, dd in zip(runs[client], runs["-"])]
                     r["added_p50_ms"] = statistics.median(r["added_rounds"])

@@ -38,6 +38,7 @@ from bench_overhead import (
     Proc,
     agent_messages,
     free_port,
+    median_row,
     run_loadgen,
     start_gateway,
     wait_ready,
@@ -167,25 +168,15 @@ def main() -> int:
                         cpu1 = tree_cpu_seconds(proc.p.pid)
                         if cpu0 is not None and cpu1 is not None:
                             total = r["requests"] * (args.duration + args.warmup) / args.duration
-                            r["cpu_us"] = (cpu1 - cpu0) / max(1.0, total) * 1e6
+                            r["gw_cpu_us"] = (cpu1 - cpu0) / max(1.0, total) * 1e6
                         runs[name].append(r)
-                d_rps = statistics.median(r["rps"] for r in direct)
-                rows.append({"router": "direct", "conc": conc, "stream": stream, "rps": d_rps,
-                             "p50": statistics.median(r["p50_ms"] for r in direct),
-                             "p99": statistics.median(r["p99_ms"] for r in direct),
-                             "errors": sum(r["errors"] for r in direct)})
+                d = median_row(direct)
+                rows.append({"router": "direct", "conc": conc, "stream": stream, **d})
                 for name, rs in runs.items():
-                    cpus = [r["cpu_us"] for r in rs if "cpu_us" in r]  # none if the router died
-                    rows.append({
-                        "router": name, "conc": conc, "stream": stream,
-                        "rps": statistics.median(r["rps"] for r in rs),
-                        "p50": statistics.median(r["p50_ms"] for r in rs),
-                        "p99": statistics.median(r["p99_ms"] for r in rs),
-                        "added": statistics.median(r["p50_ms"] - d["p50_ms"] for r, d in zip(rs, direct)),
-                        "cpu": statistics.median(cpus) if cpus else float("nan"),
-                        "errors": sum(r["errors"] for r in rs),
-                    })
-                    rows[-1]["ratio"] = rows[-1]["rps"] / d_rps if d_rps else float("nan")
+                    row = median_row(rs)  # no gw_cpu_us if the router died
+                    row["added"] = statistics.median(r["p50_ms"] - dd["p50_ms"] for r, dd in zip(rs, direct))
+                    row["ratio"] = row["rps"] / d["rps"] if d["rps"] else float("nan")
+                    rows.append({"router": name, "conc": conc, "stream": stream, **row})
     finally:
         for proc, _ in routers.values():
             proc.stop()
@@ -193,13 +184,15 @@ def main() -> int:
 
     print(f"{'router':8} {'conc':>4} {'stream':>6} {'req/s':>7} {'p50ms':>7} {'p99ms':>7} {'+p50ms':>7} "
           f"{'ratio':>6} {'CPUus':>6} {'xRust':>6} {'err':>4}")
+    nan = float("nan")
     for row in rows:
-        rust = [r["cpu"] for r in rows if r["router"] in ("sglang", "vllm")
+        rust = [r.get("gw_cpu_us", nan) for r in rows if r["router"] in ("sglang", "vllm")
                 and (r["conc"], r["stream"]) == (row["conc"], row["stream"])]
-        versus = row["cpu"] / min(rust) if rust and "cpu" in row else float("nan")
-        print(f"{row['router']:8} {row['conc']:>4} {row['stream']!s:>6} {row['rps']:>7.0f} {row['p50']:>7.2f} "
-              f"{row['p99']:>7.2f} {row.get('added', float('nan')):>7.2f} {row.get('ratio', float('nan')):>6.2f} "
-              f"{row.get('cpu', float('nan')):>6.0f} {versus:>6.2f} {row['errors']:>4}")
+        cpu = row.get("gw_cpu_us", nan)
+        versus = cpu / min(rust) if rust else nan
+        print(f"{row['router']:8} {row['conc']:>4} {row['stream']!s:>6} {row['rps']:>7.0f} {row['p50_ms']:>7.2f} "
+              f"{row['p99_ms']:>7.2f} {row.get('added', nan):>7.2f} {row.get('ratio', nan):>6.2f} "
+              f"{cpu:>6.0f} {versus:>6.2f} {row['errors']:>4}")
     for name, why in skipped.items():
         print(f"skipped {name}: {why}")
     print(f"Medians over {args.repeat} alternating rounds of {args.duration:g} s. +p50ms: router p50 minus "
