@@ -1,4 +1,4 @@
-"""`kvgate trace capture|stats|replay|convert` and `kvgate simulate`.
+"""`kvgate trace capture|stats|replay|convert|generate` and `kvgate simulate`.
 
 `register(subparsers)` adds the commands to the main parser; each sets `handler`, a callable
 taking the parsed namespace and returning an exit code. Heavy modules are imported by the
@@ -106,10 +106,57 @@ def _add_replay(sub: Any) -> None:
         help="do not send ignore_eos (for endpoints that reject unknown fields)",
     )
     p.add_argument("--max-output-tokens", type=int, help="cap each request's max_tokens")
+    p.add_argument(
+        "--layout",
+        choices=("growing", "turns"),
+        default="growing",
+        help="chat messages: one user message with the whole prompt (growing), or one"
+        " message per turn read from the trace's prefixes (turns)",
+    )
+    p.add_argument(
+        "--no-session-header",
+        action="store_true",
+        help="send no session (default: x-session-id and x-smg-routing-key, inferred from"
+        " the prefixes when the trace has none)",
+    )
     p.add_argument("--json", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_window(p)
     p.set_defaults(handler=cmd_replay)
+
+
+def _add_generate(sub: Any) -> None:
+    from gateway.trace.generate import AgentTraceOptions
+
+    d = AgentTraceOptions()
+    p = sub.add_parser(
+        "generate",
+        help="write a seeded synthetic trace of agent-shaped traffic",
+        description="Interleaved agent sessions: a preamble shared per agent kind, tens of"
+        " turns that each append tool output and the previous answer, Poisson session"
+        " starts and think time between turns.",
+    )
+    p.add_argument("-o", "--out", type=Path, required=True, help="kvgate trace file to write")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--sessions", type=int, default=d.sessions)
+    when = p.add_mutually_exclusive_group()
+    when.add_argument(
+        "--duration",
+        type=float,
+        default=d.duration_s,
+        help="seconds over which sessions start (Poisson)",
+    )
+    when.add_argument("--rate", type=float, help="session starts per second")
+    p.add_argument("--block-tokens", type=int, default=d.block_tokens)
+    p.add_argument(
+        "--context-scale",
+        type=float,
+        default=d.context_scale,
+        help="multiply every token count (e.g. 0.05 for small, fast traces)",
+    )
+    p.add_argument("--kinds", type=int, default=d.kinds, help="agent kinds (shared preambles)")
+    p.add_argument("--think", type=float, default=d.think_s, help="median think time, seconds")
+    p.set_defaults(handler=cmd_generate)
 
 
 def _add_simulate(sub: Any) -> None:
@@ -134,6 +181,7 @@ def register(subparsers: Any) -> None:
     _add_stats(sub)
     _add_replay(sub)
     _add_convert(sub)
+    _add_generate(sub)
     _add_simulate(subparsers)
 
 
@@ -231,6 +279,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 ignore_eos=not args.no_ignore_eos,
                 max_output_tokens=args.max_output_tokens,
                 progress=None if args.quiet else sys.stderr,
+                layout=args.layout,
+                session_header=not args.no_session_header,
             )
         )
     except (GatewayError, OSError, ValueError) as exc:
@@ -243,6 +293,33 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 1 if report.requests and report.ok == 0 else 0
 
 
+def cmd_generate(args: argparse.Namespace) -> int:
+    from gateway.trace.format import write_trace
+    from gateway.trace.generate import AgentTraceOptions, generate_agent_trace
+
+    try:
+        options = AgentTraceOptions(
+            seed=args.seed,
+            sessions=args.sessions,
+            duration_s=args.duration,
+            rate_per_s=args.rate,
+            block_tokens=args.block_tokens,
+            context_scale=args.context_scale,
+            kinds=args.kinds,
+            think_s=args.think,
+        )
+        trace = generate_agent_trace(options)
+        write_trace(args.out, trace)
+    except (OSError, ValueError) as exc:
+        return _fail(exc)
+    sessions = len({r.session_id for r in trace.records})
+    print(
+        f"wrote {len(trace.records)} requests of {sessions} sessions to {args.out}",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from gateway.trace.format import read_trace
     from gateway.trace.simulate import SimulationOptions, simulate
@@ -250,7 +327,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     try:
         config = orjson.loads(args.policy_config)
         if not isinstance(config, dict):
-            raise ValueError("--policy-config must be a JSON object")
+            raise ValueError("--policy-config must be a JSON object")  # noqa: TRY004
         trace = read_trace(args.trace).window(args.start, args.limit)
         options = SimulationOptions(
             replicas=args.replicas,

@@ -6,6 +6,8 @@ approximation, so equal hashes give equal text (the engine's prefix cache sees t
 sharing) and prompts have the trace's length. Arrivals are replayed open-loop, compressed
 by `speedup`, or closed-loop with a fixed `concurrency`. Each request streams, with usage
 at the end, so the report has TTFT, inter-token gaps and the engine's `cached_tokens`.
+Chat messages are laid out by `gateway.trace.render` (one growing user message, or one
+message per turn), and sessions go in headers, inferred when the trace has none.
 """
 
 from __future__ import annotations
@@ -21,6 +23,16 @@ import httpx
 import orjson
 
 from gateway.trace.format import Trace, TraceRecord
+from gateway.trace.render import (
+    LAYOUTS,
+    Layout,
+    Message,
+    RequestPlan,
+    growing_messages,
+    plan_requests,
+    render_content,
+    session_headers,
+)
 from gateway.trace.report import ReplayReport, RequestResult
 from gateway.trace.routing import DEFAULT_MODEL
 
@@ -80,7 +92,7 @@ def _v1(base_url: str) -> str:
 
 
 def build_body(
-    text: str,
+    text: str | Sequence[Message],
     rec: TraceRecord,
     *,
     model: str,
@@ -88,6 +100,11 @@ def build_body(
     ignore_eos: bool,
     max_output_tokens: int | None,
 ) -> dict[str, Any]:
+    """The streaming request body; `text` is the prompt, or chat messages already laid out.
+
+    A prompt string sent to chat gets the ``growing`` layout. No `user` field: sessions
+    travel in headers (`render.session_headers`), so that they can be switched off.
+    """
     max_tokens = max(1, rec.output_tokens)
     if max_output_tokens is not None:
         max_tokens = min(max_tokens, max_output_tokens)
@@ -98,14 +115,14 @@ def build_body(
         "stream_options": {"include_usage": True},
     }
     if endpoint == "chat":
-        body["messages"] = [{"role": "user", "content": text}]
-    else:
+        body["messages"] = growing_messages(text) if isinstance(text, str) else list(text)
+    elif isinstance(text, str):
         body["prompt"] = text
+    else:
+        raise ValueError("a completions request needs a prompt string, not messages")
     if ignore_eos:
         # vLLM/SGLang extension: generate exactly max_tokens, as the trace did.
         body["ignore_eos"] = True
-    if rec.session_id:
-        body["user"] = rec.session_id
     return body
 
 
@@ -213,6 +230,15 @@ def _has_text(obj: Mapping[str, Any], endpoint: Endpoint) -> bool:
     return False
 
 
+def _plans(
+    records: Sequence[TraceRecord], block_tokens: int, *, turns: bool, sessions: bool
+) -> tuple[RequestPlan, ...]:
+    """Plans when the layout or missing sessions need the prefix relation, else none."""
+    if turns or (sessions and any(r.session_id is None for r in records)):
+        return plan_requests(records, block_tokens)
+    return ()
+
+
 async def replay(
     requests: Trace | Sequence[TraceRecord],
     base_url: str,
@@ -229,12 +255,19 @@ async def replay(
     headers: Mapping[str, str] | None = None,
     progress: TextIO | None = None,
     client: httpx.AsyncClient | None = None,
+    layout: Layout = "growing",
+    session_header: bool = True,
 ) -> ReplayReport:
     """Send every request of the trace and summarise what the endpoint did.
 
     `speedup` divides the trace's inter-arrival times (open loop); `concurrency` instead
     keeps that many requests in flight, ignoring arrival times (closed loop). Arrivals are
     relative to the first record. Pass `client` to reuse a connection pool.
+
+    `layout` lays chat prompts out as one user message (``growing``) or one message per
+    turn (``turns``, see `gateway.trace.render`). With `session_header`, each request's
+    session (the trace's, else inferred from its prefixes) goes in ``x-session-id`` and
+    ``x-smg-routing-key``; without it, requests carry no session at all.
     """
     if isinstance(requests, Trace):
         records: Sequence[TraceRecord] = requests.records
@@ -243,6 +276,8 @@ async def replay(
         records, bt = requests, block_tokens or 64
     if speedup <= 0:
         raise ValueError("speedup must be positive")
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r} (known: {', '.join(LAYOUTS)})")
     if concurrency is not None and concurrency <= 0:
         raise ValueError("concurrency must be positive")
     url = _v1(base_url) + ("/chat/completions" if endpoint == "chat" else "/completions")
@@ -250,10 +285,25 @@ async def replay(
     if api_key:
         base_headers["authorization"] = f"Bearer {api_key}"
     builder = PromptBuilder(bt)
+    chat = endpoint == "chat"
+    # A pass over every block of the trace: off the loop, as prompts are.
+    plans = await asyncio.to_thread(
+        _plans, records, bt, turns=chat and layout == "turns", sessions=session_header
+    )
 
     def job(i: int, rec: TraceRecord) -> _Job:
+        plan = plans[i] if plans else None
+        content = render_content(
+            builder,
+            rec,
+            i,
+            chat=chat,
+            layout=layout,
+            block_tokens=bt,
+            bounds=plan.bounds if plan else (),
+        )
         body = build_body(
-            builder.prompt(rec, i),
+            content,
             rec,
             model=model,
             endpoint=endpoint,
@@ -261,8 +311,8 @@ async def replay(
             max_output_tokens=max_output_tokens,
         )
         hdrs = dict(base_headers)
-        if rec.session_id:
-            hdrs["x-session-id"] = rec.session_id
+        if session_header:
+            hdrs.update(session_headers(plan.session_id if plan else rec.session_id))
         return _Job(i, rec, orjson.dumps(body), hdrs)
 
     own = client is None
@@ -281,7 +331,7 @@ async def replay(
             # Building a 100K-token prompt takes milliseconds: keep it off the loop.
             j = job(i, rec) if rec.input_tokens < 8192 else await asyncio.to_thread(job, i, rec)
             res = await _one(http, url, j, t0, endpoint)
-        except Exception as exc:  # one request's boundary: count it, never drop it
+        except Exception as exc:  # noqa: BLE001 - one request's boundary: count it, never drop it
             end = time.monotonic() - t0
             res = RequestResult(i, started, end, None, error=f"client_{type(exc).__name__}")
         finally:

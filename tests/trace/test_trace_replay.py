@@ -62,8 +62,8 @@ async def test_replay_chat_open_loop_report_and_progress() -> None:
         report = await replay(TRACE, cluster.urls[0] + "/v1", speedup=4.0, progress=out)
     assert report.ok == 4 and report.errors == 0
     r = report.results
-    # The chat template adds a few tokens around the trace's prompt.
-    assert all(0 < x.prompt_tokens - t.input_tokens <= 10 for x, t in zip(r, TRACE.records))
+    # The chat template and the short system message add a few tokens to the trace's prompt.
+    assert all(0 < x.prompt_tokens - t.input_tokens <= 20 for x, t in zip(r, TRACE.records))
     assert r[1].cached_tokens is not None and r[1].cached_tokens >= 512 - 16
     assert all(x.ttft_s is not None and x.ttft_s > 0 for x in r)
     assert all(len(x.itl_s) == 3 for x in r)
@@ -101,5 +101,5 @@ async def test_replay_through_the_gateway_keeps_sessions_on_their_cache() -> Non
     async with sim_engines(3, "h200-sparse", time_scale=20.0) as engines, gateway(engines) as gw:
         report = await replay(trace, gw.url, concurrency=1, endpoint="completions")
     assert report.errors == 0, report.error_kinds
-    # The session id travels as `user` and X-Session-Id, so later turns find their prefix.
+    # The session id travels as X-Session-Id, so later turns find their prefix.
     assert [r.cached_tokens for r in report.results] == [0, 0, 512, 512, 768, 768]
