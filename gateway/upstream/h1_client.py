@@ -11,6 +11,10 @@ sent whole (they are bounded by the gateway's body limit and already in memory).
 
 Timeouts use one timer per request instead of one per read: a watchdog fires at the
 deadline and, when data arrived since it was armed, re-arms for the remaining time.
+
+A response belongs to the request it answers, nothing else: 1xx interim responses are
+skipped, and a connection that receives anything once its response is complete (an idle
+engine's `408`, a stray extra response) is dropped, never reused.
 """
 
 from __future__ import annotations
@@ -30,6 +34,10 @@ from gateway.upstream.base import RawHeaders, Timeouts, UpstreamClient, Upstream
 _HIGH_WATER = 256 * 1024
 _LOW_WATER = 64 * 1024
 _MAX_IDLE_PER_HOST = 64
+
+
+class _Unsolicited(Exception):
+    """A message began after this exchange's response was complete."""
 
 
 class _Conn(asyncio.Protocol):
@@ -66,10 +74,16 @@ class _Conn(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
+        if self.complete:
+            # Nobody asked: idle in the pool (or not yet released), the connection is out of
+            # step with its requests, and the next one would take these bytes as its answer.
+            self.abort()
+            return
         self.last_data = self._loop.time()
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserError as exc:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            # Also `_Unsolicited` (as a callback error): this response stays intact.
             self.fail(UpstreamError(f"upstream {self._url} sent malformed HTTP: {exc}"))
             return
         if self.buffered > self.high_water and not self.paused and self.transport is not None:
@@ -94,12 +108,22 @@ class _Conn(asyncio.Protocol):
         self.fail(UpstreamConnectError(f"upstream {self._url} dropped the connection: {exc!r}"))
 
     # -- httptools callbacks ----------------------------------------------------------
+    def on_message_begin(self) -> None:
+        if self.complete:
+            raise _Unsolicited  # stops the parser before it touches this response
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         p = self._parser
-        self.status = p.get_status_code()
+        status = p.get_status_code()
+        if status < 200 and status != 101:
+            # 100 Continue, 103 Early Hints: interim, the final response follows (RFC 9110
+            # 15.2). Its headers go; headers_done stays False, so its end is not ours.
+            self.headers.clear()
+            return
+        self.status = status
         self.keep_alive = p.should_keep_alive()
         self.headers_done = True
         self._wake()
@@ -110,8 +134,9 @@ class _Conn(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
-        self.complete = True
-        self._wake()
+        if self.headers_done:
+            self.complete = True
+            self._wake()
 
     def _until_eof(self) -> bool:
         """The body is delimited by the connection closing (no length, not chunked).
@@ -315,9 +340,13 @@ class H1Client:
         return hit
 
     def _release(self, key: tuple[str, int], conn: _Conn) -> None:
+        """A finished exchange's connection back to the pool.
+
+        It is reset by whoever takes it, so until then it counts as complete and any byte
+        it receives drops it (see `_Conn.data_received`).
+        """
         idle = self._idle.setdefault(key, [])
         if len(idle) < self._max_idle:
-            conn._reset()
             idle.append(conn)
         else:
             conn.abort()
@@ -403,6 +432,7 @@ class H1Client:
             transport = candidate.transport
             if not candidate.closed and transport is not None and not transport.is_closing():
                 conn = candidate
+                conn._reset()
                 break
         while True:
             reused = conn is not None

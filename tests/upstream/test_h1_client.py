@@ -308,3 +308,106 @@ async def test_idle_limit_longer_than_the_header_deadline_keeps_one_timer(serve:
     assert bytes(received) == b"abc"
     assert gaps[-1] > 0.4  # the late byte was waited for past the headers deadline
     assert 0.7 < idle < 2.0  # then the idle-read limit ended it
+
+
+# -- issue 19: a response only ever goes to the request it answers ----------------------
+
+
+def echo_n(request: bytes) -> bytes:
+    """The body naming which request this answers (the `x-n` header it carried)."""
+    for line in request.split(b"\r\n"):
+        if line.startswith(b"x-n: "):
+            return b"n=" + line[5:]
+    return b"n=?"
+
+
+async def send_n(client: H1Client, url: str, n: int) -> tuple[int, bytes]:
+    resp = await client.send("POST", url, [(b"x-n", b"%d" % n)], b"{}")
+    try:
+        return resp.status, await resp.read()
+    finally:
+        await resp.aclose()
+
+
+async def test_unsolicited_408_on_an_idle_connection_is_not_the_next_response(serve: Callable[[Handler], Awaitable[Scripted]], client: H1Client) -> None:
+    async def answer_then_408(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if server.connections == 1:
+            request = await read_request(reader)
+            writer.write(ok(echo_n(request)))
+            await writer.drain()
+            await asyncio.sleep(0.02)
+            # An engine's idle timeout, sent with keep-alive: the connection stays open.
+            writer.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\n\r\n")
+            await writer.drain()
+        while True:
+            request = await read_request(reader)
+            writer.write(ok(echo_n(request)))
+            await writer.drain()
+
+    server = await serve(answer_then_408)
+    assert await send_n(client, server.url, 0) == (200, b"n=0")
+    await asyncio.sleep(0.1)  # the 408 reaches the pooled connection
+    for n in (1, 2, 3):
+        assert await send_n(client, server.url, n) == (200, b"n=%d" % n)
+    assert server.connections == 2  # the connection the 408 came on was dropped
+
+
+@pytest.mark.parametrize("interim", [
+    b"HTTP/1.1 103 Early Hints\r\nlink: </style.css>; rel=preload\r\n\r\n",
+    b"HTTP/1.1 100 Continue\r\n\r\n",
+    b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n",
+], ids=["103", "100", "100+103"])
+@pytest.mark.parametrize("apart", [False, True], ids=["one-write", "apart"])
+async def test_informational_responses_are_skipped(serve: Callable[[Handler], Awaitable[Scripted]], client: H1Client, interim: bytes, apart: bool) -> None:
+    async def hints_first(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            request = await read_request(reader)
+            final = ok(echo_n(request), b"x-final: yes\r\n")
+            if apart:
+                writer.write(interim)
+                await writer.drain()
+                await asyncio.sleep(0.02)
+                writer.write(final)
+            else:
+                writer.write(interim + final)
+            await writer.drain()
+
+    server = await serve(hints_first)
+    for n in range(3):
+        resp = await client.send("POST", server.url, [(b"x-n", b"%d" % n)], b"{}")
+        assert resp.status == 200
+        assert dict(resp.headers) == {b"content-length": b"3", b"x-final": b"yes"}
+        assert await resp.read() == b"n=%d" % n
+        await resp.aclose()
+    assert server.connections == 1  # the exchange ended cleanly: the connection is reused
+
+
+@pytest.mark.parametrize("apart", [False, True], ids=["one-write", "apart"])
+async def test_a_response_pushed_after_the_answer_reaches_nobody(serve: Callable[[Handler], Awaitable[Scripted]], client: H1Client, apart: bool) -> None:
+    async def answer_then_push(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if server.connections == 1:
+            intruder = ok(b"intruder")
+            request = await read_request(reader)
+            if apart:
+                writer.write(ok(echo_n(request)))
+                await writer.drain()
+                await asyncio.sleep(0.02)
+                writer.write(intruder)
+            else:
+                writer.write(ok(echo_n(request)) + intruder)
+            await writer.drain()
+        while True:
+            request = await read_request(reader)
+            writer.write(ok(echo_n(request)))
+            await writer.drain()
+
+    server = await serve(answer_then_push)
+    resp = await client.send("POST", server.url, [(b"x-n", b"0")], b"{}")
+    assert resp.status == 200 and dict(resp.headers) == {b"content-length": b"3"}
+    assert await resp.read() == b"n=0"
+    await resp.aclose()
+    await asyncio.sleep(0.1)
+    for n in (1, 2):
+        assert await send_n(client, server.url, n) == (200, b"n=%d" % n)
+    assert server.connections == 2
+
