@@ -80,17 +80,17 @@ def build_state(settings: KvgateSettings) -> GatewayState:
     replicas = tuple(replica_state(r) for r in settings.replicas)
     cluster = Cluster(replicas)
     t = settings.timeouts
-    client = make_client(
-        settings.upstream.client,
-        Timeouts(t.connect_s, t.response_headers_s, t.read_s),
-        settings.upstream.max_connections,
-    )
+    timeouts = Timeouts(t.connect_s, t.response_headers_s, t.read_s)
+    client = make_client(settings.upstream.client, timeouts, settings.upstream.max_connections)
     router = build_router(settings.routing, PolicyContext(replicas=replicas))
     if isinstance(router, ReactsToMembership):
         cluster.on_membership_change(router.membership_changed)
     metrics = GatewayMetrics(cluster)
     auth = settings.upstream.auth_headers()
-    health = HealthMonitor(cluster, client, settings.health, headers=auth)
+    # Probes get a pool of their own: behind busy proxied connections they would time out
+    # and eject a replica that is only busy. Same kind and cap (a cap, not a reservation).
+    probe_client = make_client(settings.upstream.client, timeouts, settings.upstream.max_connections)
+    health = HealthMonitor(cluster, probe_client, settings.health, headers=auth)
     models = ModelsCache(cluster, client, settings.models.cache_ttl_s, t.probe_s, headers=auth)
     return GatewayState(
         settings=settings,
@@ -155,6 +155,7 @@ def _lifespan(state: GatewayState) -> Callable[[Starlette], contextlib.AbstractA
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await state.client.aclose()
+            await state.health.client.aclose()
             if sim is not None:
                 await sim.stop()
 

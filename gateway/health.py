@@ -26,6 +26,7 @@ from gateway.errors import GatewayError
 from gateway.settings import HealthSettings
 from gateway.types import ReplicaId
 from gateway.upstream import Timeouts, UpstreamClient
+from gateway.upstream.base import UpstreamPoolTimeout
 
 log = logging.getLogger("kvgate.health")
 
@@ -110,8 +111,12 @@ class HealthMonitor:
             self._set(replica, tracker, Health.EJECTED)
             tracker.ejected_until = self.clock() + self.settings.cooldown_s
 
-    def passive_failure(self, replica: ReplicaId) -> None:
-        if self.settings.passive:
+    def passive_failure(self, replica: ReplicaId, error: GatewayError | None = None) -> None:
+        """A proxied request to `replica` failed (with `error`, when the caller has it).
+
+        A wait for one of the gateway's own pooled connections is not held against it.
+        """
+        if self.settings.passive and not isinstance(error, UpstreamPoolTimeout):
             self.record_failure(replica)
 
     def passive_success(self, replica: ReplicaId) -> None:

@@ -7,6 +7,8 @@ client library leaks out, so a second implementation can be swapped in by config
 Contract:
 * Transport failures surface as `gateway.errors` exceptions (mapped once, in
   `gateway.upstream.errors.map_transport_error`), from `send()` and from the iterator.
+  A client that gives up waiting for one of its own pooled connections raises
+  `UpstreamPoolTimeout`: the gateway's limit was reached, the engine did nothing wrong.
 * Optional: `body_done() -> bool`, true once every body byte arrived and was handed out.
   The proxy then sends the last chunk with the end of the response (one write, not two)
   and stops iterating, so an implementation offering it must count the body as read
@@ -22,7 +24,22 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from gateway.errors import GatewayError
+
 RawHeaders = Sequence[tuple[bytes, bytes]]
+
+
+class UpstreamPoolTimeout(GatewayError):
+    """Every connection the client may open to the engine stayed busy for the whole wait.
+
+    Not the replica's failure, so passive health ignores it; retryable, because another
+    replica's connections are counted apart.
+    """
+
+    status = 503
+    error_type = "service_unavailable_error"
+    code = "upstream_pool_timeout"
+    retryable = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,8 @@ deadline and, when data arrived since it was armed, re-arms for the remaining ti
 
 A response belongs to the request it answers, nothing else: 1xx interim responses are
 skipped, and a connection that receives anything once its response is complete (an idle
-engine's `408`, a stray extra response) is dropped, never reused.
+engine's `408`, a stray extra response) is dropped, never reused. At `max_connections`,
+a released connection goes straight to the request that waits longest.
 """
 
 from __future__ import annotations
@@ -28,7 +29,13 @@ from urllib.parse import urlsplit
 import httptools
 
 from gateway.errors import GatewayError, UpstreamConnectError, UpstreamError, UpstreamTimeout
-from gateway.upstream.base import RawHeaders, Timeouts, UpstreamClient, UpstreamResponse
+from gateway.upstream.base import (
+    RawHeaders,
+    Timeouts,
+    UpstreamClient,
+    UpstreamPoolTimeout,
+    UpstreamResponse,
+)
 
 # Flow control: stop reading from the engine while this much body waits for the client.
 _HIGH_WATER = 256 * 1024
@@ -51,6 +58,7 @@ class _Conn(asyncio.Protocol):
         self._on_lost: Callable[[], None] | None = on_lost
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self.reused = False  # has carried an exchange before (set when first released)
         self._parser = httptools.HttpResponseParser(self)
         self._reset()
 
@@ -187,6 +195,11 @@ class _Conn(asyncio.Protocol):
     def reusable(self) -> bool:
         return self.complete and self.keep_alive and not self.closed and self.error is None
 
+    def usable(self) -> bool:
+        """Still open (the engine may have closed it while it sat idle)."""
+        transport = self.transport
+        return not self.closed and transport is not None and not transport.is_closing()
+
 
 class _Watchdog:
     """A deadline for the response headers, then an idle limit between body reads."""
@@ -317,9 +330,12 @@ class H1Client:
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
         self._targets: dict[str, tuple[tuple[str, int], bytes, bytes]] = {}
         self._max_connections = max_connections
-        # Open connections per engine (idle ones included), and who waits for one to close.
+        # Open connections per engine (idle ones included), and who waits at the cap: for a
+        # released connection, or for None when one closed (a new one may be opened).
         self._open: dict[tuple[str, int], int] = {}
-        self._slot_waiters: dict[tuple[str, int], collections.deque[asyncio.Future[None]]] = {}
+        self._slot_waiters: dict[
+            tuple[str, int], collections.deque[asyncio.Future[_Conn | None]]
+        ] = {}
         self._tls: UpstreamClient | None = None
 
     def _target(self, url: str) -> tuple[tuple[str, int], bytes, bytes]:
@@ -340,12 +356,21 @@ class H1Client:
         return hit
 
     def _release(self, key: tuple[str, int], conn: _Conn) -> None:
-        """A finished exchange's connection back to the pool.
+        """A finished exchange's connection: to the longest waiter, else to the pool.
 
         It is reset by whoever takes it, so until then it counts as complete and any byte
         it receives drops it (see `_Conn.data_received`).
         """
-        idle = self._idle.setdefault(key, [])
+        conn.reused = True
+        waiters = self._slot_waiters.get(key)
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(conn)
+                return
+        idle = self._idle.get(key)
+        if idle is None:
+            idle = self._idle[key] = []
         if len(idle) < self._max_idle:
             idle.append(conn)
         else:
@@ -353,6 +378,10 @@ class H1Client:
 
     def _closed_one(self, key: tuple[str, int]) -> None:
         self._open[key] -= 1
+        self._wake_one(key)
+
+    def _wake_one(self, key: tuple[str, int]) -> None:
+        """Tell the longest waiter a slot is free: it may open a connection."""
         waiters = self._slot_waiters.get(key)
         while waiters:
             waiter = waiters.popleft()
@@ -360,37 +389,72 @@ class H1Client:
                 waiter.set_result(None)
                 break
 
+    async def _wait_for_slot(
+        self, loop: asyncio.AbstractEventLoop, key: tuple[str, int], url: str, wait_s: float
+    ) -> _Conn | None:
+        """Past `max_connections`: the next connection released to this engine, or None once
+        one closed and a new one may be opened. Gives up after `wait_s` (the connect
+        timeout) with `UpstreamPoolTimeout`: all connections busy is no fault of the engine.
+        """
+        waiters = self._slot_waiters.get(key)
+        if waiters is None:
+            waiters = self._slot_waiters[key] = collections.deque()
+        try:
+            async with asyncio.timeout(wait_s):
+                while self._open.get(key, 0) >= self._max_connections:
+                    waiter: asyncio.Future[_Conn | None] = loop.create_future()
+                    waiters.append(waiter)
+                    try:
+                        conn = await waiter
+                    except BaseException:
+                        # Handed a connection or a slot just as the wait ended: pass it on.
+                        if waiter.done() and not waiter.cancelled():
+                            handed = waiter.result()
+                            if handed is None:
+                                self._wake_one(key)
+                            else:
+                                self._release(key, handed)
+                        raise
+                    if conn is not None and conn.usable():
+                        return conn
+                    # A slot, or a connection that closed on the way (which frees one).
+        except TimeoutError as exc:
+            raise UpstreamPoolTimeout(
+                f"all {self._max_connections} connections to {url} stayed busy for {wait_s} s"
+            ) from exc
+        return None
+
     async def _connect(
         self, loop: asyncio.AbstractEventLoop, key: tuple[str, int], url: str, t: Timeouts
     ) -> _Conn:
-        """A new connection; past `max_connections` to this engine, wait for one to close
-        (within the connect timeout, as a pool wait counts toward connecting)."""
+        """A new connection, or past `max_connections` to this engine the first one released."""
+        if self._open.get(key, 0) >= self._max_connections:
+            handed = await self._wait_for_slot(loop, key, url, t.connect_s)
+            if handed is not None:
+                handed._reset()
+                return handed
+        # No await between the check above and this count: the slot is ours.
+        self._open[key] = self._open.get(key, 0) + 1
+        counted = [True]
+
+        def release() -> None:
+            # Once per connection, whether it failed to open or closed later.
+            if counted[0]:
+                counted[0] = False
+                self._closed_one(key)
+
         try:
             async with asyncio.timeout(t.connect_s):
-                while self._open.get(key, 0) >= self._max_connections:
-                    waiter = loop.create_future()
-                    self._slot_waiters.setdefault(key, collections.deque()).append(waiter)
-                    await waiter
-                self._open[key] = self._open.get(key, 0) + 1
-                counted = [True]
-
-                def release() -> None:
-                    # Once per connection, whether it failed to open or closed later.
-                    if counted[0]:
-                        counted[0] = False
-                        self._closed_one(key)
-
-                try:
-                    _, proto = await loop.create_connection(
-                        lambda: _Conn(loop, url, release), *key
-                    )
-                except BaseException:
-                    release()
-                    raise
+                _, proto = await loop.create_connection(lambda: _Conn(loop, url, release), *key)
         except TimeoutError as exc:
+            release()
             raise UpstreamConnectError(f"connecting to {url} timed out") from exc
         except OSError as exc:
+            release()
             raise UpstreamConnectError(f"cannot connect to {url}: {exc}") from exc
+        except BaseException:
+            release()
+            raise
         return proto
 
     async def send(
@@ -423,19 +487,18 @@ class H1Client:
 
         # A pooled connection the engine closed while idle shows up as closed here and is
         # skipped. One the engine closes just as the request goes out fails before any
-        # response byte: that request is sent once more on a fresh connection (the engine
-        # dropped an idle connection, it never took the request). Anything else fails.
+        # response byte: that request is sent once more (the engine dropped an idle
+        # connection, it never took the request). Anything else fails.
         idle = self._idle.get(key)
         conn: _Conn | None = None
         while idle:
             candidate = idle.pop()
-            transport = candidate.transport
-            if not candidate.closed and transport is not None and not transport.is_closing():
+            if candidate.usable():
                 conn = candidate
                 conn._reset()
                 break
+        once_more = True
         while True:
-            reused = conn is not None
             if conn is None:
                 conn = await self._connect(loop, key, url, t)
             assert conn.transport is not None
@@ -449,7 +512,8 @@ class H1Client:
             except UpstreamConnectError:
                 dog.cancel()
                 conn.abort()
-                if reused and conn.last_data == 0.0:
+                if once_more and conn.reused and conn.last_data == 0.0:
+                    once_more = False
                     conn = None
                     continue
                 raise

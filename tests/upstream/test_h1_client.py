@@ -14,6 +14,7 @@ import pytest
 
 from gateway.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout
 from gateway.upstream import Timeouts
+from gateway.upstream.base import UpstreamPoolTimeout
 from gateway.upstream.h1_client import H1Client
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -256,8 +257,9 @@ async def test_max_connections_caps_each_engine_and_frees_slots_on_close(serve: 
     client = H1Client(Timeouts(connect_s=0.3, response_headers_s=5, read_s=5), max_connections=2)
     first = [asyncio.create_task(client.send("POST", server.url, [], b"{}")) for _ in range(2)]
     await asyncio.sleep(0.1)
-    # A third request waits for a slot and gives up within the connect timeout.
-    with pytest.raises(UpstreamConnectError, match="timed out"):
+    # A third request waits for a connection and gives up within the connect timeout, with
+    # an error of its own: the engine is busy, not failing.
+    with pytest.raises(UpstreamPoolTimeout, match="busy"):
         await client.send("POST", server.url, [], b"{}")
     assert server.connections == 2
     gate.set()
@@ -411,3 +413,42 @@ async def test_a_response_pushed_after_the_answer_reaches_nobody(serve: Callable
         assert await send_n(client, server.url, n) == (200, b"n=%d" % n)
     assert server.connections == 2
 
+
+# -- issue 19: at max_connections, requests queue for the connections that are open -----
+
+
+async def test_requests_past_max_connections_wait_for_a_released_connection(serve: Callable[[Handler], Awaitable[Scripted]]) -> None:
+    async def slowish(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            request = await read_request(reader)
+            await asyncio.sleep(0.01)
+            writer.write(ok(echo_n(request)))
+            await writer.drain()
+
+    server = await serve(slowish)
+    # 20 requests on 2 connections take ten rounds of 10 ms: far less than the pool wait.
+    client = H1Client(Timeouts(connect_s=1, response_headers_s=5, read_s=5), max_connections=2)
+    results = await asyncio.gather(*(send_n(client, server.url, n) for n in range(20)))
+    await client.aclose()
+    assert results == [(200, b"n=%d" % n) for n in range(20)]
+    assert server.connections == 2
+
+
+async def test_a_connection_handed_to_a_request_cancelled_meanwhile_is_kept(serve: Callable[[Handler], Awaitable[Scripted]]) -> None:
+    server = await serve(keep_alive)
+    client = H1Client(Timeouts(connect_s=1, response_headers_s=2, read_s=2), max_connections=1)
+    first = await client.send("POST", server.url, [], b"{}")
+    await first.read()
+    waiting = asyncio.create_task(client.send("POST", server.url, [], b"{}"))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # at the cap
+    await first.aclose()  # hands the connection to the waiting request...
+    waiting.cancel()  # ...which is cancelled before it could run
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    for _ in range(2):
+        resp = await client.send("POST", server.url, [], b"{}")
+        await resp.read()
+        await resp.aclose()
+    await client.aclose()
+    assert server.connections == 1
