@@ -28,6 +28,7 @@ from gateway.cluster import Cluster
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound, error_response_parts
 from gateway.fastpath import GatewayApp
 from gateway.health import HealthMonitor
+from gateway.lineage import Conversations
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.middleware.request_id import RequestIdMiddleware
 from gateway.models import ModelsCache
@@ -86,6 +87,17 @@ def build_state(settings: KvgateSettings) -> GatewayState:
     if isinstance(router, ReactsToMembership):
         cluster.on_membership_change(router.membership_changed)
     metrics = GatewayMetrics(cluster)
+    session = settings.session
+    lineage = None
+    if session.lineage and session.max_prefix_blocks:
+        lineage = Conversations(
+            session.block_tokens,
+            session.lineage_capacity_factor,
+            session.lineage_max_blocks,
+            session.max_lineages,
+            session.lineage_slack_tokens,
+        )
+        metrics.watch_lineage(lineage.index)
     auth = settings.upstream.auth_headers()
     # Probes get a pool of their own: behind busy proxied connections they would time out
     # and eject a replica that is only busy. Same kind and cap (a cap, not a reservation).
@@ -100,6 +112,7 @@ def build_state(settings: KvgateSettings) -> GatewayState:
         metrics=metrics,
         health=health,
         models=models,
+        lineage=lineage,
     )
 
 

@@ -59,6 +59,63 @@ def block_hashes(
 
 
 
+def stream_block_hashes(
+    pieces: Sequence[bytes], block_bytes: int, seed: int, max_blocks: int = 0
+) -> tuple[int, ...]:
+    """`block_hashes` of the concatenation of `pieces`, without concatenating them: only a
+    block that straddles two pieces is copied (at most `block_bytes`)."""
+    if block_bytes <= 0:
+        raise ValueError("block_bytes must be positive")
+    out: list[int] = []
+    append = out.append
+    h = seed
+    carry = b""
+    limit = max_blocks if max_blocks > 0 else -1
+    for piece in pieces:
+        view = memoryview(piece)
+        start = 0
+        size = len(piece)
+        if carry:
+            need = block_bytes - len(carry)
+            if size < need:
+                carry += piece
+                continue
+            h = _xxh3(carry + view[:need], h)
+            append(h)
+            if len(out) == limit:
+                return tuple(out)
+            carry = b""
+            start = need
+        end = start + (size - start) // block_bytes * block_bytes
+        if limit > 0 and (end - start) // block_bytes > limit - len(out):
+            end = start + (limit - len(out)) * block_bytes
+        for offset in range(start, end, block_bytes):
+            h = _xxh3(view[offset : offset + block_bytes], h)
+            append(h)
+        if len(out) == limit:
+            return tuple(out)
+        if end < size:
+            carry = bytes(view[end:])
+    return tuple(out)
+
+
+# Prefix lengths (bytes) that opener hashes cover, below one block: a conversation shorter
+# than a block still gets a few hashes, and two that differ early part early.
+OPENER_BYTES = (16, 32, 64, 128, 256, 512)
+
+
+def opener_hashes(data: bytes, block_bytes: int, seed: int) -> tuple[int, ...]:
+    """Hashes of the first 16, 32, ... bytes of `data` (whole prefixes, not chained), for
+    the sizes below `block_bytes` that `data` fills. Equal leading entries mean an equal
+    leading prefix, as with `block_hashes`; opener and block hashes never collide by
+    construction of their seeds."""
+    n = len(data)
+    view = memoryview(data)
+    return tuple(
+        _xxh3(view[:size], seed ^ size) for size in OPENER_BYTES if size < block_bytes and size <= n
+    )
+
+
 def leading_match(hashes: Sequence[int], held: Container[int]) -> int:
     """How many leading blocks of a chained-hash prompt `held` contains.
 

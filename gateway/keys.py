@@ -6,8 +6,10 @@ Session key rule (first match wins):
 
 1. the configured session header (default ``X-Session-Id``)       -> source ``header``
 2. the body's ``prompt_cache_key`` (string)                        -> source ``prompt_cache_key``
-3. the body's ``user`` (string)                                    -> source ``user``
-4. derived from the conversation itself                            -> source ``conversation``:
+3. the body's ``user`` (string), only with ``session.user_is_session`` -> source ``user``
+4. derived from the conversation itself                            -> source ``conversation``
+   (the proxy then replaces it with the conversation's lineage, gateway.lineage, when the
+   prompt is long enough to have prefix hashes; what follows is the fallback):
    * chat: the model, every message up to and including the *first user message*
      (normally the system prompt plus the opening question). A later turn repeats those
      messages and appends more, so it gets the same key; two conversations that share only
@@ -20,21 +22,33 @@ Session key rule (first match wins):
 
 Values are hashed (xxh3-128) before use, so no raw user identifiers travel further.
 
-`prefix_hashes` are chained xxh3 hashes of fixed-size blocks of the prompt text, assuming
-4 bytes per token (no tokenizer on the event loop), seeded by the model, so that equal
-leading entries mean an equal leading prefix on the same model.
+The prompt is encoded as one byte stream that only grows as a conversation goes on: each
+chat message is a separator, its role, another separator and its content (separators go
+*before* a message, so a growing last message keeps the earlier stream a prefix); a
+completions prompt is its text, a token-id prompt 4 bytes per id. `prefix_hashes` are
+chained xxh3 hashes of fixed-size blocks of that stream (`block_tokens` x 4 bytes, no
+tokenizer on the event loop), seeded by the model, so that equal leading entries mean an
+equal leading prefix on the same model; `opener_hashes` cover its first 16, 32, ... bytes
+(shorter than a block), so that short conversations have a lineage too.
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
 import xxhash
 
-from gateway.hashing import CHARS_PER_TOKEN, approx_tokens, block_hashes, digest_hex, model_seed
+from gateway.hashing import (
+    CHARS_PER_TOKEN,
+    approx_tokens,
+    digest_hex,
+    model_seed,
+    opener_hashes,
+    stream_block_hashes,
+)
 from gateway.types import Endpoint, RouteRequest, SessionKey
 
 # Separators that cannot occur inside JSON-decoded text boundaries in a confusing way:
@@ -61,19 +75,28 @@ def _part_bytes(content: Any) -> bytes:
     return orjson.dumps(content)
 
 
-def message_bytes(message: Mapping[str, Any]) -> bytes:
-    """Canonical bytes of one chat message (role, content, tool calls)."""
+def message_pieces(message: Mapping[str, Any]) -> list[bytes]:
+    """Canonical bytes of one chat message (role, content, tool calls), in pieces.
+
+    The separator leads: a message whose content grows keeps its earlier bytes a prefix.
+    Pieces, not one join: a 100K-token message is then never copied a second time.
+    """
     role = message.get("role")
-    parts = [
+    pieces = [
+        _MSG_SEP,
         role.encode() if isinstance(role, str) else b"",
         _ROLE_SEP,
         _part_bytes(message.get("content")),
     ]
     tool_calls = message.get("tool_calls")
     if tool_calls:
-        parts.append(orjson.dumps(tool_calls))
-    parts.append(_MSG_SEP)
-    return b"".join(parts)
+        pieces.append(orjson.dumps(tool_calls))
+    return pieces
+
+
+def message_bytes(message: Mapping[str, Any]) -> bytes:
+    """`message_pieces` joined."""
+    return b"".join(message_pieces(message))
 
 
 def _conversation_head(messages: Sequence[Mapping[str, Any]]) -> int:
@@ -112,43 +135,46 @@ def session_key(
     endpoint: Endpoint,
     header_value: str | None,
     completion_key_chars: int = 1024,
-    encoded: Sequence[bytes] | None = None,
+    encoded: Sequence[Sequence[bytes]] | None = None,
+    user_is_session: bool = False,
 ) -> tuple[SessionKey, str]:
     """The session key and where it came from (see the module docstring for the rule).
 
-    `encoded` may carry the already-encoded prompt parts (chat messages) to avoid doing it twice.
+    `encoded` may carry the already-encoded prompt (`prompt_pieces`) to avoid doing it twice.
     """
     if header_value:
         return SessionKey("h:" + digest_hex(header_value)), "header"
     cache_key = _opt_str(body, "prompt_cache_key")
     if cache_key is not None:
         return SessionKey("p:" + digest_hex(cache_key)), "prompt_cache_key"
-    user = _opt_str(body, "user")
+    user = _opt_str(body, "user") if user_is_session else None
     if user is not None:
+        # Off by default: many clients send one `user` for all their conversations.
         return SessionKey("u:" + digest_hex(user)), "user"
     model = body.get("model", "")
     hasher = xxhash.xxh3_128(f"{model}".encode() + _MSG_SEP)
     if endpoint is Endpoint.CHAT:
         messages = body.get("messages") or ()
         n = _conversation_head(messages)
-        parts = encoded if encoded is not None else [message_bytes(m) for m in messages[:n]]
-        for part in parts[:n]:
-            hasher.update(part)
+        parts = encoded if encoded is not None else [message_pieces(m) for m in messages[:n]]
+        for pieces in parts[:n]:
+            for piece in pieces:
+                hasher.update(piece)
     elif endpoint is Endpoint.COMPLETIONS:
-        data = encoded[0] if encoded else _prompt_bytes(body.get("prompt"))
+        data = encoded[0][0] if encoded else _prompt_bytes(body.get("prompt"))
         hasher.update(memoryview(data)[:completion_key_chars])
     else:
-        hasher.update(encoded[0] if encoded else _prompt_bytes(body.get("input")))
+        hasher.update(encoded[0][0] if encoded else _prompt_bytes(body.get("input")))
     return SessionKey("c:" + hasher.hexdigest()), "conversation"
 
 
-def prompt_parts(body: Mapping[str, Any], endpoint: Endpoint) -> list[bytes]:
-    """The prompt as byte parts (one per chat message), in the order the engine sees it."""
+def prompt_pieces(body: Mapping[str, Any], endpoint: Endpoint) -> list[list[bytes]]:
+    """The prompt as byte pieces (one list per chat message), in the order the engine sees it."""
     if endpoint is Endpoint.CHAT:
-        return [message_bytes(m) for m in body.get("messages") or ()]
+        return [message_pieces(m) for m in body.get("messages") or ()]
     if endpoint is Endpoint.COMPLETIONS:
-        return [_prompt_bytes(body.get("prompt"))]
-    return [_prompt_bytes(body.get("input"))]
+        return [[_prompt_bytes(body.get("prompt"))]]
+    return [[_prompt_bytes(body.get("input"))]]
 
 
 def _leading(parts: Sequence[bytes], limit: int) -> bytes:
@@ -176,28 +202,41 @@ def route_request(
     request_id: str,
     *,
     session_header: str | None = None,
-    block_tokens: int = 16,
+    block_tokens: int = 256,
     max_prefix_blocks: int = 0,
     completion_key_chars: int = 1024,
     priority_class: str | None = None,
     tenant: str | None = None,
+    user_is_session: bool = False,
+    lineage: Callable[[Sequence[int], SessionKey | None], SessionKey | None] | None = None,
 ) -> RouteRequest:
     """Build the policy-facing view of a validated request body.
 
     `max_prefix_blocks` = 0 means no prefix hashes at all (the cheapest setting for
-    policies that do not look at prefixes); otherwise at most that many blocks are hashed.
+    policies that do not look at prefixes); otherwise at most that many blocks are hashed
+    (with 256-token blocks, 4096 blocks cover a million tokens). `lineage` names the
+    conversation of a prompt that brought no session id of its own (gateway.lineage).
     """
     model = body["model"]
-    parts = prompt_parts(body, endpoint)
-    key, source = session_key(body, endpoint, session_header, completion_key_chars, parts)
-    size = sum(map(len, parts))
+    parts = prompt_pieces(body, endpoint)
+    key, source = session_key(
+        body, endpoint, session_header, completion_key_chars, parts, user_is_session
+    )
+    pieces = [piece for message in parts for piece in message]
+    size = sum(map(len, pieces))
     hashes: tuple[int, ...] = ()
+    openers: tuple[int, ...] = ()
     if max_prefix_blocks:
         block_bytes = block_tokens * CHARS_PER_TOKEN
-        # Only the bytes the capped hash will read are joined.
-        data = _leading(parts, block_bytes * max_prefix_blocks)
         salt = _opt_str(body, "cache_salt")
-        hashes = block_hashes(data, block_bytes, model_seed(model, salt), max_prefix_blocks)
+        seed = model_seed(model, salt)
+        hashes = stream_block_hashes(pieces, block_bytes, seed, max_prefix_blocks)
+        # Only the bytes the openers read are joined.
+        openers = opener_hashes(_leading(pieces, block_bytes), block_bytes, seed)
+        if lineage is not None and source == "conversation":
+            named = lineage(openers + hashes, key if endpoint is Endpoint.CHAT else None)
+            if named is not None:
+                key, source = named, "lineage"
     return RouteRequest(
         request_id=request_id,
         model=model,
@@ -205,6 +244,7 @@ def route_request(
         key_source=source,
         endpoint=endpoint,
         prefix_hashes=hashes,
+        opener_hashes=openers,
         block_tokens=block_tokens,
         prompt_tokens=approx_tokens(size),
         max_tokens=_max_tokens(body),

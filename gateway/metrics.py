@@ -16,6 +16,9 @@ request path never touches a gauge for them.
 | kvgate_upstream_failures_total | counter | replica, kind |
 | kvgate_in_flight | gauge | replica |
 | kvgate_replica_healthy | gauge | replica |
+| kvgate_lineage_blocks | gauge | |
+| kvgate_lineage_capacity_blocks | gauge | |
+| kvgate_lineages | gauge | |
 
 `kvgate_errors_total` counts only errors the gateway made itself (not relayed engine
 statuses); `phase` of a disconnect is `before_response` or `mid_stream`.
@@ -25,11 +28,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.cluster import Cluster
+from gateway.lineage import LineageIndex
 
 # Latencies of LLM calls span milliseconds (cached, short) to minutes (100K-token prefill).
 LATENCY_BUCKETS = (
@@ -125,6 +129,19 @@ class GatewayMetrics:
 
     def upstream_failure(self, replica: str, kind: str) -> None:
         self._child(self.upstream_failures, "inc", replica, kind)()
+
+    def watch_lineage(self, index: LineageIndex) -> None:
+        """Export the lineage index's size, read at scrape time (nothing on the request path)."""
+        r = self.registry
+        Gauge(
+            "kvgate_lineage_blocks", "Prefix hashes held by the lineage index", registry=r
+        ).set_function(lambda: float(len(index)))
+        Gauge(
+            "kvgate_lineage_capacity_blocks", "Bound of the lineage index", registry=r
+        ).set_function(lambda: float(index.capacity))
+        Gauge(
+            "kvgate_lineages", "Conversations the lineage index remembers", registry=r
+        ).set_function(lambda: float(index.lineages))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

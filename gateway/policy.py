@@ -30,7 +30,9 @@ BUILTIN_POLICIES: dict[str, str] = {
     "consistent_hash": "plugins.consistent_hash:ConsistentHash",
     "least_load": "plugins.least_load:LeastLoad",
     "prefix_affinity": "plugins.prefix_affinity:PrefixAffinity",
+    "lineage": "plugins.lineage:Lineage",
 }
+DEFAULT_POLICY = "lineage"
 
 
 # How deep a policy must rank: a `Choice.ranked` may stop after this many replicas (the
@@ -75,6 +77,17 @@ class ReactsToMembership(Protocol):
     """Told when the replica set changes (add/remove/weight), e.g. to rebuild a ring."""
 
     def membership_changed(self, replicas: Sequence[ReplicaState]) -> None: ...
+
+
+@runtime_checkable
+class TracksPrefill(Protocol):
+    """Told when a request is sent to a replica and when its prefill is over (first byte,
+    failure or end of the request; `prefilled` may come more than once and must be
+    idempotent), e.g. to count the prefill each replica still has to do."""
+
+    def dispatched(self, request: RouteRequest, replica: ReplicaId) -> None: ...
+
+    def prefilled(self, request: RouteRequest) -> None: ...
 
 
 @runtime_checkable

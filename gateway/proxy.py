@@ -108,6 +108,7 @@ class ProxyEndpoint:
         self._session_header = s.session.header.lower().encode("latin-1")
         self._priority_header = s.session.priority_header.lower().encode("latin-1")
         self._tenant_header = s.session.tenant_header.lower().encode("latin-1")
+        self._lineage_key = state.lineage.key_for if state.lineage is not None else None
         retries = s.retries
         self._backoff_s = retries.backoff_s
         # Attempts after the first, bounded in count and in time since the first failure.
@@ -191,6 +192,8 @@ class ProxyEndpoint:
                 completion_key_chars=session_cfg.completion_key_chars,
                 priority_class=priority.decode("latin-1") if priority else None,
                 tenant=tenant.decode("latin-1") if tenant else None,
+                user_is_session=session_cfg.user_is_session,
+                lineage=self._lineage_key,
             )
             # The one place the forwarded body changes: every later rewrite (admission's
             # payload, the PD legs) starts from this body/raw pair (gateway.stream_usage).
@@ -256,17 +259,21 @@ class ProxyEndpoint:
         ok = False
         error_code: str | None = None
         usage: dict[str, Any] | None = None
-        # Admission's optional prefill signal: once, at the first byte or at the end.
+        # Admission's and the router's prefill signals: once, at the first byte or at the end.
         notify: Callable[[RouteRequest, ReplicaId | None], None] | None = getattr(
             state.admission, "first_byte", None
         )
-        prefilling = notify is not None
+        tracker = state.router_prefill
+        prefilling = notify is not None or tracker is not None
 
         def first_byte() -> None:
             nonlocal prefilling
-            if prefilling and notify is not None:
+            if prefilling:
                 prefilling = False
-                notify(request, leg.replica if leg is not None else None)
+                if notify is not None:
+                    notify(request, leg.replica if leg is not None else None)
+                if tracker is not None:
+                    tracker.prefilled(request)
 
         try:
             placements = state.placements
@@ -288,6 +295,9 @@ class ProxyEndpoint:
                 await placements.record(request.session_key, leg.replica)
             if state.router_placed is not None:
                 state.router_placed(request, leg.replica)
+            if state.lineage is not None and request.key_source == "lineage":
+                state.lineage.fit(state.cluster.view().replicas)
+                state.lineage.record(request.lineage_hashes, request.session_key)
             status = leg.response.status
             status, ok, error_code, usage = await self._relay(
                 leg, send, call, strip_usage, first_byte if prefilling else None
@@ -302,8 +312,8 @@ class ProxyEndpoint:
                 if leg is not None:
                     await leg.aclose()
             finally:
+                first_byte()
                 if state.admission is not None:
-                    first_byte()
                     state.admission.finished(request, replica)
             if call.disconnected:
                 state.metrics.disconnect("mid_stream" if call.started else "before_response")
@@ -363,6 +373,8 @@ class ProxyEndpoint:
             if tried:
                 state.metrics.retry(last_error.code if last_error and last_error.code else "error")
             tried.append(replica)
+            if state.router_prefill is not None:
+                state.router_prefill.dispatched(request, replica)
             try:
                 if state.dispatcher is not None:
                     ctx = ForwardContext(request, body, raw, path, headers, choice, view, open_to)

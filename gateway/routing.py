@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.errors import ConfigError
 from gateway.policy import (
+    DEFAULT_POLICY,
     EstimatesCachedTokens,
     ObservesOutcome,
     ObservesPlacement,
@@ -30,6 +31,7 @@ from gateway.policy import (
     PolicyConfig,
     PolicyContext,
     ReactsToMembership,
+    TracksPrefill,
     build_policy,
     resolve_policy_class,
 )
@@ -80,9 +82,7 @@ class RoutingSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    policy: str = Field(
-        default="consistent_hash", description="routing policy name or module:Class"
-    )
+    policy: str = Field(default=DEFAULT_POLICY, description="routing policy name or module:Class")
     fallback: str | None = Field(
         default=None, description="policy used when the main one ranks nothing"
     )
@@ -124,7 +124,10 @@ class ComposedRouter:
         self.scorer = scorer
         self.fallback = fallback
         self._drop = tuple(DROP_FILTERS[f] for f in filters if f in DROP_FILTERS)
-        self._demote = "not_saturated" in filters
+        # A scorer that weighs saturation itself (its own load bound) is not second-guessed.
+        self._demote = "not_saturated" in filters and not getattr(
+            scorer, "handles_saturation", False
+        )
         self._limits = saturation or SaturationLimits()
         self._narrow_source: tuple[ReplicaState, ...] | None = None
         self._narrowed: dict[
@@ -135,6 +138,7 @@ class ComposedRouter:
         self._placement = [p for p in parts if isinstance(p, ObservesPlacement)]
         self._outcome = [p for p in parts if isinstance(p, ObservesOutcome)]
         self._membership = [p for p in parts if isinstance(p, ReactsToMembership)]
+        self._prefill = [p for p in parts if isinstance(p, TracksPrefill)]
         estimators = [p for p in parts if isinstance(p, EstimatesCachedTokens)]
         if estimators:
             # Set only when a part has it, so `isinstance(router, EstimatesCachedTokens)`
@@ -204,6 +208,14 @@ class ComposedRouter:
     def membership_changed(self, replicas: Sequence[ReplicaState]) -> None:
         for part in self._membership:
             part.membership_changed(replicas)
+
+    def dispatched(self, request: RouteRequest, replica: ReplicaId) -> None:
+        for part in self._prefill:
+            part.dispatched(request, replica)
+
+    def prefilled(self, request: RouteRequest) -> None:
+        for part in self._prefill:
+            part.prefilled(request)
 
 
 def validate_policy_sections(settings: RoutingSettings) -> None:

@@ -110,12 +110,38 @@ class SessionSettings(Section):
     header: str = Field("X-Session-Id", description="request header carrying a session id")
     priority_header: str = Field("X-Priority", description="header naming a priority class")
     tenant_header: str = Field("X-Tenant-Id", description="header naming the tenant")
-    block_tokens: int = Field(16, ge=1, le=4096, description="tokens per prefix-hash block")
+    block_tokens: int = Field(
+        256, ge=1, le=4096, description="tokens per prefix-hash block (x 4 bytes of prompt); "
+        "larger blocks cost less CPU per request, smaller ones see shorter shared prefixes"
+    )
     max_prefix_blocks: int = Field(
-        256, ge=0, le=1 << 20, description="prefix blocks hashed per request (0 = none)"
+        4096, ge=0, le=1 << 20, description="prefix blocks hashed per request (0 = none); "
+        "the default covers a million tokens at 256-token blocks"
     )
     completion_key_chars: int = Field(
-        1024, ge=1, description="leading prompt characters that key a /v1/completions session"
+        1024, ge=1, description="leading prompt characters that key a /v1/completions session "
+        "when it has no lineage"
+    )
+    lineage: bool = Field(
+        True, description="without a session header or prompt_cache_key, infer each "
+        "conversation from its prompt (gateway.lineage) and key its session on that"
+    )
+    user_is_session: bool = Field(
+        False, description="treat the body's `user` as a session id (many clients send one "
+        "`user` for all their conversations, so it is off unless you know yours do not)"
+    )
+    lineage_capacity_factor: float = Field(
+        2.0, gt=0, description="lineage index size: this times the cluster's scraped KV "
+        "capacity, in hash blocks (it remembers conversations a little longer than engines)"
+    )
+    lineage_max_blocks: int = Field(
+        1 << 22, ge=1024, description="hard bound of the lineage index, in hash blocks "
+        "(about 150 bytes each)"
+    )
+    max_lineages: int = Field(1 << 18, ge=1, description="conversations the index remembers")
+    lineage_slack_tokens: int = Field(
+        0, ge=0, description="trailing tokens of a conversation's last prompt its next turn "
+        "may differ in and still continue it (for clients that re-render their last message)"
     )
 
 

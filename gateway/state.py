@@ -20,7 +20,8 @@ from gateway.hooks import (
 )
 from gateway.metrics import GatewayMetrics
 from gateway.models import ModelsCache
-from gateway.policy import ObservesOutcome, ObservesPlacement, Policy
+from gateway.lineage import Conversations
+from gateway.policy import ObservesOutcome, ObservesPlacement, Policy, TracksPrefill
 from gateway.settings import KvgateSettings
 from gateway.types import ReplicaId, RouteRequest
 from gateway.upstream import UpstreamClient
@@ -49,6 +50,9 @@ class GatewayState:
     # Router abilities, detected once (see set_router), never probed per request.
     router_placed: Callable[[RouteRequest, ReplicaId], None] | None = None
     router_finished: Callable[[RouteRequest, ReplicaId, bool, float], None] | None = None
+    router_prefill: TracksPrefill | None = None
+    # Conversation lineage for requests without a client session id (gateway.lineage).
+    lineage: Conversations | None = None
 
     def __post_init__(self) -> None:
         self.set_router(self.router)
@@ -58,3 +62,4 @@ class GatewayState:
         self.router = router
         self.router_placed = router.placed if isinstance(router, ObservesPlacement) else None
         self.router_finished = router.finished if isinstance(router, ObservesOutcome) else None
+        self.router_prefill = router if isinstance(router, TracksPrefill) else None

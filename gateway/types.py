@@ -55,6 +55,9 @@ class RouteRequest:
     key_source: str = "conversation"
     endpoint: Endpoint = Endpoint.CHAT
     prefix_hashes: tuple[int, ...] = ()
+    # Hashes of the prompt's first 16, 32, ... bytes (gateway.hashing.opener_hashes): with
+    # `prefix_hashes` after them, the chain the conversation lineage is read from.
+    opener_hashes: tuple[int, ...] = ()
     block_tokens: int = 16
     prompt_tokens: int = 0
     max_tokens: int | None = None
@@ -63,6 +66,11 @@ class RouteRequest:
     stream: bool = False
     # Where the shared session store says this session lives, if anywhere (see gateway.store).
     sticky_replica: ReplicaId | None = None
+
+    @property
+    def lineage_hashes(self) -> tuple[int, ...]:
+        """The prompt's whole hash chain: openers, then blocks."""
+        return self.opener_hashes + self.prefix_hashes if self.opener_hashes else self.prefix_hashes
 
 
 @dataclass(frozen=True, slots=True)

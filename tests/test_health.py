@@ -78,7 +78,7 @@ async def test_probe_against_real_engine() -> None:
     await m.client.aclose()
 
 
-async def test_session_moves_off_a_down_replica_and_comes_back() -> None:
+async def test_session_moves_off_a_down_replica_and_stays_moved() -> None:
     async with sim_engines(3, "instant") as engines:
         health = {"interval_s": 0.05, "timeout_s": 0.5, "failure_threshold": 1, "success_threshold": 1, "cooldown_s": 0.1}
         async with gateway(engines, health=health) as gw, httpx.AsyncClient(base_url=gw.url) as http:
@@ -108,4 +108,6 @@ async def test_session_moves_off_a_down_replica_and_comes_back() -> None:
                 if gw.state.cluster.is_healthy(ReplicaId(home)):
                     break
                 await asyncio.sleep(0.02)
-            assert await served() == home
+            assert gw.state.cluster.is_healthy(ReplicaId(home))
+            # Its cache is now where it moved: the session does not go back.
+            assert await served() == away

@@ -21,7 +21,9 @@ def test_precedence_header_then_cache_key_then_user_then_conversation() -> None:
     assert key(body, header="sess")[1] == "header"
     assert key(body)[1] == "prompt_cache_key"
     del body["prompt_cache_key"]
-    assert key(body)[1] == "user"
+    # `user` names a session only when the operator says so.
+    assert key(body)[1] == "conversation"
+    assert session_key(body, Endpoint.CHAT, None, user_is_session=True)[1] == "user"
     del body["user"]
     assert key(body)[1] == "conversation"
 
@@ -90,10 +92,12 @@ def test_route_request_fields() -> None:
 def test_prefix_hashes_share_a_prefix_across_turns_and_depend_on_model() -> None:
     t1 = chat(SYSTEM, {"role": "user", "content": "y" * 1000})
     t2 = chat(*t1["messages"], {"role": "assistant", "content": "z" * 500}, {"role": "user", "content": "more"})
-    r1 = route_request(t1, Endpoint.CHAT, "1", max_prefix_blocks=1000)
-    r2 = route_request(t2, Endpoint.CHAT, "2", max_prefix_blocks=1000)
+    r1 = route_request(t1, Endpoint.CHAT, "1", block_tokens=16, max_prefix_blocks=1000)
+    r2 = route_request(t2, Endpoint.CHAT, "2", block_tokens=16, max_prefix_blocks=1000)
     n = len(r1.prefix_hashes)
-    assert n > 10 and r2.prefix_hashes[: n - 1] == r1.prefix_hashes[: n - 1]
+    # The history is a byte prefix of the next turn: every full block carries over.
+    assert n > 10 and r2.prefix_hashes[:n] == r1.prefix_hashes
+    assert r2.opener_hashes == r1.opener_hashes and len(r1.opener_hashes) == 2
     other = route_request({**t1, "model": "other"}, Endpoint.CHAT, "3", max_prefix_blocks=1000)
     assert other.prefix_hashes[0] != r1.prefix_hashes[0]
     salted = route_request({**t1, "cache_salt": "s"}, Endpoint.CHAT, "4", max_prefix_blocks=1000)

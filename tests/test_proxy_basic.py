@@ -130,7 +130,7 @@ async def test_models_health_ready_metrics(client: openai.AsyncOpenAI, gw: Runni
         text = (await http.get("/metrics")).text
         assert 'kvgate_requests_total{endpoint="chat",replica="' in text
         assert "kvgate_request_duration_seconds_bucket" in text and "kvgate_ttfb_seconds_count" in text
-        assert 'kvgate_routing_decisions_total{policy="consistent_hash",reason="ring"}' in text
+        assert 'kvgate_routing_decisions_total{policy="lineage",reason="least_cost"}' in text
         assert 'kvgate_in_flight{replica="e0"} 0.0' in text
         assert 'kvgate_replica_healthy{replica="e1"} 1.0' in text
         missing = await http.get("/v1/nothing")

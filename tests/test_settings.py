@@ -27,7 +27,7 @@ def test_defaults() -> None:
     s = load_settings()
     assert s.server.port == 8000 and s.replicas == ()
     assert s.session.header == "X-Session-Id"
-    assert s.routing.policy == "consistent_hash"
+    assert s.routing.policy == "lineage"
     assert s.sim.replicas == 4
 
 

@@ -41,7 +41,13 @@ from typing import ClassVar
 import xxhash
 
 from gateway.errors import GatewayError
-from gateway.policy import ObservesOutcome, ObservesPlacement, Policy, ReactsToMembership
+from gateway.policy import (
+    ObservesOutcome,
+    ObservesPlacement,
+    Policy,
+    ReactsToMembership,
+    TracksPrefill,
+)
 from gateway.pools.config import PoolRule, PoolsSettings
 from gateway.pools.controller import WeightSnapshot
 from gateway.pools.placement import Placement
@@ -349,6 +355,17 @@ class PoolSelector:
         inner = self._inners.get(self._replica_pool.get(replica, _UNPOOLED))
         if isinstance(inner, ObservesOutcome):
             inner.finished(self._served(request), replica, ok, latency_s)
+
+    def dispatched(self, request: RouteRequest, replica: ReplicaId) -> None:
+        inner = self._inners.get(self._replica_pool.get(replica, _UNPOOLED))
+        if isinstance(inner, TracksPrefill):
+            inner.dispatched(self._served(request), replica)
+
+    def prefilled(self, request: RouteRequest) -> None:
+        # The pool is not known here; `prefilled` is idempotent, so every inner is told.
+        for inner in self._inners.values():
+            if isinstance(inner, TracksPrefill):
+                inner.prefilled(request)
 
     def membership_changed(self, replicas: Sequence[ReplicaState]) -> None:
         self._replica_pool = {r.id: r.pool or _UNPOOLED for r in replicas}

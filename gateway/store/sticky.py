@@ -17,7 +17,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from gateway.policy import ObservesOutcome, ObservesPlacement, Policy, ReactsToMembership
+from gateway.policy import (
+    ObservesOutcome,
+    ObservesPlacement,
+    Policy,
+    ReactsToMembership,
+    TracksPrefill,
+)
 from gateway.routing import SaturationLimits, is_saturated
 from gateway.store.base import PrefixPlacement, Store
 from gateway.types import Choice, ClusterView, ReplicaId, ReplicaState, RouteRequest
@@ -47,6 +53,10 @@ class StickyFirst:
         self._membership = (
             inner.membership_changed if isinstance(inner, ReactsToMembership) else None
         )
+        self._prefill = inner if isinstance(inner, TracksPrefill) else None
+        # A scorer that honours `sticky_replica` itself, with its own load bound, keeps
+        # its ranking: reordering here would apply a second, different bound.
+        self._scorer_sticks = bool(getattr(self.scorer, "handles_saturation", False))
 
     @property
     def scorer(self) -> Any:
@@ -55,6 +65,8 @@ class StickyFirst:
 
     def choose(self, request: RouteRequest, view: ClusterView) -> Choice:
         choice = self.inner.choose(request, view)
+        if self._scorer_sticks:
+            return choice
         sticky = request.sticky_replica
         ranked = choice.ranked
         if sticky is None or not ranked or ranked[0] == sticky or sticky not in ranked:
@@ -109,6 +121,14 @@ class StickyFirst:
     def membership_changed(self, replicas: Sequence[ReplicaState]) -> None:
         if self._membership is not None:
             self._membership(replicas)
+
+    def dispatched(self, request: RouteRequest, replica: ReplicaId) -> None:
+        if self._prefill is not None:
+            self._prefill.dispatched(request, replica)
+
+    def prefilled(self, request: RouteRequest) -> None:
+        if self._prefill is not None:
+            self._prefill.prefilled(request)
 
 
 _REMOTE_SESSION: Any = "kvgate-remote-placement"

@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from gateway.errors import GatewayError
+from gateway.policy import DEFAULT_POLICY
 from gateway.trace.format import DEFAULT_BLOCK_TOKENS
 
 
@@ -67,7 +68,12 @@ def _add_stats(sub: Any) -> None:
         "--policy",
         action="append",
         default=None,
-        help="routing policy for --replicas (repeatable; default consistent_hash)",
+        help=f"routing policy for --replicas (repeatable; default {DEFAULT_POLICY})",
+    )
+    p.add_argument(
+        "--no-session-ids",
+        action="store_true",
+        help="route as for clients that send no session id (lineage keys them)",
     )
     p.add_argument("--price-per-card-hour", type=float)
     p.add_argument("--throughput", type=float, help="measured total tokens/s of --cards cards")
@@ -163,8 +169,13 @@ def _add_simulate(sub: Any) -> None:
     p = sub.add_parser("simulate", help="offline discrete-event simulation of a trace on N engines")
     p.add_argument("trace", type=Path)
     p.add_argument("--replicas", type=int, default=4)
-    p.add_argument("--policy", default="consistent_hash")
+    p.add_argument("--policy", default=DEFAULT_POLICY)
     p.add_argument("--policy-config", default="{}", help="JSON config for the policy")
+    p.add_argument(
+        "--no-session-ids",
+        action="store_true",
+        help="route as for clients that send no session id (lineage keys them)",
+    )
     p.add_argument("--profile", default=None, help="simulated hardware profile name")
     p.add_argument("--speedup", type=float, default=1.0)
     p.add_argument("--max-output-tokens", type=int)
@@ -227,7 +238,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
             source=args.trace.name,
             lru_tokens=_tokens_list(args.lru),
             replicas=args.replicas,
-            policies=args.policy or ["consistent_hash"],
+            policies=args.policy or [DEFAULT_POLICY],
+            sessions=not args.no_session_ids,
             price_per_card_hour=args.price_per_card_hour,
             throughput_tokens_s=args.throughput,
             cards=args.cards,
@@ -336,6 +348,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             profile=args.profile,
             speedup=args.speedup,
             max_output_tokens=args.max_output_tokens,
+            sessions=not args.no_session_ids,
         )
         result = simulate(trace, options)
     except (GatewayError, OSError, ValueError, orjson.JSONDecodeError) as exc:

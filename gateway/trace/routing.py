@@ -8,9 +8,17 @@ by the same code the proxy runs.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
-from gateway.policy import ObservesOutcome, ObservesPlacement, Policy, PolicyContext
+from gateway.lineage import Conversations
+from gateway.policy import (
+    ObservesOutcome,
+    ObservesPlacement,
+    Policy,
+    PolicyContext,
+    TracksPrefill,
+)
 from gateway.routing import RoutingSettings, build_router
 from gateway.trace.format import TraceRecord
 from gateway.types import ClusterView, ReplicaId, ReplicaState, RouteRequest, SessionKey
@@ -32,14 +40,30 @@ def session_key_for(rec: TraceRecord, index: int) -> SessionKey:
 
 
 def route_request_for(
-    rec: TraceRecord, index: int, block_tokens: int, model: str = DEFAULT_MODEL
+    rec: TraceRecord,
+    index: int,
+    block_tokens: int,
+    model: str = DEFAULT_MODEL,
+    *,
+    sessions: bool = True,
 ) -> RouteRequest:
+    """The request as the proxy would build it. `sessions=False` drops the trace's session
+    ids (a client sending no session header). Only full blocks are hashed, as the gateway
+    and the engines do."""
+    hashes = rec.block_hashes
+    if hashes and rec.last_block_tokens < block_tokens:
+        hashes = hashes[:-1]
+    with_id = sessions and rec.session_id
+    plain = rec if with_id else TraceRecord(
+        rec.arrival_s, rec.input_tokens, rec.output_tokens, rec.block_hashes,
+        rec.last_block_tokens,
+    )
     return RouteRequest(
         request_id=f"trace-{index}",
         model=model,
-        session_key=session_key_for(rec, index),
-        key_source="session" if rec.session_id else "conversation",
-        prefix_hashes=rec.block_hashes,
+        session_key=session_key_for(plain, index),
+        key_source="session" if with_id else "conversation",
+        prefix_hashes=hashes,
         block_tokens=block_tokens,
         prompt_tokens=rec.input_tokens,
         max_tokens=rec.output_tokens,
@@ -63,8 +87,13 @@ class PolicyDriver:
         replicas: Sequence[ReplicaState],
         policy_config: Mapping[str, Any] | None = None,
         seed: int = 0,
+        *,
+        lineage: bool = True,
+        block_tokens: int = 512,
     ) -> None:
         settings = RoutingSettings(policy=policy, policies={policy: dict(policy_config or {})})
+        # The proxy's lineage rule, for requests without a session id (gateway.lineage).
+        self.conversations = Conversations(block_tokens) if lineage else None
         self.replicas = tuple(replicas)
         self.router: Policy = build_router(
             settings, PolicyContext(replicas=self.replicas, seed=seed)
@@ -72,18 +101,40 @@ class PolicyDriver:
         # Abilities are detected once, as the proxy does.
         self._placed = self.router if isinstance(self.router, ObservesPlacement) else None
         self._finished = self.router if isinstance(self.router, ObservesOutcome) else None
+        self._prefill = self.router if isinstance(self.router, TracksPrefill) else None
         self.unrouted = 0
 
+    def resolve(self, request: RouteRequest) -> RouteRequest:
+        """The request keyed on its lineage when it carries no session id."""
+        convs = self.conversations
+        if convs is None or request.key_source != "conversation":
+            return request
+        # A trace request has no opening messages to name it by: the lineage hash does.
+        key = convs.key_for(request.prefix_hashes, None)
+        return request if key is None else replace(request, session_key=key, key_source="lineage")
+
     def choose(self, request: RouteRequest, view: ClusterView) -> ReplicaId:
-        """The first-ranked replica; the first replica when the policy ranks nothing."""
+        """The first-ranked replica; the first replica when the policy ranks nothing.
+
+        `request` should come from `resolve`; the prompt is entered in the lineage index,
+        and the router is told of the dispatch and the placement, as the proxy does.
+        """
         choice = self.router.choose(request, view)
         replica = choice.first
         if replica is None:
             self.unrouted += 1
             replica = self.replicas[0].id
+        if self._prefill is not None:
+            self._prefill.dispatched(request, replica)
         if self._placed is not None:
             self._placed.placed(request, replica)
+        if self.conversations is not None and request.key_source == "lineage":
+            self.conversations.record(request.prefix_hashes, request.session_key)
         return replica
+
+    def prefilled(self, request: RouteRequest) -> None:
+        if self._prefill is not None:
+            self._prefill.prefilled(request)
 
     def finished(
         self, request: RouteRequest, replica: ReplicaId, ok: bool, latency_s: float

@@ -40,6 +40,8 @@ class SimulationOptions:
     max_output_tokens: int | None = None
     model: str = "kvgate-sim"
     seed: int = 0
+    # False: route as for clients that send no session id (lineage keys them).
+    sessions: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +116,9 @@ def simulate(trace: Trace, options: SimulationOptions | None = None) -> Simulati
     profile = _profile(o.profile)
     states = make_replicas(o.replicas, o.model)
     ids = [s.id for s in states]
-    driver = PolicyDriver(o.policy, states, o.policy_config, o.seed)
+    driver = PolicyDriver(
+        o.policy, states, o.policy_config, o.seed, block_tokens=trace.block_tokens
+    )
     engines = {rid: EngineModel(profile, seed=o.seed) for rid in ids}
     in_flight: dict[ReplicaId, int] = {rid: 0 for rid in ids}
     in_flight_view = MappingProxyType(in_flight)
@@ -144,7 +148,11 @@ def simulate(trace: Trace, options: SimulationOptions | None = None) -> Simulati
 
     def collect(rid: ReplicaId) -> None:
         for h in engines[rid].take_updates():
-            if not h.finished or h not in pending:
+            if h not in pending:
+                continue
+            if h.first_token_time is not None:
+                driver.prefilled(pending[h][3])  # idempotent: the first byte, as in the proxy
+            if not h.finished:
                 continue
             index, arrival, replica, request = pending.pop(h)
             in_flight[replica] -= 1
@@ -160,7 +168,9 @@ def simulate(trace: Trace, options: SimulationOptions | None = None) -> Simulati
             start_step(rid)
             continue
         rec = records[index]
-        request = route_request_for(rec, index, trace.block_tokens, o.model)
+        request = driver.resolve(
+            route_request_for(rec, index, trace.block_tokens, o.model, sessions=o.sessions)
+        )
         view = ClusterView(
             replicas=tuple(replace(s, load=_load(engines[s.id], now)) for s in states),
             now=now,

@@ -96,11 +96,13 @@ def cluster_hit_rate(
     policy: str,
     capacity_tokens: int | None = None,
     policy_config: Mapping[str, Any] | None = None,
+    sessions: bool = True,
 ) -> ClusterHitRate:
-    """Hit rate with one cache per replica, requests routed by `policy`."""
+    """Hit rate with one cache per replica, requests routed by `policy`. `sessions=False`
+    routes as for clients that send no session id (the lineage rule keys them)."""
     bt = trace.block_tokens
     states = make_replicas(replicas)
-    driver = PolicyDriver(policy, states, policy_config)
+    driver = PolicyDriver(policy, states, policy_config, block_tokens=bt)
     cap = None if capacity_tokens is None else max(1, capacity_tokens // bt)
     caches = {r.id: PrefixCache(cap) for r in states}
     counts = {r.id: 0 for r in states}
@@ -111,8 +113,9 @@ def cluster_hit_rate(
         # fill is not KV usage: cached-but-free blocks are not "in use" on an engine.)
         loaded = tuple(replace(r, load=_idle(now)) for r in states)
         view = ClusterView(replicas=loaded, now=now)
-        request = route_request_for(rec, i, bt)
+        request = driver.resolve(route_request_for(rec, i, bt, sessions=sessions))
         replica = driver.choose(request, view)
+        driver.prefilled(request)  # no timing here: every prefill is over at once
         total += rec.input_tokens
         hits += caches[replica].access(rec.block_hashes, rec.block_lengths(bt))
         counts[replica] += 1
@@ -214,6 +217,7 @@ def compute_stats(
     lru_tokens: Sequence[int] = (),
     replicas: int = 0,
     policies: Sequence[str] = (),
+    sessions: bool = True,
     price_per_card_hour: float | None = None,
     throughput_tokens_s: float | None = None,
     cards: int = 1,
@@ -233,7 +237,9 @@ def compute_stats(
         if replicas > 0:
             for policy in policies:
                 for size in (None, *lru_tokens):
-                    cluster.append(cluster_hit_rate(trace, replicas, policy, size))
+                    cluster.append(
+                        cluster_hit_rate(trace, replicas, policy, size, sessions=sessions)
+                    )
     cost = None
     if price_per_card_hour is not None and throughput_tokens_s is not None:
         cost = compute_cost(

@@ -99,6 +99,9 @@ async def pd_rig(
                 for rid, url, role in zip(ids, sim.urls, roles, strict=True)
             ],
             routing={"policy": "prefix_affinity"},
+            # The PD tests pin replicas through the ring order of the opener keys and
+            # the prefix index's 16-token blocks of before lineage routing.
+            session={"lineage": False, "block_tokens": 16, "max_prefix_blocks": 256},
             health={"enabled": False},
             models={"discover": False},
             pd={

@@ -74,9 +74,10 @@ async def test_prefill_timeout_falls_back_to_colocated(rig_factory: Any) -> None
 
 async def test_decode_failure_retries_another_decoder(rig_factory: Any) -> None:
     async with rig_factory([B, P, D, D], faults={2: FaultConfig(error=503)}) as rig:
-        # Whichever decoder ranks first, the answer comes from the healthy one.
-        for _ in range(3):
-            resp = await rig.chat(stream=True)
+        # Whichever decoder ranks first, the answer comes from the healthy one. Six
+        # sessions: their tie-breaks put the failing decoder first for some of them.
+        for i in range(6):
+            resp = await rig.chat(stream=True, headers={"X-Session-Id": f"s{i}"})
             assert resp.status_code == 200
             assert resp.headers["x-kvgate-replica"] == "d1"
         await rig.settle()

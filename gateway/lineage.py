@@ -1,0 +1,252 @@
+"""Conversation lineage inferred from the prompt itself, whatever the message layout.
+
+A request *continues* a conversation when its prompt extends that conversation's latest
+prompt. Prompts are compared through their chained prefix hashes (gateway.keys): a short
+run of opener hashes over the first bytes, then one hash per fixed-size block, each
+covering everything before it. So "extends" means: every hash of the conversation's latest
+prompt is a leading hash of this one. That holds for one growing user message, one
+message per turn, tool calls and results, `/v1/completions` strings and token-id prompts
+alike, because the gateway encodes each of them as one byte stream that only grows.
+
+The rule, per request with hashes ``H``:
+
+1. ``m`` = how many leading hashes of ``H`` the index holds (binary search: the index is
+   prefix-closed, as it evicts deepest-first).
+2. The owner of ``H[m-1]`` decides:
+
+   * nobody (``m == 0``): a new lineage;
+   * ``SHARED`` (a prefix held by two or more lineages: a system prompt, an agent
+     preamble): a new lineage that branches off the shared part;
+   * lineage ``L`` whose latest prompt had ``tip`` hashes: if ``m >= tip - slack`` the
+     request covers L's latest prompt (but for at most ``slack`` trailing hashes: a
+     client that re-renders the end of its last message) and continues L; otherwise it
+     branches off L (a new conversation that opens like L, an edited or cut history),
+     and the ``m`` hashes both hold become ``SHARED``.
+
+So a prefix seen in many lineages never defines a conversation; the first part only one
+lineage holds does. Examples (``|`` separates hashes):
+
+* ``sys|u1`` then ``sys|u1|a1|u2``: the second continues the first.
+* ``sys|u1`` and ``sys|v1`` (same preamble, another task): the second branches at ``sys``,
+  which becomes shared; ``sys|v1|b1|v2`` then continues ``sys|v1``.
+* ``sys|u1|a1|u2`` then ``sys|u1|x``: a branch (the history was edited after ``u1``).
+* two conversations that open with the very same ``sys|hi``: one lineage until one of
+  them moves on; the other then branches at ``sys|hi``.
+
+A new chat lineage's session key is the request's own conversation key (gateway.keys:
+its opening messages), which every gateway computes alike from the request alone, so
+placements shared through the store find the conversation on any gateway; when another
+lineage already has that key (two conversations that open alike), and for other
+endpoints, it is ``l:<hex>`` of the lineage's first private hash instead. Memory is bounded: at most
+``capacity`` hashes (LRU, deepest-first within a prompt, as engines evict) and
+``max_lineages`` lineages (LRU). Everything here is synchronous and does no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gateway.hashing import leading_match
+from gateway.types import ReplicaState, SessionKey
+
+SHARED = -1
+MIN_BLOCKS = 4096
+# Trailing tokens of a conversation's last prompt that its next turn may differ in and
+# still continue it (for clients that re-render the end of their last message). Clients
+# re-send their history as it was, so none by default: a slack lets a new conversation
+# whose own part is shorter than it join the one it opens like.
+DEFAULT_SLACK_TOKENS = 0
+_BRANCH_SALT = 0x9E37_79B9_7F4A_7C15  # a branch with no private element of its own
+_MASK = (1 << 64) - 1
+DEFAULT_CAPACITY = 1 << 20
+DEFAULT_MAX_LINEAGES = 1 << 18
+
+
+@dataclass(frozen=True, slots=True)
+class LineageMatch:
+    """What `LineageIndex.resolve` found for one prompt.
+
+    `lineage` is the continued lineage, or None for a new one; `matched` is how many
+    leading hashes the index already holds; `parent` the lineage a new one branches off.
+    """
+
+    lineage: int | None
+    matched: int
+    parent: int | None = None
+
+    @property
+    def continues(self) -> bool:
+        return self.lineage is not None
+
+
+def lineage_key(lineage: int) -> SessionKey:
+    return SessionKey(f"l:{lineage:016x}")
+
+
+class LineageIndex:
+    """Prefix hashes -> the one lineage holding them (or SHARED), and each lineage's tip."""
+
+    __slots__ = ("_by_key", "_keys", "_owner", "_tips", "capacity", "max_lineages", "slack")
+
+    def __init__(
+        self,
+        capacity: int = DEFAULT_CAPACITY,
+        max_lineages: int = DEFAULT_MAX_LINEAGES,
+        slack: int = 0,
+    ) -> None:
+        self._owner: OrderedDict[int, int] = OrderedDict()
+        self._tips: OrderedDict[int, int] = OrderedDict()  # lineage -> hashes of its tip
+        self._keys: dict[int, SessionKey] = {}
+        self._by_key: dict[SessionKey, int] = {}
+        self.capacity = max(1, capacity)
+        self.max_lineages = max(1, max_lineages)
+        self.slack = max(0, slack)
+
+    def __len__(self) -> int:
+        return len(self._owner)
+
+    @property
+    def lineages(self) -> int:
+        return len(self._tips)
+
+    def resize(self, capacity: int) -> None:
+        self.capacity = max(1, capacity)
+        self._trim()
+
+    def resolve(self, hashes: Sequence[int]) -> LineageMatch:
+        """Which lineage `hashes` continues, if any. Read-only; O(log n)."""
+        owner = self._owner
+        m = leading_match(hashes, owner)
+        if m == 0:
+            return LineageMatch(None, 0)
+        holder = owner[hashes[m - 1]]
+        if holder == SHARED:
+            return LineageMatch(None, m)
+        tip = self._tips.get(holder)
+        if tip is None:  # its lineage was forgotten: what it left is anybody's
+            return LineageMatch(None, m)
+        if m >= tip - self.slack:
+            return LineageMatch(holder, m)
+        return LineageMatch(None, m, parent=holder)
+
+    def key_of(self, lineage: int) -> SessionKey | None:
+        return self._keys.get(lineage)
+
+    def key_in_use(self, key: SessionKey) -> bool:
+        return key in self._by_key
+
+    def record(
+        self, match: LineageMatch, hashes: Sequence[int], key: SessionKey | None = None
+    ) -> int:
+        """Enter a served prompt under the lineage `match` resolved; returns its lineage.
+
+        O(len(hashes)): every hash is touched deepest-first so that the prompt's leading
+        hashes are the most recent and eviction takes tails first.
+        """
+        if not hashes:
+            return match.lineage if match.lineage is not None else SHARED
+        m = match.matched
+        lineage = self.lineage_of(match, hashes)
+        # Hashes below `shared` are held by the parent too: they stop naming either one.
+        shared = m if match.parent is not None else 0
+        owner = self._owner
+        get, touch = owner.get, owner.move_to_end
+        tips = self._tips
+        for i in range(len(hashes) - 1, -1, -1):
+            h = hashes[i]
+            held = get(h)
+            if held is None:
+                owner[h] = lineage
+                continue
+            if held != lineage and held != SHARED:
+                owner[h] = SHARED if i < shared and held in tips else lineage
+            touch(h)
+        tip = tips.get(lineage, 0)
+        tips[lineage] = max(tip, len(hashes)) if match.lineage is not None else len(hashes)
+        tips.move_to_end(lineage)
+        if key is not None and match.lineage is None:
+            old = self._keys.get(lineage)
+            if old is not None:
+                self._by_key.pop(old, None)
+            self._keys[lineage] = key
+            self._by_key[key] = lineage
+        self._trim()
+        return lineage
+
+    def _trim(self) -> None:
+        owner = self._owner
+        pop = owner.popitem
+        for _ in range(len(owner) - self.capacity):
+            pop(False)
+        tips, keys, by_key = self._tips, self._keys, self._by_key
+        for _ in range(len(tips) - self.max_lineages):
+            key = keys.pop(tips.popitem(False)[0], None)
+            if key is not None:
+                by_key.pop(key, None)
+
+    def lineage_of(self, match: LineageMatch, hashes: Sequence[int]) -> int:
+        """The lineage `record(match, hashes)` files the prompt under (pure)."""
+        if match.lineage is not None:
+            return match.lineage
+        m = match.matched
+        return hashes[m] if m < len(hashes) else (hashes[-1] ^ _BRANCH_SALT) & _MASK
+
+
+class Conversations:
+    """The gateway's lineage index, sized from the replicas' KV capacity.
+
+    `key_for` names a prompt's conversation before routing; `record` enters the prompt
+    once it was served. The index holds `capacity_factor` x the cluster's KV capacity in
+    hash blocks (at least `min_blocks`, at most `max_blocks`), re-read when the cluster's
+    membership or scraped capacities change.
+    """
+
+    __slots__ = ("_block_tokens", "_factor", "_max", "_seen", "index")
+
+    def __init__(
+        self,
+        block_tokens: int,
+        capacity_factor: float = 2.0,
+        max_blocks: int = DEFAULT_CAPACITY,
+        max_lineages: int = DEFAULT_MAX_LINEAGES,
+        slack_tokens: int = DEFAULT_SLACK_TOKENS,
+    ) -> None:
+        self._block_tokens = max(1, block_tokens)
+        self._factor = capacity_factor
+        self._max = max_blocks
+        self._seen: object = None
+        slack = -(-slack_tokens // self._block_tokens)
+        self.index = LineageIndex(max_blocks, max_lineages, slack)
+
+    def key_for(self, hashes: Sequence[int], own: SessionKey | None) -> SessionKey | None:
+        """The session key of the prompt `hashes`. `own` is the request's conversation
+        key when it names a conversation by its opening messages (chat), else None."""
+        if not hashes:
+            return None
+        index = self.index
+        match = index.resolve(hashes)
+        if match.lineage is not None:
+            return index.key_of(match.lineage) or lineage_key(match.lineage)
+        if own is not None and not index.key_in_use(own):
+            return own
+        return lineage_key(index.lineage_of(match, hashes))
+
+    def record(self, hashes: Sequence[int], key: SessionKey) -> None:
+        """`hashes` (keyed `key` by `key_for`) was served."""
+        if hashes:
+            self.index.record(self.index.resolve(hashes), hashes, key)
+
+    def fit(self, replicas: Sequence[ReplicaState]) -> None:
+        """Resize to the replicas' KV capacity; O(1) when `replicas` is the last tuple."""
+        if replicas is self._seen:
+            return
+        self._seen = replicas
+        tokens = 0
+        for r in replicas:
+            scraped = r.load.kv_capacity_tokens if r.load is not None else None
+            tokens += scraped or r.kv_capacity_tokens or 0
+        if tokens:
+            blocks = int(self._factor * tokens / self._block_tokens)
+            self.index.resize(min(self._max, max(MIN_BLOCKS, blocks)))

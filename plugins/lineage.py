@@ -1,0 +1,263 @@
+"""`lineage` (the default): each conversation stays where its KV prefix is; new ones go
+where they cost least, counting the sessions each replica already carries.
+
+The session key is the client's (header, `prompt_cache_key`) or, without one, the
+conversation's lineage inferred from the prompt (gateway.lineage). Per request:
+
+* **Sticky.** A session placed before (the store's placement, else this policy's own table
+  of live sessions) stays on its replica while that replica is a candidate (healthy,
+  serves the model) and its load is within ``load_factor x mean load + slack``. Only the
+  bound or health moves it, and the move is remembered: it then stays where it moved.
+* **Placed.** A new session, or one that must move, goes to the replica of least cost
+
+      cost_r = (load_r + uncached_r + session_weight * unit * live_r) / weight_r
+
+  in prefill tokens: ``load_r`` is the prefill this gateway sent to r that has not
+  produced a first byte yet, plus ``inflight_tokens`` per request in flight and
+  ``queue_weight * unit`` per request the engine reports waiting; ``uncached_r`` is the
+  prompt minus what r's prefix index holds of it; ``live_r`` counts r's live sessions
+  (each will send more turns); ``unit`` is the running mean of uncached prefill per
+  request. A shared preamble thus pulls a new conversation to a replica that holds it
+  only while that replica carries no more than a few sessions more than the others: hot
+  preambles spread, hot sessions stay.
+
+Unknown or stale engine load is not held against a replica (the gateway's own counts
+still are), so this policy ranks saturated replicas itself (`handles_saturation`).
+
+Cost: the sticky path is O(1) plus one C-level sum over the in-flight counts and a ring
+walk of RANK_DEPTH for the failover order; a placement is O(n) in the candidates.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from typing import ClassVar
+
+from pydantic import Field
+
+from gateway.policy import RANK_DEPTH, PolicyConfig, PolicyContext
+from gateway.ring import DEFAULT_VNODES, HashRing, RingNode
+from gateway.types import Choice, ClusterView, ReplicaId, ReplicaState, RouteRequest
+from plugins.live_sessions import LiveSessions
+from plugins.load_model import TieBreaker, mix
+from plugins.prefix_index import PrefixIndex
+
+DEFAULT_CAPACITY_TOKENS = 500_000
+
+
+class LineageConfig(PolicyConfig):
+    load_factor: float = Field(
+        default=1.5, ge=1.0, description="a sticky replica keeps its sessions while its load "
+        "is at most this times the mean (plus the slack)"
+    )
+    slack_requests: float = Field(
+        default=4.0, ge=0, description="load above the bound a sticky replica may carry, in "
+        "mean per-request prefills (at light load a bound of the mean alone moves sessions)"
+    )
+    session_weight: float = Field(
+        default=1.0, ge=0, description="future load of one live session, in mean per-request "
+        "prefills, when placing a new session"
+    )
+    inflight_tokens: float = Field(
+        default=256.0, ge=0, description="load of one in-flight request besides its prefill"
+    )
+    queue_weight: float = Field(
+        default=1.0, ge=0, description="load of one request the engine reports waiting, in "
+        "mean per-request prefills"
+    )
+    session_idle_s: float = Field(
+        default=900.0, gt=0, description="a session not seen this long no longer counts as live"
+    )
+    max_sessions: int = Field(default=1 << 18, ge=1, description="live sessions remembered")
+    initial_request_tokens: int = Field(default=2048, ge=1, description="unit before any request")
+    min_request_tokens: int = Field(default=256, ge=1, description="floor of the unit")
+    ewma_alpha: float = Field(default=0.05, gt=0, le=1, description="smoothing of the unit")
+    default_capacity_tokens: int = Field(
+        default=DEFAULT_CAPACITY_TOKENS, ge=1, description="KV capacity when not scraped"
+    )
+    index_capacity_factor: float = Field(default=1.0, gt=0, description="index size vs KV")
+    vnodes: int = Field(default=DEFAULT_VNODES, ge=1, description="failover ring vnodes")
+
+
+class Lineage:
+    name: ClassVar[str] = "lineage"
+    Config: ClassVar[type[LineageConfig]] = LineageConfig
+    # The load bound below replaces the router's not_saturated demotion.
+    handles_saturation: ClassVar[bool] = True
+
+    def __init__(self, config: LineageConfig, context: PolicyContext) -> None:
+        self.config = config
+        self.index = PrefixIndex(config.default_capacity_tokens, config.index_capacity_factor)
+        self.sessions = LiveSessions(config.session_idle_s, config.max_sessions)
+        self._tie = TieBreaker()
+        self._unit = float(config.initial_request_tokens)
+        self._pending: dict[ReplicaId, float] = {}
+        self._pending_total = 0.0
+        self._open: dict[str, tuple[ReplicaId, float]] = {}
+        self._ring = HashRing((), config.vnodes)
+        self._now = 0.0
+        self._view_key: tuple[ReplicaState, ...] | None = None
+        self._queued: dict[ReplicaId, float] = {}
+        self._queued_total = 0.0
+        self._capacity_seen: dict[ReplicaId, int] = {}
+        self.membership_changed(context.replicas)
+
+    # -- abilities ---------------------------------------------------------------------
+
+    def membership_changed(self, replicas: Sequence[ReplicaState]) -> None:
+        live = {r.id for r in replicas}
+        for gone in set(self._ring.members) - live:
+            self.index.forget(gone)
+            self.sessions.forget(gone)
+        self._ring = HashRing((RingNode(r.id, r.weight) for r in replicas), self.config.vnodes)
+        for r in replicas:
+            if r.kv_capacity_tokens:
+                self.index.set_capacity(r.id, r.kv_capacity_tokens, 256)
+
+    def cached_tokens(self, request: RouteRequest, replica: ReplicaId) -> int:
+        """Leading prompt tokens `replica` likely holds (admission and PD ask this)."""
+        hashes = request.prefix_hashes
+        if not hashes:
+            return 0
+        tokens = self.index.matched(replica, hashes) * request.block_tokens
+        return min(tokens, request.prompt_tokens) if request.prompt_tokens else tokens
+
+    def dispatched(self, request: RouteRequest, replica: ReplicaId) -> None:
+        """The request was sent to `replica`: its uncached prefill is now that replica's."""
+        self.prefilled(request)
+        tokens = float(max(0, request.prompt_tokens - self.cached_tokens(request, replica)))
+        self._open[request.request_id] = (replica, tokens)
+        self._pending[replica] = self._pending.get(replica, 0.0) + tokens
+        self._pending_total += tokens
+        self._unit += self.config.ewma_alpha * (tokens - self._unit)
+
+    def prefilled(self, request: RouteRequest) -> None:
+        """The prefill is over (first byte, failure or end); idempotent."""
+        entry = self._open.pop(request.request_id, None)
+        if entry is None:
+            return
+        replica, tokens = entry
+        left = self._pending.get(replica, 0.0) - tokens
+        self._pending[replica] = left if left > 1e-6 else 0.0
+        self._pending_total = max(0.0, self._pending_total - tokens)
+
+    def placed(self, request: RouteRequest, replica: ReplicaId) -> None:
+        if request.prefix_hashes:
+            self.index.record(replica, request.prefix_hashes, request.block_tokens or 1)
+        self.sessions.place(request.session_key, replica, self._now)
+
+    def finished(
+        self, request: RouteRequest, replica: ReplicaId, ok: bool, latency_s: float
+    ) -> None:
+        self.prefilled(request)
+
+    @property
+    def unit_tokens(self) -> float:
+        return max(float(self.config.min_request_tokens), self._unit)
+
+    # -- decision ----------------------------------------------------------------------
+
+    def choose(self, request: RouteRequest, view: ClusterView) -> Choice:
+        replicas = view.replicas
+        if not replicas:
+            return Choice((), "no_candidates", self.name)
+        self._now = view.now
+        self._refresh(view)
+        key = request.session_key
+        sticky = request.sticky_replica or self.sessions.replica_of(key, view.now)
+        unit = self.unit_tokens
+        if sticky is not None:
+            replica = view.by_id.get(sticky)
+            if replica is None:
+                return self._place(request, view, unit, "failover")
+            if self._load(sticky, view, unit) <= self._bound(view, unit):
+                return Choice(self._failover_order(sticky, key, view), "sticky", self.name)
+            return self._place(request, view, unit, "bounded_load")
+        return self._place(request, view, unit, "")
+
+    def _load(self, replica: ReplicaId, view: ClusterView, unit: float) -> float:
+        cfg = self.config
+        return (
+            self._pending.get(replica, 0.0)
+            + cfg.inflight_tokens * view.in_flight.get(replica, 0)
+            + cfg.queue_weight * unit * self._queued.get(replica, 0.0)
+        )
+
+    def _bound(self, view: ClusterView, unit: float) -> float:
+        cfg = self.config
+        n = len(view.replicas)
+        total = (
+            self._pending_total
+            + cfg.inflight_tokens * sum(view.in_flight.values())
+            + cfg.queue_weight * unit * self._queued_total
+        )
+        return cfg.load_factor * total / n + cfg.slack_requests * unit
+
+    def _place(self, request: RouteRequest, view: ClusterView, unit: float, moved: str) -> Choice:
+        cfg = self.config
+        replicas = view.replicas
+        hashes = request.prefix_hashes
+        bt = request.block_tokens or 1
+        prompt = request.prompt_tokens
+        position = {r.id: i for i, r in enumerate(replicas)} if hashes else {}
+        matched = self.index.matched_sparse(position, hashes) if hashes else {}
+        pending, queued, counts = self._pending.get, self._queued.get, self.sessions.counts.get
+        inflight = view.in_flight.get
+        per_session = cfg.session_weight * unit
+        qw = cfg.queue_weight * unit
+        sh = self._tie.session_hash(request.session_key)
+        rh = self._tie.replica_hash
+        keys: list[tuple[float, int, int]] = []
+        for i, r in enumerate(replicas):
+            rid = r.id
+            cached = min(prompt, matched.get(i, 0) * bt)
+            cost = (
+                pending(rid, 0.0)
+                + cfg.inflight_tokens * inflight(rid, 0)
+                + qw * queued(rid, 0.0)
+                + (prompt - cached)
+                + per_session * counts(rid, 0)
+            ) / (r.weight if r.weight > 0 else 1.0)
+            keys.append((cost, mix(sh, rh(rid)), i))
+        best = heapq.nsmallest(RANK_DEPTH, keys) if len(keys) > RANK_DEPTH else sorted(keys)
+        ranked = tuple(replicas[i].id for _, _, i in best)
+        if moved:
+            reason = moved
+        else:
+            reason = "prefix" if matched.get(best[0][2], 0) else "least_cost"
+        return Choice(ranked, reason, self.name)
+
+    def _failover_order(
+        self, first: ReplicaId, key: str, view: ClusterView
+    ) -> tuple[ReplicaId, ...]:
+        by_id = view.by_id
+        order = [first]
+        for rid in self._ring.clockwise(key):
+            if rid != first and rid in by_id and rid not in order:
+                order.append(rid)
+                if len(order) >= min(RANK_DEPTH, len(by_id)):
+                    break
+        if len(order) < min(RANK_DEPTH, len(by_id)):
+            # Replicas the ring was not told about (views built by hand).
+            order.extend(r.id for r in view.replicas if r.id not in order)
+        return tuple(order[:RANK_DEPTH])
+
+    def _refresh(self, view: ClusterView) -> None:
+        """Per-view data (scraped queues, KV capacities), rebuilt when the view changes."""
+        if view.replicas is self._view_key:
+            return
+        self._view_key = view.replicas
+        queued: dict[ReplicaId, float] = {}
+        for r in view.replicas:
+            load = view.load_of(r)
+            if load is not None and load.waiting:
+                queued[r.id] = load.waiting
+            capacity = (r.load.kv_capacity_tokens if r.load is not None else None) or (
+                r.kv_capacity_tokens
+            )
+            if capacity and self._capacity_seen.get(r.id) != capacity:
+                self._capacity_seen[r.id] = capacity
+                self.index.set_capacity(r.id, capacity, 256)
+        self._queued = queued
+        self._queued_total = sum(queued.values())
