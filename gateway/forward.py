@@ -49,9 +49,9 @@ async def open_leg(
     cluster.acquire(replica)
     try:
         response = await client.send("POST", url, headers, body)
-    except GatewayError:
+    except GatewayError as err:
         cluster.release(replica)
-        health.passive_failure(replica)
+        health.passive_failure(replica, err)
         raise
     except BaseException:
         cluster.release(replica)

@@ -100,9 +100,6 @@ def test_a_pool_wait_is_not_held_against_the_replica() -> None:
     assert health.state(R) is Health.EJECTED
 
 
-@pytest.mark.xfail(
-    strict=True, reason="gateway/forward.py does not hand the error to passive_failure yet"
-)
 async def test_open_leg_does_not_eject_a_replica_for_a_pool_wait(engine: Engine) -> None:
     cluster = Cluster([ReplicaState(R, engine.url)])
     client = H1Client(Timeouts(connect_s=0.2, response_headers_s=5, read_s=5), max_connections=1)
