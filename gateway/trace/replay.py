@@ -3,7 +3,8 @@
 Prompt text is rebuilt from the block hashes: each hash maps to a fixed sequence of
 three-letter words ("abc "), one word per token under the ~4 characters/token
 approximation, so equal hashes give equal text (the engine's prefix cache sees the trace's
-sharing) and prompts have the trace's length. Arrivals are replayed open-loop, compressed
+sharing) and prompts have the trace's length; a turn re-sends its parent's text exactly
+and appends (`gateway.trace.render` joins the parent's partial last block). Arrivals are replayed open-loop, compressed
 by `speedup`, or closed-loop with a fixed `concurrency`. Each request streams, with usage
 at the end, so the report has TTFT, inter-token gaps and the engine's `cached_tokens`.
 Chat messages are laid out by `gateway.trace.render` (one growing user message, or one
@@ -27,10 +28,8 @@ from gateway.trace.render import (
     LAYOUTS,
     Layout,
     Message,
-    RequestPlan,
+    Renderer,
     growing_messages,
-    plan_requests,
-    render_content,
     session_headers,
 )
 from gateway.trace.report import ReplayReport, RequestResult
@@ -230,15 +229,6 @@ def _has_text(obj: Mapping[str, Any], endpoint: Endpoint) -> bool:
     return False
 
 
-def _plans(
-    records: Sequence[TraceRecord], block_tokens: int, *, turns: bool, sessions: bool
-) -> tuple[RequestPlan, ...]:
-    """Plans when the layout or missing sessions need the prefix relation, else none."""
-    if turns or (sessions and any(r.session_id is None for r in records)):
-        return plan_requests(records, block_tokens)
-    return ()
-
-
 async def replay(
     requests: Trace | Sequence[TraceRecord],
     base_url: str,
@@ -284,24 +274,13 @@ async def replay(
     base_headers = {"content-type": "application/json", **(headers or {})}
     if api_key:
         base_headers["authorization"] = f"Bearer {api_key}"
-    builder = PromptBuilder(bt)
     chat = endpoint == "chat"
-    # A pass over every block of the trace: off the loop, as prompts are.
-    plans = await asyncio.to_thread(
-        _plans, records, bt, turns=chat and layout == "turns", sessions=session_header
-    )
+    # Parents, segments and sessions: a pass over every block of the trace, off the loop
+    # as prompts are. Every layout needs the parents (a turn extends its parent's text).
+    renderer = await asyncio.to_thread(Renderer, PromptBuilder(bt), records, bt)
 
     def job(i: int, rec: TraceRecord) -> _Job:
-        plan = plans[i] if plans else None
-        content = render_content(
-            builder,
-            rec,
-            i,
-            chat=chat,
-            layout=layout,
-            block_tokens=bt,
-            bounds=plan.bounds if plan else (),
-        )
+        content = renderer.content(i, chat=chat, layout=layout)
         body = build_body(
             content,
             rec,
@@ -312,7 +291,7 @@ async def replay(
         )
         hdrs = dict(base_headers)
         if session_header:
-            hdrs.update(session_headers(plan.session_id if plan else rec.session_id))
+            hdrs.update(session_headers(renderer.plans[i].session_id))
         return _Job(i, rec, orjson.dumps(body), hdrs)
 
     own = client is None

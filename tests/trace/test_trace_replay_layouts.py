@@ -66,8 +66,9 @@ async def test_turns_layout_extends_the_parent_messages() -> None:
     msgs = [b["messages"] for b in sent.bodies]
     assert [len(m) for m in msgs] == [1, 1, 2, 2]
     assert msgs[2][:1] == msgs[0] and msgs[2][1]["role"] == "user"
-    # Request 1 ends on a partial block: request 3 keeps its full block only.
-    assert msgs[1][0]["content"].startswith(msgs[3][0]["content"])
+    # Request 1 ends on a partial block: request 3 re-sends it whole, then goes on.
+    assert msgs[3][:1] == msgs[1] and msgs[3][1]["role"] == "user"
+    assert len(msgs[3][0]["content"] + msgs[3][1]["content"]) == 4 * TRACE.records[3].input_tokens
     assert all("user" not in b for b in sent.bodies)
 
 
@@ -117,5 +118,5 @@ async def test_turns_layout_keeps_the_trace_prefix_hits_on_an_engine() -> None:
         report = await replay(trace, cluster.urls[0], concurrency=1, layout="turns")
     assert report.errors == 0, report.error_kinds
     assert report.hit_rate is not None
-    # The engine's 16-token blocks, chat template and cut partial blocks cost a little.
+    # The engine's 16-token blocks and chat template cost a little.
     assert report.hit_rate >= hit_rate(trace) - 0.1
