@@ -35,20 +35,25 @@ equal leading prefix on the same model; `opener_hashes` cover its first 16, 32, 
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
+from itertools import accumulate
 from typing import Any
 
 import orjson
 import xxhash
 
+_xxh3 = xxhash.xxh3_64_intdigest
 from gateway.hashing import (
     CHARS_PER_TOKEN,
+    OPENER_BYTES,
     approx_tokens,
     digest_hex,
     model_seed,
     opener_hashes,
     stream_block_hashes,
 )
+from gateway.lineage import TailProbe
 from gateway.types import Endpoint, RouteRequest, SessionKey
 
 # Separators that cannot occur inside JSON-decoded text boundaries in a confusing way:
@@ -188,6 +193,44 @@ def _leading(parts: Sequence[bytes], limit: int) -> bytes:
     return b"".join(out)
 
 
+class _ChainEnds:
+    """Byte offset where the prompt's `n`-th chain hash ends (openers, then blocks)."""
+
+    __slots__ = ("_block", "_openers")
+
+    def __init__(self, openers: int, block_bytes: int) -> None:
+        self._openers, self._block = openers, block_bytes
+
+    def __call__(self, n: int) -> int:
+        if n <= self._openers:
+            return OPENER_BYTES[n - 1] if n else 0
+        return (n - self._openers) * self._block
+
+
+class _Stream:
+    """Slices of the concatenated prompt pieces, without concatenating them all."""
+
+    __slots__ = ("_offsets", "_pieces")
+
+    def __init__(self, pieces: Sequence[bytes]) -> None:
+        self._pieces = pieces
+        self._offsets: list[int] | None = None
+
+    def slice(self, start: int, end: int) -> bytes:
+        offsets = self._offsets
+        if offsets is None:
+            offsets = self._offsets = [0, *accumulate(map(len, self._pieces))]
+        i = bisect_right(offsets, start) - 1
+        out: list[bytes] = []
+        pieces = self._pieces
+        while start < end and i < len(pieces):
+            piece, base = pieces[i], offsets[i]
+            out.append(piece[start - base : end - base])
+            start = base + len(piece)
+            i += 1
+        return b"".join(out)
+
+
 def _max_tokens(body: Mapping[str, Any]) -> int | None:
     for field in ("max_completion_tokens", "max_tokens"):
         value = body.get(field)
@@ -208,7 +251,8 @@ def route_request(
     priority_class: str | None = None,
     tenant: str | None = None,
     user_is_session: bool = False,
-    lineage: Callable[[Sequence[int], SessionKey | None], SessionKey | None] | None = None,
+    lineage: Callable[[Sequence[int], SessionKey | None, TailProbe], SessionKey | None]
+    | None = None,
 ) -> RouteRequest:
     """Build the policy-facing view of a validated request body.
 
@@ -226,6 +270,8 @@ def route_request(
     size = sum(map(len, pieces))
     hashes: tuple[int, ...] = ()
     openers: tuple[int, ...] = ()
+    chain: tuple[int, ...] = ()
+    tail = (0, 0)
     if max_prefix_blocks:
         block_bytes = block_tokens * CHARS_PER_TOKEN
         salt = _opt_str(body, "cache_salt")
@@ -233,10 +279,21 @@ def route_request(
         hashes = stream_block_hashes(pieces, block_bytes, seed, max_prefix_blocks)
         # Only the bytes the openers read are joined.
         openers = opener_hashes(_leading(pieces, block_bytes), block_bytes, seed)
-        if lineage is not None and source == "conversation":
-            named = lineage(openers + hashes, key if endpoint is Endpoint.CHAT else None)
-            if named is not None:
-                key, source = named, "lineage"
+        chain = openers + hashes
+        if chain:
+            ends = _ChainEnds(len(openers), block_bytes)
+            stream = _Stream(pieces)
+            start = ends(len(chain))
+            tail = (size - start, _xxh3(stream.slice(start, size), chain[-1]) if size > start else 0)
+
+            def probe(count: int, length: int) -> int:
+                at = ends(count)
+                return _xxh3(stream.slice(at, at + length), chain[count - 1])
+
+            if lineage is not None and source == "conversation":
+                named = lineage(chain, key if endpoint is Endpoint.CHAT else None, probe)
+                if named is not None:
+                    key, source = named, "lineage"
     return RouteRequest(
         request_id=request_id,
         model=model,
@@ -245,6 +302,8 @@ def route_request(
         endpoint=endpoint,
         prefix_hashes=hashes,
         opener_hashes=openers,
+        lineage_hashes=chain,
+        lineage_tail=tail,
         block_tokens=block_tokens,
         prompt_tokens=approx_tokens(size),
         max_tokens=_max_tokens(body),

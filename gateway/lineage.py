@@ -37,7 +37,7 @@ A new chat lineage's session key is the request's own conversation key (gateway.
 its opening messages), which every gateway computes alike from the request alone, so
 placements shared through the store find the conversation on any gateway; when another
 lineage already has that key (two conversations that open alike), and for other
-endpoints, it is ``l:<hex>`` of the lineage's first private hash instead. Memory is bounded: at most
+endpoints, it is ``l:<n>`` with a number of this index's own. Memory is bounded: at most
 ``capacity`` hashes (LRU, deepest-first within a prompt, as engines evict) and
 ``max_lineages`` lineages (LRU). Everything here is synchronous and does no I/O.
 """
@@ -45,7 +45,7 @@ endpoints, it is ``l:<hex>`` of the lineage's first private hash instead. Memory
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gateway.hashing import leading_match
@@ -58,10 +58,13 @@ MIN_BLOCKS = 4096
 # re-send their history as it was, so none by default: a slack lets a new conversation
 # whose own part is shorter than it join the one it opens like.
 DEFAULT_SLACK_TOKENS = 0
-_BRANCH_SALT = 0x9E37_79B9_7F4A_7C15  # a branch with no private element of its own
-_MASK = (1 << 64) - 1
+_MEMO_MAX = 8192
 DEFAULT_CAPACITY = 1 << 20
 DEFAULT_MAX_LINEAGES = 1 << 18
+
+
+# (hashes counted, length): the hash of the `length` prompt bytes after that many hashes.
+TailProbe = Callable[[int, int], int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,13 +85,16 @@ class LineageMatch:
 
 
 def lineage_key(lineage: int) -> SessionKey:
-    return SessionKey(f"l:{lineage:016x}")
+    return SessionKey(f"l:{lineage:x}")
 
 
 class LineageIndex:
     """Prefix hashes -> the one lineage holding them (or SHARED), and each lineage's tip."""
 
-    __slots__ = ("_by_key", "_keys", "_owner", "_tips", "capacity", "max_lineages", "slack")
+    __slots__ = (
+        "_by_key", "_ends", "_keys", "_next_id", "_owner", "_tails", "_tips", "capacity",
+        "max_lineages", "slack",
+    )
 
     def __init__(
         self,
@@ -100,6 +106,13 @@ class LineageIndex:
         self._tips: OrderedDict[int, int] = OrderedDict()  # lineage -> hashes of its tip
         self._keys: dict[int, SessionKey] = {}
         self._by_key: dict[SessionKey, int] = {}
+        # The bytes of a lineage's latest prompt past its last hash (under a block), as
+        # (length, hash), and the lineages whose latest prompt ends at a given hash: two
+        # prompts that differ only there (a shared preamble, then a short task) are told
+        # apart, and a next turn is checked to repeat them.
+        self._tails: dict[int, tuple[int, int]] = {}
+        self._ends: dict[int, list[int]] = {}
+        self._next_id = 0
         self.capacity = max(1, capacity)
         self.max_lineages = max(1, max_lineages)
         self.slack = max(0, slack)
@@ -115,19 +128,29 @@ class LineageIndex:
         self.capacity = max(1, capacity)
         self._trim()
 
-    def resolve(self, hashes: Sequence[int]) -> LineageMatch:
-        """Which lineage `hashes` continues, if any. Read-only; O(log n)."""
+    def resolve(self, hashes: Sequence[int], probe: TailProbe | None = None) -> LineageMatch:
+        """Which lineage `hashes` continues, if any. Read-only; O(log n).
+
+        `probe(n, length)` hashes the `length` bytes of the prompt after its `n`-th hash
+        (None: no bytes at hand, as for trace records; tails are then not compared).
+        """
         owner = self._owner
         m = leading_match(hashes, owner)
         if m == 0:
             return LineageMatch(None, 0)
+        if probe is not None:
+            for lineage in self._ends.get(hashes[m - 1], ()):
+                length, digest = self._tails.get(lineage, (0, 0))
+                if self._tips.get(lineage) == m and (not length or probe(m, length) == digest):
+                    return LineageMatch(lineage, m)
         holder = owner[hashes[m - 1]]
         if holder == SHARED:
             return LineageMatch(None, m)
         tip = self._tips.get(holder)
         if tip is None:  # its lineage was forgotten: what it left is anybody's
             return LineageMatch(None, m)
-        if m >= tip - self.slack:
+        if m >= tip - self.slack and not (probe is not None and m == tip and self._tails.get(holder)):
+            # (Ending exactly at a tip with bytes past it was decided above, by the bytes.)
             return LineageMatch(holder, m)
         return LineageMatch(None, m, parent=holder)
 
@@ -138,7 +161,12 @@ class LineageIndex:
         return key in self._by_key
 
     def record(
-        self, match: LineageMatch, hashes: Sequence[int], key: SessionKey | None = None
+        self,
+        match: LineageMatch,
+        hashes: Sequence[int],
+        key: SessionKey | None = None,
+        tail: tuple[int, int] = (0, 0),
+        new_id: int | None = None,
     ) -> int:
         """Enter a served prompt under the lineage `match` resolved; returns its lineage.
 
@@ -147,10 +175,13 @@ class LineageIndex:
         """
         if not hashes:
             return match.lineage if match.lineage is not None else SHARED
-        m = match.matched
-        lineage = self.lineage_of(match, hashes)
-        # Hashes below `shared` are held by the parent too: they stop naming either one.
-        shared = m if match.parent is not None else 0
+        lineage = match.lineage
+        if lineage is None:
+            lineage = new_id if new_id is not None else self.new_id()
+        # A new lineage's hashes that another lineage holds too stop naming either one.
+        # (All of them, not only the `matched` ones: requests resolved at the same time
+        # may have entered the same preamble meanwhile.)
+        shared = len(hashes) if match.lineage is None else 0
         owner = self._owner
         get, touch = owner.get, owner.move_to_end
         tips = self._tips
@@ -164,8 +195,14 @@ class LineageIndex:
                 owner[h] = SHARED if i < shared and held in tips else lineage
             touch(h)
         tip = tips.get(lineage, 0)
-        tips[lineage] = max(tip, len(hashes)) if match.lineage is not None else len(hashes)
+        new_tip = max(tip, len(hashes)) if match.lineage is not None else len(hashes)
+        if tip:
+            self._unend(lineage, tip, hashes)
+        tips[lineage] = new_tip
         tips.move_to_end(lineage)
+        if new_tip == len(hashes):
+            self._ends.setdefault(hashes[-1], []).append(lineage)
+            self._tails[lineage] = tail
         if key is not None and match.lineage is None:
             old = self._keys.get(lineage)
             if old is not None:
@@ -182,16 +219,29 @@ class LineageIndex:
             pop(False)
         tips, keys, by_key = self._tips, self._keys, self._by_key
         for _ in range(len(tips) - self.max_lineages):
-            key = keys.pop(tips.popitem(False)[0], None)
+            lineage = tips.popitem(False)[0]
+            key = keys.pop(lineage, None)
             if key is not None:
                 by_key.pop(key, None)
+            self._tails.pop(lineage, None)
+        ends = self._ends
+        if len(ends) > 2 * len(tips) + 64:
+            # Ends of forgotten lineages (or tips that moved on) are dropped in one sweep.
+            for end in [e for e, ls in ends.items() if not any(x in tips for x in ls)]:
+                del ends[end]
 
-    def lineage_of(self, match: LineageMatch, hashes: Sequence[int]) -> int:
-        """The lineage `record(match, hashes)` files the prompt under (pure)."""
-        if match.lineage is not None:
-            return match.lineage
-        m = match.matched
-        return hashes[m] if m < len(hashes) else (hashes[-1] ^ _BRANCH_SALT) & _MASK
+    def _unend(self, lineage: int, tip: int, hashes: Sequence[int]) -> None:
+        """Forget where `lineage`'s previous tip ended (its hashes are a prefix of these)."""
+        if tip <= len(hashes):
+            ends = self._ends.get(hashes[tip - 1])
+            if ends is not None and lineage in ends:
+                ends.remove(lineage)
+                if not ends:
+                    del self._ends[hashes[tip - 1]]
+
+    def new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
 
 
 class Conversations:
@@ -203,7 +253,7 @@ class Conversations:
     membership or scraped capacities change.
     """
 
-    __slots__ = ("_block_tokens", "_factor", "_max", "_seen", "index")
+    __slots__ = ("_block_tokens", "_factor", "_max", "_memo", "_seen", "index")
 
     def __init__(
         self,
@@ -218,25 +268,44 @@ class Conversations:
         self._max = max_blocks
         self._seen: object = None
         slack = -(-slack_tokens // self._block_tokens)
+        # Resolutions of requests not recorded yet, by identity of their hash tuple: the
+        # prompt is recorded under the lineage routing went by.
+        self._memo: dict[int, tuple[Sequence[int], LineageMatch, int]] = {}
         self.index = LineageIndex(max_blocks, max_lineages, slack)
 
-    def key_for(self, hashes: Sequence[int], own: SessionKey | None) -> SessionKey | None:
+    def key_for(
+        self, hashes: Sequence[int], own: SessionKey | None, probe: TailProbe | None = None
+    ) -> SessionKey | None:
         """The session key of the prompt `hashes`. `own` is the request's conversation
         key when it names a conversation by its opening messages (chat), else None."""
         if not hashes:
             return None
         index = self.index
-        match = index.resolve(hashes)
+        match = index.resolve(hashes, probe)
+        memo = self._memo
+        if len(memo) >= _MEMO_MAX:
+            del memo[next(iter(memo))]
         if match.lineage is not None:
+            memo[id(hashes)] = (hashes, match, match.lineage)
             return index.key_of(match.lineage) or lineage_key(match.lineage)
+        lineage = index.new_id()
+        memo[id(hashes)] = (hashes, match, lineage)
         if own is not None and not index.key_in_use(own):
             return own
-        return lineage_key(index.lineage_of(match, hashes))
+        return lineage_key(lineage)
 
-    def record(self, hashes: Sequence[int], key: SessionKey) -> None:
-        """`hashes` (keyed `key` by `key_for`) was served."""
+    def record(
+        self, hashes: Sequence[int], key: SessionKey, tail: tuple[int, int] = (0, 0)
+    ) -> None:
+        """`hashes` (keyed `key` by `key_for`) was served; `tail` is (length, hash) of its
+        bytes past the last hash."""
         if hashes:
-            self.index.record(self.index.resolve(hashes), hashes, key)
+            index = self.index
+            memo = self._memo.pop(id(hashes), None)
+            if memo is not None and memo[0] is hashes:
+                index.record(memo[1], hashes, key, tail, memo[2])  # what routing went by
+            else:
+                index.record(index.resolve(hashes), hashes, key, tail)
 
     def fit(self, replicas: Sequence[ReplicaState]) -> None:
         """Resize to the replicas' KV capacity; O(1) when `replicas` is the last tuple."""
@@ -250,3 +319,4 @@ class Conversations:
         if tokens:
             blocks = int(self._factor * tokens / self._block_tokens)
             self.index.resize(min(self._max, max(MIN_BLOCKS, blocks)))
+

@@ -297,7 +297,9 @@ class ProxyEndpoint:
                 state.router_placed(request, leg.replica)
             if state.lineage is not None and request.key_source == "lineage":
                 state.lineage.fit(state.cluster.view().replicas)
-                state.lineage.record(request.lineage_hashes, request.session_key)
+                state.lineage.record(
+                    request.lineage_hashes, request.session_key, request.lineage_tail
+                )
             status = leg.response.status
             status, ok, error_code, usage = await self._relay(
                 leg, send, call, strip_usage, first_byte if prefilling else None

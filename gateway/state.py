@@ -18,9 +18,9 @@ from gateway.hooks import (
     Service,
     SessionPlacements,
 )
+from gateway.lineage import Conversations
 from gateway.metrics import GatewayMetrics
 from gateway.models import ModelsCache
-from gateway.lineage import Conversations
 from gateway.policy import ObservesOutcome, ObservesPlacement, Policy, TracksPrefill
 from gateway.settings import KvgateSettings
 from gateway.types import ReplicaId, RouteRequest

@@ -67,10 +67,10 @@ class RouteRequest:
     # Where the shared session store says this session lives, if anywhere (see gateway.store).
     sticky_replica: ReplicaId | None = None
 
-    @property
-    def lineage_hashes(self) -> tuple[int, ...]:
-        """The prompt's whole hash chain: openers, then blocks."""
-        return self.opener_hashes + self.prefix_hashes if self.opener_hashes else self.prefix_hashes
+    # The prompt's whole hash chain (openers, then blocks), and (length, hash) of its bytes
+    # past the chain's last hash: what the conversation lineage is read from.
+    lineage_hashes: tuple[int, ...] = ()
+    lineage_tail: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -146,7 +146,7 @@ def test_resolve_marks_shared_prefixes_and_branches() -> None:
     branch = index.resolve((1, 2, 9))
     assert branch.lineage is None and branch.parent == la and branch.matched == 2
     lb = index.record(branch, (1, 2, 9))
-    assert lb == 9 and lb != la
+    assert lb != la
     # (1, 2) is now held by two lineages: a third conversation from there is new.
     assert index.resolve((1, 2, 7)) == LineageMatch(None, 2)
     assert index._owner[2] == SHARED and index._owner[3] == la
@@ -207,3 +207,23 @@ def test_a_small_rewrite_of_the_last_turn_continues_within_the_slack() -> None:
     for run, same in ((strict, False), (lenient, True)):
         k = run(hashes(growing(t)))
         assert (run(hashes(growing([*edited, "next " * 30]))) == k) is same
+
+
+def test_sessions_resolved_together_keep_apart_when_they_differ_past_the_last_block() -> None:
+    """20 sessions of one preamble whose own text is shorter than a block, all resolved
+    before any is recorded (concurrent first turns), then each going on."""
+    convs = Conversations(256)
+    hist = {n: [f"Task: fix issue #{n} in module {n * 31}"] for n in range(20)}
+    keys: dict[int, set[str]] = {n: set() for n in hist}
+    for turn in range(3):
+        requests = {
+            n: route_request(growing(h), Endpoint.CHAT, "r", block_tokens=256,
+                             max_prefix_blocks=4096, lineage=convs.key_for)
+            for n, h in hist.items()
+        }
+        for n, r in requests.items():
+            convs.record(r.lineage_hashes, r.session_key, r.lineage_tail)
+            keys[n].add(r.session_key)
+            hist[n] += ["answer " * 3, f"tool result {turn} for {n}: " + "ok " * 30]
+    assert all(len(k) == 1 for k in keys.values()), keys
+    assert len({next(iter(k)) for k in keys.values()}) == 20

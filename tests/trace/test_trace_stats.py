@@ -49,14 +49,17 @@ def test_prefix_scan_stops_at_first_miss() -> None:
     assert cache.access((7, 2, 3), (4, 4, 4)) == 0  # a later equal hash is not a prefix hit
 
 
-def test_cluster_round_robin_scatters_and_consistent_hash_keeps_together() -> None:
+def test_cluster_round_robin_scatters_and_lineage_keeps_prefixes_together() -> None:
     rr = cluster_hit_rate(TRACE, 2, "round_robin")
     # A->r0, B->r1, C->r0, D->r1: only D finds B's blocks 1,2 on r1.
     assert rr.hit_rate == pytest.approx(8 / TOTAL_IN)
     assert rr.request_share == (0.5, 0.5)
-    ch = cluster_hit_rate(TRACE, 2, "consistent_hash")
-    # A, B and D open with the same block, so they share a replica: same as one cache.
-    assert ch.hit_rate == pytest.approx(hit_rate(TRACE))
+    ch = cluster_hit_rate(TRACE, 2, "lineage")
+    # D repeats A's prompt: A's conversation, on A's replica, all 12 tokens cached. B is
+    # a new conversation sharing 8 tokens with A: it goes to the replica without a live
+    # session (8 tokens are worth less than the load a session brings).
+    assert ch.hit_rate == pytest.approx(12 / TOTAL_IN)
+    assert min(ch.request_share) > 0
 
 
 def test_shape_statistics() -> None:
