@@ -101,7 +101,7 @@ def stream_block_hashes(
 
 # Prefix lengths (bytes) that opener hashes cover, below one block: a conversation shorter
 # than a block still gets a few hashes, and two that differ early part early.
-OPENER_BYTES = (16, 32, 64, 128, 256, 512)
+OPENER_BYTES = (16, 32, 64, 128, 256, 512, 1024)
 
 
 def opener_hashes(data: bytes, block_bytes: int, seed: int) -> tuple[int, ...]:

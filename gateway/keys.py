@@ -38,6 +38,7 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
 from itertools import accumulate
+from types import MappingProxyType
 from typing import Any
 
 import orjson
@@ -60,6 +61,11 @@ from gateway.types import Endpoint, RouteRequest, SessionKey
 # they keep ("ab", "c") and ("a", "bc") apart in the hashed stream.
 _ROLE_SEP = b"\x1e"
 _MSG_SEP = b"\x1f"
+# Message header bytes of the usual roles, built once (others are built per message).
+_HEADERS: Mapping[str, bytes] = MappingProxyType({
+    role: _MSG_SEP + role.encode() + _ROLE_SEP
+    for role in ("system", "developer", "user", "assistant", "tool", "function")
+})
 
 
 def _part_bytes(content: Any) -> bytes:
@@ -80,19 +86,21 @@ def _part_bytes(content: Any) -> bytes:
     return orjson.dumps(content)
 
 
+def _role_header(role: Any) -> bytes:
+    """The bytes that open a message: separator, role, separator."""
+    header = _HEADERS.get(role) if isinstance(role, str) else None
+    if header is None:
+        header = _MSG_SEP + (role.encode() if isinstance(role, str) else b"") + _ROLE_SEP
+    return header
+
+
 def message_pieces(message: Mapping[str, Any]) -> list[bytes]:
     """Canonical bytes of one chat message (role, content, tool calls), in pieces.
 
     The separator leads: a message whose content grows keeps its earlier bytes a prefix.
     Pieces, not one join: a 100K-token message is then never copied a second time.
     """
-    role = message.get("role")
-    pieces = [
-        _MSG_SEP,
-        role.encode() if isinstance(role, str) else b"",
-        _ROLE_SEP,
-        _part_bytes(message.get("content")),
-    ]
+    pieces = [_role_header(message.get("role")), _part_bytes(message.get("content"))]
     tool_calls = message.get("tool_calls")
     if tool_calls:
         pieces.append(orjson.dumps(tool_calls))
@@ -258,7 +266,7 @@ def route_request(
 
     `max_prefix_blocks` = 0 means no prefix hashes at all (the cheapest setting for
     policies that do not look at prefixes); otherwise at most that many blocks are hashed
-    (with 256-token blocks, 4096 blocks cover a million tokens). `lineage` names the
+    (with 512-token blocks, 2048 blocks cover a million tokens). `lineage` names the
     conversation of a prompt that brought no session id of its own (gateway.lineage).
     """
     model = body["model"]

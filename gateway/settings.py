@@ -111,12 +111,12 @@ class SessionSettings(Section):
     priority_header: str = Field("X-Priority", description="header naming a priority class")
     tenant_header: str = Field("X-Tenant-Id", description="header naming the tenant")
     block_tokens: int = Field(
-        256, ge=1, le=4096, description="tokens per prefix-hash block (x 4 bytes of prompt); "
+        512, ge=1, le=4096, description="tokens per prefix-hash block (x 4 bytes of prompt); "
         "larger blocks cost less CPU per request, smaller ones see shorter shared prefixes"
     )
     max_prefix_blocks: int = Field(
-        4096, ge=0, le=1 << 20, description="prefix blocks hashed per request (0 = none); "
-        "the default covers a million tokens at 256-token blocks"
+        2048, ge=0, le=1 << 20, description="prefix blocks hashed per request (0 = none); "
+        "the default covers a million tokens at 512-token blocks"
     )
     completion_key_chars: int = Field(
         1024, ge=1, description="leading prompt characters that key a /v1/completions session "

@@ -20,7 +20,7 @@ from pathlib import Path
 # Runnable from a checkout without installing: the repository root holds gateway/ and plugins/.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gateway.policy import PolicyContext
+from gateway.policy import PolicyContext, TracksPrefill
 from gateway.routing import RoutingSettings, build_router
 from gateway.types import ClusterView, EngineLoad, ReplicaId, ReplicaState, RouteRequest, SessionKey
 
@@ -50,8 +50,11 @@ def make_view(states: tuple[ReplicaState, ...], rng: random.Random, now: float) 
 class Workload:
     """Conversations: a shared system prompt, then turns that extend the previous prompt."""
 
-    def __init__(self, rng: random.Random, prompt_blocks: int) -> None:
+    def __init__(
+        self, rng: random.Random, prompt_blocks: int, block_tokens: int = BLOCK_TOKENS
+    ) -> None:
         self.rng = rng
+        self.block_tokens = block_tokens
         self.prompt_blocks = prompt_blocks
         self.system = [rng.getrandbits(63) for _ in range(8)]
         self.convs: list[list[int]] = []
@@ -72,25 +75,27 @@ class Workload:
         hashes = tuple(blocks[:MAX_PREFIX_BLOCKS])
         return RouteRequest(
             request_id=f"q{self.n}", model="m", session_key=SessionKey(f"s{id(blocks)}"),
-            prefix_hashes=hashes, block_tokens=BLOCK_TOKENS,
-            prompt_tokens=len(hashes) * BLOCK_TOKENS,
+            prefix_hashes=hashes, block_tokens=self.block_tokens,
+            prompt_tokens=len(hashes) * self.block_tokens,
         )
 
 
 def run(policy: str, replicas: int, decisions: int, prompt_blocks: int,
-        capacity_tokens: int, warm_blocks: int = 0) -> dict[str, float]:
+        capacity_tokens: int, warm_blocks: int = 0,
+        block_tokens: int = BLOCK_TOKENS) -> dict[str, float]:
     rng = random.Random(7)
     states = make_replicas(replicas, capacity_tokens)
     router = build_router(RoutingSettings(policy=policy), PolicyContext(replicas=states))
-    work = Workload(rng, prompt_blocks)
+    work = Workload(rng, prompt_blocks, block_tokens)
     now = 100.0
     view = make_view(states, rng, now)
     placed = router.placed  # type: ignore[attr-defined]
+    prefill = router if isinstance(router, TracksPrefill) else None
     # Warm the index up to `warm_blocks` with fresh prompts placed round the cluster
     # (cheaper than routing each one; the index's content is what matters here).
     scorer = router.scorer  # type: ignore[attr-defined]
     index = getattr(scorer, "index", None)
-    filler = Workload(random.Random(11), prompt_blocks)
+    filler = Workload(random.Random(11), prompt_blocks, block_tokens)
     i = 0
     while index is not None and index.total_blocks < warm_blocks:
         req = filler.next()
@@ -109,7 +114,11 @@ def run(policy: str, replicas: int, decisions: int, prompt_blocks: int,
         target = router.choose(req, view).first
         t1 = time.perf_counter_ns()
         assert target is not None
+        if prefill is not None:
+            prefill.dispatched(req, target)
         placed(req, target)
+        if prefill is not None:
+            prefill.prefilled(req)
         t2 = time.perf_counter_ns()
         choose_us.append((t1 - t0) / 1000.0)
         placed_us.append((t2 - t1) / 1000.0)
@@ -134,6 +143,14 @@ def main() -> None:
     big = run("prefix_affinity", 64, args.decisions, args.prompt_blocks, 32_768 * BLOCK_TOKENS,
               warm_blocks=1_000_000)
     rows.append(("prefix_affinity (1M blocks)", 64, big))
+    # The default policy with the default 256-token blocks: 100K-token prompts (400
+    # blocks), 512 replicas whose indexes hold ~1M blocks in all, filled before timing.
+    for n in (8, 64, 512):
+        rows.append(("lineage", n, run("lineage", n, args.decisions, 400, 500_000,
+                                       block_tokens=256)))
+    lineage_big = run("lineage", 512, args.decisions, 400, 2048 * 256, warm_blocks=1_000_000,
+                      block_tokens=256)
+    rows.append(("lineage (1M blocks)", 512, lineage_big))
     print(f"{'policy':30} {'replicas':>8} {'p50 us':>9} {'p99 us':>9} {'mean us':>9} "
           f"{'placed us':>10} {'indexed':>9}")
     for policy, n, r in rows:

@@ -101,6 +101,7 @@ class Lineage:
         self._queued: dict[ReplicaId, float] = {}
         self._queued_total = 0.0
         self._capacity_seen: dict[ReplicaId, int] = {}
+        self._block_tokens = 512  # of the requests' prefix hashes, learnt from them
         self.membership_changed(context.replicas)
 
     # -- abilities ---------------------------------------------------------------------
@@ -113,7 +114,7 @@ class Lineage:
         self._ring = HashRing((RingNode(r.id, r.weight) for r in replicas), self.config.vnodes)
         for r in replicas:
             if r.kv_capacity_tokens:
-                self.index.set_capacity(r.id, r.kv_capacity_tokens, 256)
+                self.index.set_capacity(r.id, r.kv_capacity_tokens, self._block_tokens)
 
     def cached_tokens(self, request: RouteRequest, replica: ReplicaId) -> int:
         """Leading prompt tokens `replica` likely holds (admission and PD ask this)."""
@@ -144,7 +145,8 @@ class Lineage:
 
     def placed(self, request: RouteRequest, replica: ReplicaId) -> None:
         if request.prefix_hashes:
-            self.index.record(replica, request.prefix_hashes, request.block_tokens or 1)
+            self._block_tokens = request.block_tokens or 1
+            self.index.record(replica, request.prefix_hashes, self._block_tokens)
         self.sessions.place(request.session_key, replica, self._now)
 
     def finished(
@@ -258,6 +260,6 @@ class Lineage:
             )
             if capacity and self._capacity_seen.get(r.id) != capacity:
                 self._capacity_seen[r.id] = capacity
-                self.index.set_capacity(r.id, capacity, 256)
+                self.index.set_capacity(r.id, capacity, self._block_tokens)
         self._queued = queued
         self._queued_total = sum(queued.values())
