@@ -145,8 +145,10 @@ class UpstreamStatusError(UpstreamError):
 
 
 class UpstreamTimeout(UpstreamError):
+    """This request's own deadline passed. Not retried: an over-long request would time out
+    on every replica in turn, and it says nothing about the replica's health."""
+
     status = 504
-    retryable = True
     code = "upstream_timeout"
 
 

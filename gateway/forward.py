@@ -42,8 +42,10 @@ async def open_leg(
 ) -> Leg:
     """POST `body` to `replica` + `path`; return once the response headers arrived.
 
-    Raises a retryable `GatewayError` on connect errors, timeouts and 502/503/504 (the
-    response is closed first); any other status is returned for the caller to relay.
+    Raises a `GatewayError` on transport errors (retryable ones: connect errors) and a
+    retryable one on 502/503/504 (the response is closed first); any other status is
+    returned for the caller to relay. Only transport errors reach passive health: a status
+    the engine answers is about this request (gateway.health).
     """
     url = cluster.url_of(replica) + path
     cluster.acquire(replica)
@@ -60,12 +62,9 @@ async def open_leg(
     if status in RETRYABLE_STATUSES:
         cluster.release(replica)
         await response.aclose()
-        health.passive_failure(replica)
         raise UpstreamStatusError(
             f"replica {replica} answered {status}", upstream_status=status
         )
-    if status >= 500:
-        health.passive_failure(replica)
-    else:
+    if status < 500:
         health.passive_success(replica)
     return Leg(cluster, replica, response)

@@ -2,8 +2,12 @@
 
 State machine per replica (a circuit breaker):
 
-* HEALTHY: takes traffic. `failure_threshold` consecutive failures (probe or passive:
-  connect refused, timeout, 5xx) -> EJECTED.
+* HEALTHY: takes traffic. `failure_threshold` consecutive failures -> EJECTED. Failures
+  are probe failures and, passively, what only a sick replica does to a proxied request:
+  a refused (or timed-out) connect, a connection reset before any response byte. What one
+  request earns by itself (its own response timeout, a 4xx, a 5xx the engine answers for
+  it) is not counted, or one client could eject every replica. Passive evidence never
+  ejects the last replica that takes traffic; probes still can.
 * EJECTED: no traffic for `cooldown_s`; after that the next probe success -> HALF_OPEN.
   Without active probing, the cooldown's end alone moves it to HALF_OPEN.
 * HALF_OPEN: takes traffic on trial. One failure -> EJECTED again;
@@ -22,11 +26,10 @@ from dataclasses import dataclass
 from enum import Enum
 
 from gateway.cluster import Cluster
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, UpstreamConnectError
 from gateway.settings import HealthSettings
 from gateway.types import ReplicaId
 from gateway.upstream import Timeouts, UpstreamClient
-from gateway.upstream.base import UpstreamPoolTimeout
 
 log = logging.getLogger("kvgate.health")
 
@@ -102,22 +105,30 @@ class HealthMonitor:
         if tracker.successes >= self.settings.success_threshold:
             self._set(replica, tracker, Health.HEALTHY)
 
-    def record_failure(self, replica: ReplicaId) -> None:
+    def record_failure(self, replica: ReplicaId, *, passive: bool = False) -> None:
         tracker = self._tracker(replica)
         if tracker.state is Health.EJECTED:
             return
         tracker.failures += 1
         if tracker.state is Health.HALF_OPEN or tracker.failures >= self.settings.failure_threshold:
+            if passive and self._last_in_service(replica):
+                return
             self._set(replica, tracker, Health.EJECTED)
             tracker.ejected_until = self.clock() + self.settings.cooldown_s
 
-    def passive_failure(self, replica: ReplicaId, error: GatewayError | None = None) -> None:
-        """A proxied request to `replica` failed (with `error`, when the caller has it).
+    def _last_in_service(self, replica: ReplicaId) -> bool:
+        cluster = self.cluster
+        return not any(r != replica and cluster.is_healthy(r) for r in cluster.members)
 
-        A wait for one of the gateway's own pooled connections is not held against it.
+    def passive_failure(self, replica: ReplicaId, error: GatewayError | None = None) -> None:
+        """A proxied request to `replica` failed with `error`.
+
+        Only a connect error (refused, timed out, reset before any response byte) counts:
+        a wait for one of the gateway's own pooled connections, the request's own timeout
+        and any status the engine answered are not held against the replica.
         """
-        if self.settings.passive and not isinstance(error, UpstreamPoolTimeout):
-            self.record_failure(replica)
+        if self.settings.passive and isinstance(error, UpstreamConnectError):
+            self.record_failure(replica, passive=True)
 
     def passive_success(self, replica: ReplicaId) -> None:
         # Cheap on the hot path: only a non-healthy replica needs bookkeeping.

@@ -153,7 +153,10 @@ class HealthSettings(Section):
     failure_threshold: int = Field(3, ge=1, description="consecutive failures that eject")
     success_threshold: int = Field(2, ge=1, description="half-open successes that re-admit")
     cooldown_s: float = Field(5.0, ge=0, description="ejection time before half-open")
-    passive: bool = Field(True, description="count proxied connect errors/timeouts/5xx")
+    passive: bool = Field(
+        True, description="count proxied connect errors (refused, reset before any byte) "
+        "against a replica; never a request's own timeout or a status the engine answered"
+    )
 
 
 class RetrySettings(Section):

@@ -5,6 +5,7 @@ import asyncio
 import httpx
 
 from gateway.cluster import Cluster
+from gateway.errors import UpstreamConnectError
 from gateway.health import Health, HealthMonitor
 from gateway.settings import HealthSettings
 from gateway.sim.faults import FaultConfig
@@ -54,11 +55,14 @@ def test_half_open_failure_re_ejects_at_once() -> None:
 
 
 def test_passive_detection_can_be_disabled() -> None:
+    refused = UpstreamConnectError("refused")
     m = monitor(FakeClock(), failure_threshold=1, passive=False)
-    m.passive_failure(R)
+    m.cluster.set_members([ReplicaState(R, "http://127.0.0.1:9"), ReplicaState(ReplicaId("r1"), "http://127.0.0.1:9")])
+    m.passive_failure(R, refused)
     assert m.state(R) is Health.HEALTHY
     m2 = monitor(FakeClock(), failure_threshold=1)
-    m2.passive_failure(R)
+    m2.cluster.set_members([ReplicaState(R, "http://127.0.0.1:9"), ReplicaState(ReplicaId("r1"), "http://127.0.0.1:9")])
+    m2.passive_failure(R, refused)
     assert m2.state(R) is Health.EJECTED
 
 

@@ -1,0 +1,81 @@
+"""Which failures say "the replica is sick" (issue 19, defect 3).
+
+A request of its own that times out, a 4xx or a 5xx the engine answers for that request
+alone say nothing about the replica: they must not eject it, and a timed-out request is
+not re-sent to the rest of the fleet. Passive evidence never ejects the last replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+from gateway.cluster import Cluster
+from gateway.errors import UpstreamConnectError, UpstreamStatusError, UpstreamTimeout
+from gateway.health import Health, HealthMonitor
+from gateway.settings import HealthSettings
+from gateway.sim.faults import FaultConfig
+from gateway.testing.clock import FakeClock
+from gateway.testing.servers import gateway, sim_engines
+from gateway.types import ReplicaId, ReplicaState
+from gateway.upstream import Timeouts, make_client
+
+CHAT = "/v1/chat/completions"
+A, B = ReplicaId("a"), ReplicaId("b")
+
+
+def _monitor(*replicas: ReplicaId) -> HealthMonitor:
+    cluster = Cluster([ReplicaState(r, "http://127.0.0.1:9") for r in replicas], clock=FakeClock())
+    settings = HealthSettings(failure_threshold=1, cooldown_s=5.0)
+    return HealthMonitor(cluster, make_client("h1", Timeouts(0.5, 0.5, 0.5)), settings)
+
+
+def test_only_transport_failures_count_against_a_replica() -> None:
+    m = _monitor(A, B)
+    m.passive_failure(A, UpstreamTimeout("its own request timed out"))
+    m.passive_failure(A, UpstreamStatusError("answered 503", upstream_status=503))
+    m.passive_failure(A, None)  # a 5xx relayed as is
+    assert m.state(A) is Health.HEALTHY
+    m.passive_failure(A, UpstreamConnectError("refused"))
+    assert m.state(A) is Health.EJECTED
+
+
+def test_passive_evidence_never_ejects_the_last_replica() -> None:
+    m = _monitor(A, B)
+    m.passive_failure(A, UpstreamConnectError("refused"))
+    m.passive_failure(B, UpstreamConnectError("refused"))
+    assert m.state(A) is Health.EJECTED and m.state(B) is Health.HEALTHY
+    m.record_failure(B)  # an active probe still can
+    assert m.state(B) is Health.EJECTED
+
+
+async def test_over_long_requests_eject_nobody_and_others_see_no_503() -> None:
+    async with sim_engines(3, "tiny") as engines, gateway(
+        engines,
+        timeouts={"response_headers_s": 0.3},
+        health={"failure_threshold": 1, "interval_s": 60},
+        models={"discover": False},
+    ) as gw:
+        state = gw.state
+        async with httpx.AsyncClient(base_url=gw.url, timeout=10) as http:
+            long = {"model": "kvgate-sim", "messages": [{"role": "user", "content": "x"}], "max_tokens": 900}
+            bad = await asyncio.gather(*(http.post(CHAT, json=long) for _ in range(4)))
+            assert all(r.status_code == 504 for r in bad), [r.status_code for r in bad]
+            assert all(state.cluster.is_healthy(ReplicaId(f"e{i}")) for i in range(3))
+            # Not re-sent onto the fleet: one engine per timed-out request.
+            assert sum(len(e.request_log) for e in engines) == 4
+            short = {**long, "max_tokens": 2}
+            good = [await http.post(CHAT, json=short) for _ in range(6)]
+            assert [r.status_code for r in good] == [200] * 6
+
+
+async def test_a_replica_answering_500_for_one_request_is_not_ejected() -> None:
+    async with sim_engines(2, "instant", faults=FaultConfig(error=500)) as engines, gateway(
+        engines, health={"failure_threshold": 1, "interval_s": 60}, models={"discover": False}
+    ) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=10) as http:
+            body = {"model": "kvgate-sim", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+            for _ in range(3):
+                assert (await http.post(CHAT, json=body)).status_code == 500
+        assert all(gw.state.cluster.is_healthy(ReplicaId(f"e{i}")) for i in range(2))
