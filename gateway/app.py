@@ -82,7 +82,8 @@ def build_state(settings: KvgateSettings) -> GatewayState:
     cluster = Cluster(replicas)
     t = settings.timeouts
     timeouts = Timeouts(t.connect_s, t.response_headers_s, t.read_s)
-    client = make_client(settings.upstream.client, timeouts, settings.upstream.max_connections)
+    upstream, cap = settings.upstream, settings.limits.max_response_bytes
+    client = make_client(upstream.client, timeouts, upstream.max_connections, cap)
     router = build_router(settings.routing, PolicyContext(replicas=replicas))
     if isinstance(router, ReactsToMembership):
         cluster.on_membership_change(router.membership_changed)
@@ -101,7 +102,7 @@ def build_state(settings: KvgateSettings) -> GatewayState:
     auth = settings.upstream.auth_headers()
     # Probes get a pool of their own: behind busy proxied connections they would time out
     # and eject a replica that is only busy. Same kind and cap (a cap, not a reservation).
-    probe_client = make_client(settings.upstream.client, timeouts, settings.upstream.max_connections)
+    probe_client = make_client(upstream.client, timeouts, upstream.max_connections, cap)
     health = HealthMonitor(cluster, probe_client, settings.health, headers=auth)
     models = ModelsCache(cluster, client, settings.models.cache_ttl_s, t.probe_s, headers=auth)
     return GatewayState(

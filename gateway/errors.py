@@ -152,6 +152,13 @@ class UpstreamTimeout(UpstreamError):
     code = "upstream_timeout"
 
 
+class UpstreamResponseTooLarge(UpstreamError):
+    """A non-streaming answer larger than `limits.max_response_bytes`: not retried (the same
+    request would get the same answer elsewhere) and not the replica's fault."""
+
+    code = "upstream_response_too_large"
+
+
 def error_response_parts(err: GatewayError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
     """Status, raw ASGI headers and body for a gateway-made error."""
     body = err.body()

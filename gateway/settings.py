@@ -33,6 +33,7 @@ from gateway.scrape.config import ScrapeSettings
 from gateway.store.config import StoreSettings
 from gateway.trace.config import TraceCaptureSettings
 from gateway.types import Role
+from gateway.upstream.base import DEFAULT_MAX_RESPONSE_BYTES
 
 ENV_PREFIX = "KVGATE_"
 CONFIG_FILE_ENV = "KVGATE_CONFIG_FILE"
@@ -177,6 +178,11 @@ class TimeoutSettings(Section):
 class LimitSettings(Section):
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="request body limit")
     max_json_depth: int = Field(64, ge=4, le=1000, description="deepest JSON nesting accepted")
+    max_response_bytes: int = Field(
+        DEFAULT_MAX_RESPONSE_BYTES, ge=1024, description="largest non-streaming body read from "
+        "an engine (answers, probes, model lists); past it the client gets a 502 and the engine "
+        "connection is dropped. Streams are relayed unbuffered and not bounded"
+    )
 
 
 class ModelsSettings(Section):

@@ -9,16 +9,17 @@ from collections.abc import AsyncIterator
 import aiohttp
 from yarl import URL
 
-from gateway.upstream.base import RawHeaders, Timeouts
-from gateway.upstream.errors import map_transport_error
+from gateway.upstream.base import DEFAULT_MAX_RESPONSE_BYTES, RawHeaders, Timeouts
+from gateway.upstream.errors import map_transport_error, too_large
 
 _TRANSPORT_ERRORS = (aiohttp.ClientError, OSError, TimeoutError, asyncio.IncompleteReadError)
 
 
 class AiohttpResponse:
-    __slots__ = ("_closed", "_done", "_resp", "_url", "headers", "status")
+    __slots__ = ("_closed", "_done", "_limit", "_resp", "_url", "headers", "status")
 
-    def __init__(self, resp: aiohttp.ClientResponse, url: str) -> None:
+    def __init__(self, resp: aiohttp.ClientResponse, url: str, limit: int) -> None:
+        self._limit = limit
         self.status = resp.status
         self.headers: RawHeaders = resp.raw_headers
         self._resp = resp
@@ -39,12 +40,23 @@ class AiohttpResponse:
         self._done = True
 
     async def read(self) -> bytes:
+        limit = self._limit
+        declared = self._resp.content_length
+        if declared is not None and declared > limit:
+            raise too_large(limit)
+        chunks = []
+        size = 0
+        content = self._resp.content
         try:
-            body = await self._resp.read()
+            while chunk := await content.readany():
+                size += len(chunk)
+                if size > limit:
+                    raise too_large(limit)
+                chunks.append(chunk)
         except _TRANSPORT_ERRORS as exc:
             raise map_transport_error(exc, self._url) from exc
         self._done = True
-        return body
+        return b"".join(chunks)
 
     async def aclose(self) -> None:
         if self._closed:
@@ -60,8 +72,14 @@ class AiohttpResponse:
 class AiohttpClient:
     name = "aiohttp"
 
-    def __init__(self, timeouts: Timeouts, max_connections: int = 1024) -> None:
+    def __init__(
+        self,
+        timeouts: Timeouts,
+        max_connections: int = 1024,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+    ) -> None:
         self._timeouts = timeouts
+        self._max_response_bytes = max_response_bytes
         self._client_timeout = self._to_client_timeout(timeouts)
         self._session: aiohttp.ClientSession | None = None
         self._max_connections = max_connections
@@ -111,7 +129,7 @@ class AiohttpClient:
                 )
         except _TRANSPORT_ERRORS as exc:
             raise map_transport_error(exc, url) from exc
-        return AiohttpResponse(resp, url)
+        return AiohttpResponse(resp, url, self._max_response_bytes)
 
     async def aclose(self) -> None:
         if self._session is not None:

@@ -28,6 +28,9 @@ from gateway.errors import GatewayError
 
 RawHeaders = Sequence[tuple[bytes, bytes]]
 
+# `read()` refuses a body larger than this (the client's `max_response_bytes`).
+DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+
 
 class UpstreamPoolTimeout(GatewayError):
     """Every connection the client may open to the engine stayed busy for the whole wait.
@@ -58,7 +61,8 @@ class UpstreamResponse(Protocol):
         ...
 
     async def read(self) -> bytes:
-        """The whole body."""
+        """The whole body; `UpstreamResponseTooLarge` past the client's `max_response_bytes`
+        (the connection is then dropped)."""
         ...
 
     async def aclose(self) -> None: ...

@@ -7,7 +7,18 @@ import asyncio
 import aiohttp
 import httpx
 
-from gateway.errors import GatewayError, UpstreamConnectError, UpstreamError, UpstreamTimeout
+from gateway.errors import (
+    GatewayError,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamResponseTooLarge,
+    UpstreamTimeout,
+)
+
+
+def too_large(limit: int) -> UpstreamResponseTooLarge:
+    """A non-streaming body past the client's `max_response_bytes`."""
+    return UpstreamResponseTooLarge(f"the upstream response body exceeds the {limit}-byte limit")
 
 
 def map_transport_error(exc: BaseException, url: str) -> GatewayError:

@@ -28,14 +28,21 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from gateway.errors import GatewayError, UpstreamConnectError, UpstreamError, UpstreamTimeout
+from gateway.errors import (
+    GatewayError,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamTimeout,
+)
 from gateway.upstream.base import (
+    DEFAULT_MAX_RESPONSE_BYTES,
     RawHeaders,
     Timeouts,
     UpstreamClient,
     UpstreamPoolTimeout,
     UpstreamResponse,
 )
+from gateway.upstream.errors import too_large
 
 # Flow control: stop reading from the engine while this much body waits for the client.
 _HIGH_WATER = 256 * 1024
@@ -75,6 +82,7 @@ class _Conn(asyncio.Protocol):
         self.last_data = 0.0
         self.paused = False
         self.high_water = _HIGH_WATER
+        self.whole = False  # read() buffers the body: high_water is its limit, not a pause
 
     # -- asyncio.Protocol -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -95,6 +103,9 @@ class _Conn(asyncio.Protocol):
             self.fail(UpstreamError(f"upstream {self._url} sent malformed HTTP: {exc}"))
             return
         if self.buffered > self.high_water and not self.paused and self.transport is not None:
+            if self.whole:
+                self.fail(too_large(self.high_water))
+                return
             self.paused = True
             self.transport.pause_reading()
 
@@ -178,9 +189,10 @@ class _Conn(asyncio.Protocol):
             self.paused = False
             self.transport.resume_reading()
 
-    def read_whole(self) -> None:
-        """The caller wants the body in one piece: buffering all of it is the point."""
-        self.high_water = 1 << 62
+    def read_whole(self, limit: int) -> None:
+        """The caller wants the body in one piece, of at most `limit` bytes."""
+        self.whole = True
+        self.high_water = limit
         if self.paused and self.transport is not None:
             self.paused = False
             self.transport.resume_reading()
@@ -199,6 +211,16 @@ class _Conn(asyncio.Protocol):
         """Still open (the engine may have closed it while it sat idle)."""
         transport = self.transport
         return not self.closed and transport is not None and not transport.is_closing()
+
+
+def _declared_length(headers: RawHeaders) -> int:
+    for name, value in headers:
+        if name.lower() == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return -1
+    return -1
 
 
 class _Watchdog:
@@ -298,11 +320,17 @@ class H1Response:
 
     async def read(self) -> bytes:
         conn = self._conn
-        conn.read_whole()
+        limit = self._client._max_response_bytes
+        if conn.buffered > limit or _declared_length(conn.headers) > limit:
+            conn.abort()
+            raise too_large(limit)
+        conn.read_whole(limit)
         while not conn.complete:
             if conn.error is not None:
                 raise conn.error
             await conn.wait()
+        if conn.buffered > limit:
+            raise too_large(limit)
         body = b"".join(conn.chunks)
         conn.chunks.clear()
         conn.consumed(conn.buffered)
@@ -324,8 +352,14 @@ class H1Response:
 class H1Client:
     name = "h1"
 
-    def __init__(self, timeouts: Timeouts, max_connections: int = 1024) -> None:
+    def __init__(
+        self,
+        timeouts: Timeouts,
+        max_connections: int = 1024,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+    ) -> None:
         self._timeouts = timeouts
+        self._max_response_bytes = max_response_bytes
         self._max_idle = min(max_connections, _MAX_IDLE_PER_HOST)
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
         self._targets: dict[str, tuple[tuple[str, int], bytes, bytes]] = {}

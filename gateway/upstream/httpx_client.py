@@ -7,16 +7,17 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from gateway.upstream.base import RawHeaders, Timeouts
-from gateway.upstream.errors import map_transport_error
+from gateway.upstream.base import DEFAULT_MAX_RESPONSE_BYTES, RawHeaders, Timeouts
+from gateway.upstream.errors import map_transport_error, too_large
 
 _TRANSPORT_ERRORS = (httpx.HTTPError, httpx.StreamError, OSError, TimeoutError)
 
 
 class HttpxResponse:
-    __slots__ = ("_closed", "_resp", "_url", "headers", "status")
+    __slots__ = ("_closed", "_limit", "_resp", "_url", "headers", "status")
 
-    def __init__(self, resp: httpx.Response, url: str) -> None:
+    def __init__(self, resp: httpx.Response, url: str, limit: int) -> None:
+        self._limit = limit
         self.status = resp.status_code
         self.headers: RawHeaders = resp.headers.raw
         self._resp = resp
@@ -31,7 +32,17 @@ class HttpxResponse:
             raise map_transport_error(exc, self._url) from exc
 
     async def read(self) -> bytes:
-        chunks = [chunk async for chunk in self.iter_bytes()]
+        limit = self._limit
+        declared = self._resp.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise too_large(limit)
+        chunks = []
+        size = 0
+        async for chunk in self.iter_bytes():
+            size += len(chunk)
+            if size > limit:
+                raise too_large(limit)
+            chunks.append(chunk)
         return b"".join(chunks)
 
     async def aclose(self) -> None:
@@ -45,8 +56,14 @@ class HttpxResponse:
 class HttpxClient:
     name = "httpx"
 
-    def __init__(self, timeouts: Timeouts, max_connections: int = 1024) -> None:
+    def __init__(
+        self,
+        timeouts: Timeouts,
+        max_connections: int = 1024,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+    ) -> None:
         self._timeouts = timeouts
+        self._max_response_bytes = max_response_bytes
         self._client = httpx.AsyncClient(
             timeout=self._to_httpx_timeout(timeouts),
             limits=httpx.Limits(
@@ -81,7 +98,7 @@ class HttpxClient:
                 resp = await self._client.send(request, stream=True)
         except _TRANSPORT_ERRORS as exc:
             raise map_transport_error(exc, url) from exc
-        return HttpxResponse(resp, url)
+        return HttpxResponse(resp, url, self._max_response_bytes)
 
     async def aclose(self) -> None:
         await self._client.aclose()
