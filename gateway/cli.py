@@ -42,7 +42,7 @@ def _serve(args: argparse.Namespace) -> int:
         "host": server.host,
         "port": server.port,
         "loop": "uvloop",
-        "http": "httptools",
+        "http": server.protocol(),
         "log_level": server.log_level,
         "access_log": server.access_log,
         # Off unless asked for: uvicorn's header rewrite runs on every request otherwise.

@@ -16,6 +16,7 @@ from typing import Any, Self
 
 import uvicorn
 
+from gateway.protocol import guarded_protocol
 from gateway.settings import DEFAULT_KEEP_ALIVE_S
 
 # Long enough for a streamed answer to finish, short enough that a stalled stream (the sim's
@@ -153,11 +154,13 @@ async def start_server(
 
     Defaults: lifespan "on" (startup errors surface here instead of being ignored), access
     log off, log level "warning", graceful shutdown bounded by DEFAULT_GRACEFUL_SHUTDOWN_S,
-    idle connections kept DEFAULT_KEEP_ALIVE_S.
+    idle connections kept DEFAULT_KEEP_ALIVE_S, httptools with request deadlines
+    (gateway.protocol).
     Any `uvicorn.Config` keyword overrides them. Raises RuntimeError if start-up fails.
     """
     options: dict[str, Any] = {
         "lifespan": "on",
+        "http": guarded_protocol(),
         "access_log": False,
         "log_level": "warning",
         "timeout_graceful_shutdown": DEFAULT_GRACEFUL_SHUTDOWN_S,

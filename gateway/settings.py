@@ -70,6 +70,24 @@ class ServerSettings(Section):
         "SDK drop idle connections after 5 s, uvicorn's own default), so that the client, not "
         "the gateway, closes an idle connection and no request is sent into a closing one"
     )
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="a request's headers must arrive within this long of its first "
+        "byte (a new connection's first request: of the connection), else 408 and close"
+    )
+    body_timeout_s: float = Field(
+        60.0, gt=0, description="a request's body must arrive within this long of its headers, "
+        "else the connection is closed"
+    )
+    max_connections_per_ip: int = Field(
+        0, ge=0, description="open client connections per client address and worker (0 = no "
+        "cap; behind a load balancer every connection comes from its address); past it 429"
+    )
+
+    def protocol(self) -> Any:
+        """uvicorn's `http=` argument: httptools with these request deadlines and cap."""
+        from gateway.protocol import guarded_protocol
+
+        return guarded_protocol(self.header_timeout_s, self.body_timeout_s, self.max_connections_per_ip)
 
 
 class ReplicaSettings(Section):

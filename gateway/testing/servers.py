@@ -64,8 +64,9 @@ async def gateway(
 ) -> AsyncIterator[RunningGateway]:
     """A gateway in front of `engines`; keyword arguments are settings sections."""
     settings.setdefault("replicas", replica_config(engines))
-    app = build_app(load_settings(**settings))
-    server = await start_server(app)
+    loaded = load_settings(**settings)
+    app = build_app(loaded)
+    server = await start_server(app, http=loaded.server.protocol())
     try:
         yield RunningGateway(server, app)
     finally:
