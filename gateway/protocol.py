@@ -7,6 +7,9 @@
   at a time (slowloris) held a connection forever.
 * At most `max_connections_per_ip` open connections per client address (0: no cap);
   past it a new connection gets a 429 and is closed. The count is per worker process.
+* Chunked-body trailers never reach the app: httptools reports them through the same
+  callback as headers, and uvicorn appended them to the request's `scope["headers"]`,
+  where the proxy would forward them and admission would read `X-Priority` from them.
 
 No timer per request on the common path: a request whose bytes come in one read is
 parsed whole before the guard looks, and only one that spans reads arms the deadline.
@@ -113,6 +116,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._phase = _HEADERS
         self._since = 0.0
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._phase == _HEADERS:
+            super().on_header(name, value)
+        # else: a trailer field of a chunked body, dropped.
 
     def on_headers_complete(self) -> None:
         self._phase = _BODY

@@ -154,8 +154,8 @@ async def start_server(
 
     Defaults: lifespan "on" (startup errors surface here instead of being ignored), access
     log off, log level "warning", graceful shutdown bounded by DEFAULT_GRACEFUL_SHUTDOWN_S,
-    idle connections kept DEFAULT_KEEP_ALIVE_S, httptools with request deadlines
-    (gateway.protocol).
+    idle connections kept DEFAULT_KEEP_ALIVE_S, httptools with request deadlines and
+    trailers dropped (gateway.protocol).
     Any `uvicorn.Config` keyword overrides them. Raises RuntimeError if start-up fails.
     """
     options: dict[str, Any] = {

@@ -1,5 +1,5 @@
-"""Hostile clients on raw sockets (issue 19, defect 5): requests that never finish are
-cut off, and one address cannot hold every connection."""
+"""Hostile clients on raw sockets (issue 19, defects 5 and 6): requests that never finish
+are cut off, one address cannot hold every connection, trailers never become headers."""
 
 from __future__ import annotations
 
@@ -107,3 +107,55 @@ async def test_connections_per_address_are_capped() -> None:
             assert resp.status_code == 200
         for _, w in held:
             w.close()
+
+
+class _RecordingEngine:
+    """Records every request's head; answers a tiny chat completion."""
+
+    def __init__(self) -> None:
+        self.heads: list[bytes] = []
+        self.url = ""
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        answer = b'{"id":"x","object":"chat.completion","choices":[]}'
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.lower().split(b"\r\n")
+                length = next((int(line.split(b":")[1]) for line in lines if line.startswith(b"content-length:")), 0)
+                await reader.readexactly(length)
+                if head.startswith(b"POST"):
+                    self.heads.append(head)
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(answer), answer))
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[_RecordingEngine]:
+        server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        try:
+            yield self
+        finally:
+            server.close()
+
+
+async def test_chunked_trailers_are_not_request_headers() -> None:
+    engine = _RecordingEngine()
+    async with engine.running(), gateway(
+        [],
+        replicas=[{"id": "r", "url": engine.url, "models": ["kvgate-sim"]}],
+        health={"interval_s": 60},
+        scrape={"enabled": False},
+    ) as gw:
+        reader, writer = await _open(gw)
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"transfer-encoding: chunked\r\ntrailer: x-priority\r\n\r\n"
+            b"%x\r\n%s\r\n0\r\nX-Priority: interactive\r\nX-Injected: 1\r\n\r\n" % (len(BODY), BODY)
+        )
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 3)
+        assert head.startswith(b"HTTP/1.1 200")
+        writer.close()
+        assert len(engine.heads) == 1
+        forwarded = engine.heads[0].lower()
+        assert b"x-priority" not in forwarded and b"x-injected" not in forwarded
