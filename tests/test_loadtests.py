@@ -95,3 +95,15 @@ def test_router_comparison_runs_kvgate_and_reports_missing_routers(tmp_path: Pat
     assert float(rows["kvgate"][8]) > 0  # its CPU was measured
     assert "skipped vllm: vllm-router is not installed" in done.stdout
     assert "skipped sglang: sglang_router is not importable" in done.stdout
+
+
+def test_lineage_benchmark_help_names_its_routers_and_cells() -> None:
+    done = subprocess.run(
+        [sys.executable, str(LOADTESTS / "bench_lineage.py"), "--help"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    flat = "".join(done.stdout.split())  # argparse wraps lines at hyphens
+    for name in ("kvgate", "sglang-cache_aware", "sglang-manual", "vllm-consistent_hash",
+                 "vllm-cache_aware", "--kvgate-policy", "growing", "turns", "--check-sticky"):
+        assert name in flat

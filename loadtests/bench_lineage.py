@@ -1,0 +1,623 @@
+"""kvgate and the Rust routers on session-shaped traces, each on fresh engines with finite KV.
+
+One router at a time, in its own process, in front of 8 simulated engines (the engine child
+process of bench_policies.py: scaled `h200-sparse`, finite KV), replaying a trace over HTTP
+(gateway.trace.replay). One table per workload cell, one row per router. A cell is a trace x
+a prompt layout x whether session headers are sent:
+
+* traces: `synthetic`, a window of the shared Mooncake trace (`--start`, `--requests`), and
+  `agent`, an agent-shaped trace (`--agent-trace FILE` written by `kvgate trace generate`,
+  else one generated in-process, seeded by `--agent-seed`);
+* layouts (replay's `layout`): `growing`, a system message and one user message with the
+  whole conversation so far, and `turns`, the conversation as alternating messages;
+* headers: `with` (replay sends the session, inferred from the prefixes when the trace has
+  none, as `x-session-id` and `x-smg-routing-key`) or `without` (no session at all).
+
+Routers are named KIND or KIND-POLICY: `kvgate` (its default routing: the YAML sets only
+the replicas, model discovery off and a scrape interval matched to the engines' time scale,
+as bench_policies.py does), `kvgate-NAME` (a named policy, or `--kvgate-policy NAME`),
+`sglang-POLICY` (sglang-router; `manual` is sticky by `X-SMG-Routing-Key`) and `vllm-POLICY`
+(vllm-router; `consistent_hash` reads `x-session-id`). Every run of a router gets new
+engines (cold caches) and the same trace and replay; a router that does not start is
+reported as skipped, with the reason. `--check-sticky` only checks, per router, that the
+headers keep a session's requests on one engine.
+
+Columns (engine figures are differences of the engines' counters over the replay):
+  hit      sum of cached_tokens / sum of prompt tokens, from the replies' usage
+  eng hit  the engines' prefix-cache hits / queries (vllm:prefix_cache_*; a re-prefill
+           after preemption queries again)
+  p50 p90 p99 mean   time to first token, simulated seconds (wall x engine time scale)
+  imbal    max / mean prompt tokens per engine (vllm:prompt_tokens_total)
+  busy     prefill done (queried - hit tokens) / (8 x prefill tokens/s x replay duration)
+  err      failed requests
+  cpu s    user+system CPU of the router's process tree during the replay
+  us/req   that per request, in microseconds
+With `--repeat N` a row holds medians over N runs and the line below it their min..max.
+Under each table: wall time, CPU of the whole machine and of the engines' process (if the
+machine is near its core count, the simulated engines lag and TTFTs grow for every router),
+evicted KV blocks and preemptions.
+
+Defaults, and why (measured on a 2-core machine, kvgate and sglang-router cache_aware):
+* KV: 32000 blocks (512K tokens) per engine, 4.1M in all. The synthetic window holds 6.6M
+  distinct tokens and the agent window 3.7M plus each kind's preamble on every engine that
+  serves it, so blocks are evicted even under good routing (bench_policies' 40000 left the
+  agent trace evicting nothing under kvgate).
+* synthetic: the 800 requests from #2993 (conversations under way, so prefixes recur; 4
+  prompts over the 131072-token context limit are left out, they fail on any router),
+  speedup 5 on engines at time scale 2, i.e. 2.5x the trace's arrival rate in simulated
+  time: prefill ~70-75% busy, TTFT p50 3-6 s against ~1.4 s for the median prompt's own
+  prefill, about 45 s per run.
+* agent: the first 600 requests of 128 sessions starting over 60 s (generator defaults
+  otherwise: contexts grow from 10-30K-token preambles), speedup 3 at time scale 1.5 (2x).
+  Its prompts are ~85% reusable, so saturating the engines takes ~6x more prompt tokens per
+  second than their prefill rate; at time scale 2 the replay client, the router and the
+  engines would need more than a core of the machine. 50-75 s per run (a router that
+  queues more drains longer).
+* outputs capped at 1024 tokens (`--max-output-tokens`): the synthetic window has none
+  longer; it cuts the agent trace's decode tail, which would otherwise double its wall time.
+
+    python loadtests/bench_lineage.py                      # 8 cells x 5 routers, ~40 min
+    python loadtests/bench_lineage.py --traces synthetic --layouts growing --requests 200 \\
+        --routers kvgate,sglang-manual --kvgate-policy prefix_affinity --repeat 3 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import math
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import cast
+
+import httpx
+from bench_overhead import Proc, free_port
+from bench_policies import MODEL, TRACE, engine_counters, start_engines
+from bench_routers import answers_chat, tree_cpu_seconds
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.sim.profiles import get_profile
+from gateway.trace.format import Trace, parse_mooncake, read_trace
+from gateway.trace.generate import AgentTraceOptions, generate_agent_trace
+from gateway.trace.render import LAYOUTS, SESSION_HEADERS, Layout
+from gateway.trace.replay import PromptBuilder, replay
+from gateway.trace.report import ReplayReport
+
+REPLICAS = 8
+ENGINE_PROFILE = "h200-sparse"  # what bench_policies.start_engines serves (scale 1)
+DEFAULT_ROUTERS = (
+    "kvgate", "sglang-cache_aware", "sglang-manual", "vllm-consistent_hash", "vllm-cache_aware",
+)
+TRACES = ("synthetic", "agent")
+HEADERS = ("with", "without")
+BLOCKS = 32000
+MAX_OUTPUT_TOKENS = 1024
+AGENT_SESSIONS, AGENT_DURATION_S = 128, 60.0
+# Room for the chat layout's system message and template around a trace's prompt.
+CHAT_OVERHEAD_TOKENS = 256
+STICKY_SESSIONS, STICKY_TURNS = 8, 4
+
+
+@dataclass(frozen=True)
+class Defaults:
+    requests: int
+    speedup: float
+    time_scale: float
+
+
+# Per trace, unless --requests, --speedup or --time-scale say otherwise (docstring: why).
+TRACE_DEFAULTS = {"synthetic": Defaults(800, 5.0, 2.0), "agent": Defaults(600, 3.0, 1.5)}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A trace window and how fast it is replayed on how fast engines."""
+
+    name: str
+    trace: Trace
+    speedup: float
+    time_scale: float
+    left_out: int = 0  # requests longer than an engine takes
+
+
+# -- routers -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RouterSpec:
+    name: str
+    kind: str  # kvgate | sglang | vllm
+    policy: str | None  # None: the router's default (kvgate only)
+
+
+def parse_router(name: str) -> RouterSpec:
+    kind, _, policy = name.partition("-")
+    if kind not in ("kvgate", "sglang", "vllm") or (kind != "kvgate" and not policy):
+        raise ValueError(f"unknown router {name!r}: use kvgate, kvgate-POLICY, sglang-POLICY "
+                         f"or vllm-POLICY (defaults: {', '.join(DEFAULT_ROUTERS)})")
+    return RouterSpec(name, kind, policy or None)
+
+
+class Running:
+    """A started router process; its stderr is drained (a full pipe would stall it)."""
+
+    def __init__(self, cmd: list[str]) -> None:
+        self.proc = Proc(cmd)
+        self.tail: collections.deque[str] = collections.deque(maxlen=20)
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        stream = self.proc.p.stderr
+        assert stream is not None
+        try:
+            for line in stream:
+                self.tail.append(line.decode(errors="replace").rstrip())
+        except (OSError, ValueError):  # closed by Proc.stop
+            pass
+
+    @property
+    def pid(self) -> int:
+        return self.proc.p.pid
+
+    def why_dead(self) -> str:
+        last = " | ".join(list(self.tail)[-3:])
+        return f"exited with {self.proc.p.poll()}" + (f": {last}" if last else "")
+
+    def stop(self) -> None:
+        self.proc.stop()
+
+
+def kvgate_yaml(port: int, urls: Sequence[str], policy: str | None, time_scale: float) -> str:
+    lines = [f"server:\n  port: {port}\n  log_level: warning\nreplicas:"]
+    lines += [f"  - {{id: e{i}, url: '{u}', models: [{MODEL}]}}" for i, u in enumerate(urls)]
+    # Engines run time_scale x faster: scrape as often in simulated time as by default
+    # (bench_policies.gateway_settings does the same).
+    interval = max(0.02, 0.25 / time_scale)
+    lines.append(f"models:\n  discover: false\nscrape:\n  interval_s: {interval:g}")
+    if policy is not None:
+        lines.append(f"routing:\n  policy: {policy}")
+    return "\n".join(lines) + "\n"
+
+
+def router_command(spec: RouterSpec, urls: Sequence[str], port: int, time_scale: float,
+                   args: argparse.Namespace, workdir: Path) -> list[str] | str:
+    """The command line of a router in front of `urls`, or why it cannot run."""
+    if spec.kind == "kvgate":
+        cfg = workdir / f"{spec.name}-{port}.yaml"
+        cfg.write_text(kvgate_yaml(port, urls, spec.policy, time_scale))
+        return [sys.executable, "-m", "gateway.cli", "serve", "-c", str(cfg)]
+    common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls,
+              "--policy", str(spec.policy), "--log-level", "error",
+              "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+    bin_dir = Path(args.router_bin)
+    if spec.kind == "sglang":
+        python = bin_dir / "python"
+        if not python.exists():
+            return f"no interpreter at {python} (see --router-bin)"
+        return [str(python), "-m", "sglang_router.launch_router", *common]
+    exe = bin_dir / "vllm-router"
+    found = str(exe) if exe.exists() else shutil.which("vllm-router")
+    if found is None:
+        return f"vllm-router is not in {bin_dir} nor on PATH (see --router-bin)"
+    return [found, *common]
+
+
+def start_router(spec: RouterSpec, urls: Sequence[str], time_scale: float,
+                 args: argparse.Namespace, workdir: Path) -> tuple[Running, str] | str:
+    """(process, url) of a router that answered a chat completion, or why it was skipped."""
+    if any(not u.startswith("http://127.0.0.1:") for u in urls):
+        raise RuntimeError(f"engines must be local: {urls}")
+    port = free_port()
+    cmd = router_command(spec, urls, port, time_scale, args, workdir)
+    if isinstance(cmd, str):
+        return cmd
+    running = Running(cmd)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + args.start_timeout
+    while (error := answers_chat(url, 1.0)) is not None:
+        if running.proc.p.poll() is not None:
+            running.stop()
+            return running.why_dead()
+        if time.monotonic() > deadline:
+            running.stop()
+            return f"did not answer a chat completion within {args.start_timeout:g} s: {error}"
+    return running, url
+
+
+# -- engines -------------------------------------------------------------------------------
+
+EVICTIONS, PREEMPTIONS = "kvgate_sim_prefix_cache_evictions_total", "vllm:num_preemptions_total"
+
+
+@dataclass(frozen=True)
+class Counters:
+    prompt: tuple[float, ...]  # per engine
+    hits: float
+    queries: float
+    evictions: float
+    preemptions: float
+
+    def minus(self, before: Counters) -> Counters:
+        return Counters(tuple(a - b for a, b in zip(self.prompt, before.prompt)),
+                        self.hits - before.hits, self.queries - before.queries,
+                        self.evictions - before.evictions, self.preemptions - before.preemptions)
+
+
+async def read_counters(urls: Sequence[str]) -> Counters:
+    per_engine = await engine_counters(list(urls))
+    extra = {EVICTIONS: 0.0, PREEMPTIONS: 0.0}
+    async with httpx.AsyncClient(timeout=10) as http:
+        for url in urls:
+            for fam in text_string_to_metric_families((await http.get(url + "/metrics")).text):
+                for s in fam.samples:
+                    if s.name in extra:
+                        extra[s.name] += s.value
+    return Counters(tuple(c[0] for c in per_engine), sum(c[1] for c in per_engine),
+                    sum(c[2] for c in per_engine), extra[EVICTIONS], extra[PREEMPTIONS])
+
+
+# -- one run -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Cell:
+    trace: str
+    layout: Layout
+    header: bool
+
+    @property
+    def label(self) -> str:
+        return f"{self.trace} / {self.layout} / {'with' if self.header else 'without'} header"
+
+
+FIGURES = ("hit", "eng_hit", "ttft_p50", "ttft_p90", "ttft_p99", "ttft_mean", "imbalance",
+           "busy", "errors", "cpu_s", "cpu_us")
+
+
+@dataclass
+class Run:
+    router: str
+    cell: str
+    repeat: int
+    figures: dict[str, float] = field(default_factory=dict)
+    requests: int = 0
+    wall_s: float = 0.0
+    # CPU of the engines' process and of this one (the replay client) during the replay.
+    engine_cpu_s: float = math.nan
+    client_cpu_s: float = math.nan
+    evictions: float = 0.0
+    preemptions: float = 0.0
+    error_kinds: dict[str, int] = field(default_factory=dict)
+    skipped: str | None = None
+
+
+def figures(report: ReplayReport, eng: Counters, cpu_s: float | None,
+            time_scale: float) -> dict[str, float]:
+    nan = math.nan
+    mean_prompt = sum(eng.prompt) / len(eng.prompt)
+    rate = get_profile(ENGINE_PROFILE).prefill_tokens_per_s
+    capacity = REPLICAS * rate * report.duration_s * time_scale
+    t = report.ttft_s
+    return {
+        "hit": report.hit_rate if report.hit_rate is not None else nan,
+        "eng_hit": eng.hits / eng.queries if eng.queries else nan,
+        "ttft_p50": t.p50 * time_scale, "ttft_p90": t.p90 * time_scale,
+        "ttft_p99": t.p99 * time_scale, "ttft_mean": t.mean * time_scale,
+        "imbalance": max(eng.prompt) / mean_prompt if mean_prompt else nan,
+        "busy": (eng.queries - eng.hits) / capacity if capacity else nan,
+        "errors": float(report.errors),
+        "cpu_s": nan if cpu_s is None else cpu_s,
+        "cpu_us": nan if cpu_s is None or not report.requests else cpu_s / report.requests * 1e6,
+    }
+
+
+def cpu_delta(before: float | None, after: float | None) -> float | None:
+    return None if before is None or after is None else after - before
+
+
+async def run_one(spec: RouterSpec, cell: Cell, work: Workload, repeat: int,
+                  args: argparse.Namespace, workdir: Path) -> Run:
+    """One router on fresh engines: the replay of one cell, and the figures of its row."""
+    run = Run(spec.name, cell.label, repeat)
+    engines = start_engines(REPLICAS, args.blocks, work.time_scale)
+    try:
+        started = await asyncio.to_thread(start_router, spec, engines.urls, work.time_scale,
+                                          args, workdir)
+        if isinstance(started, str):
+            run.skipped = started
+            return run
+        router, url = started
+        try:
+            # The readiness request went to one engine: count from here on.
+            before = await read_counters(engines.urls)
+            cpu0, engine_cpu0 = tree_cpu_seconds(router.pid), tree_cpu_seconds(engines.proc.pid)
+            client_cpu0, t0 = time.process_time(), time.monotonic()
+            report = await replay(
+                work.trace, url, speedup=work.speedup, model=MODEL, endpoint=args.endpoint,
+                layout=cell.layout, session_header=cell.header,
+                max_output_tokens=args.max_output_tokens,
+                progress=sys.stderr if args.progress else None,
+            )
+            run.wall_s = time.monotonic() - t0
+            cpu = cpu_delta(cpu0, tree_cpu_seconds(router.pid))
+            run.client_cpu_s = time.process_time() - client_cpu0
+            engine_cpu = cpu_delta(engine_cpu0, tree_cpu_seconds(engines.proc.pid))
+            after = await read_counters(engines.urls)
+        finally:
+            router.stop()
+    finally:
+        engines.stop()
+    eng = after.minus(before)
+    run.figures = figures(report, eng, cpu, work.time_scale)
+    run.requests = report.requests
+    run.engine_cpu_s = math.nan if engine_cpu is None else engine_cpu
+    run.evictions, run.preemptions = eng.evictions, eng.preemptions
+    run.error_kinds = dict(report.error_kinds)
+    return run
+
+
+# -- stickiness check ----------------------------------------------------------------------
+
+async def sticky_check(spec: RouterSpec, args: argparse.Namespace, workdir: Path) -> str:
+    """How many sessions kept to one engine, with and without the session headers.
+
+    Every request has unrelated text, so only a session key can keep a session together;
+    "engines in all" tells stickiness from sending everything to one engine.
+    """
+    engines = start_engines(REPLICAS, args.blocks, 1.0)
+    try:
+        started = await asyncio.to_thread(start_router, spec, engines.urls, 1.0, args, workdir)
+        if isinstance(started, str):
+            return f"skipped: {started}"
+        router, url = started
+        out = []
+        try:
+            async with httpx.AsyncClient(timeout=60) as http:
+                for with_header in (True, False):
+                    kept, used = 0, set()
+                    for s in range(STICKY_SESSIONS):
+                        sid = f"sticky-{with_header}-{s}"
+                        headers = dict.fromkeys(SESSION_HEADERS, sid) if with_header else {}
+                        seen = set()
+                        for k in range(STICKY_TURNS):
+                            before = await engine_counters(engines.urls)
+                            text = PromptBuilder.words(f"{sid}/{k}".encode(), 64)
+                            body = {"model": MODEL, "max_tokens": 1,
+                                    "messages": [{"role": "user", "content": text}]}
+                            resp = await http.post(url + "/v1/chat/completions", json=body,
+                                                   headers=headers)
+                            resp.raise_for_status()
+                            after = await engine_counters(engines.urls)
+                            seen |= {i for i, (a, b) in enumerate(zip(after, before))
+                                     if a[0] > b[0]}
+                        kept += len(seen) == 1
+                        used |= seen
+                    out.append(f"{'with' if with_header else 'without'} headers "
+                               f"{kept}/{STICKY_SESSIONS} on one engine, {len(used)} engines in all")
+        finally:
+            router.stop()
+    finally:
+        engines.stop()
+    return "; ".join(out)
+
+
+# -- traces --------------------------------------------------------------------------------
+
+def load_workload(name: str, args: argparse.Namespace) -> Workload | str:
+    """The window of a trace with its replay speeds, or why it is not available."""
+    d = TRACE_DEFAULTS[name]
+    requests = args.requests or d.requests
+    if name == "synthetic":
+        path = Path(args.trace)
+        if not path.exists():
+            return f"trace not found: {path} (expected ../shared/traces/ next to the repo)"
+        trace = parse_mooncake(path.read_bytes().splitlines(), path.name)
+        trace = trace.window(args.start, requests)
+    elif args.agent_trace:
+        trace = read_trace(args.agent_trace).window(0, requests)
+    else:
+        opts = AgentTraceOptions(seed=args.agent_seed, sessions=args.agent_sessions,
+                                 duration_s=args.agent_duration)
+        trace = generate_agent_trace(opts).window(0, requests)
+    fit, left_out = fitting(trace, args.blocks, args.max_output_tokens)
+    if not fit.records:
+        return "the window holds no requests an engine takes"
+    return Workload(name, fit, args.speedup or d.speedup, args.time_scale or d.time_scale,
+                    left_out)
+
+
+def fitting(trace: Trace, blocks: int, max_output: int) -> tuple[Trace, int]:
+    """The trace without requests longer than an engine takes (they fail on every router)."""
+    limit = min(get_profile(ENGINE_PROFILE).max_model_len, blocks * 16) - CHAT_OVERHEAD_TOKENS
+    kept = tuple(r for r in trace.records
+                 if r.input_tokens + min(r.output_tokens, max_output) <= limit)
+    return Trace(trace.header, kept).window(), len(trace.records) - len(kept)
+
+
+# -- report --------------------------------------------------------------------------------
+
+# figure: (column title, width, format of a median, format inside a min..max)
+COLUMNS = {
+    "hit": ("hit", 7, "{:.1%}", "{:.1%}"), "eng_hit": ("eng hit", 7, "{:.1%}", "{:.1%}"),
+    "ttft_p50": ("p50", 7, "{:.2f}", "{:.2f}"), "ttft_p90": ("p90", 7, "{:.2f}", "{:.2f}"),
+    "ttft_p99": ("p99", 7, "{:.2f}", "{:.2f}"), "ttft_mean": ("mean", 7, "{:.2f}", "{:.2f}"),
+    "imbalance": ("imbal", 6, "{:.2f}", "{:.2f}"), "busy": ("busy", 5, "{:.0%}", "{:.0%}"),
+    "errors": ("err", 5, "{:.0f}", "{:.0f}"), "cpu_s": ("cpu s", 7, "{:.1f}", "{:.1f}"),
+    "cpu_us": ("us/req", 7, "{:.0f}", "{:.0f}"),
+}
+NAME_WIDTH = 22
+
+
+def summarise(runs: list[Run]) -> dict[str, tuple[float, float, float]]:
+    """Per figure: (median, min, max) over the runs that have it (NaN if none)."""
+    out = {}
+    for name in FIGURES:
+        values = [r.figures[name] for r in runs if not math.isnan(r.figures.get(name, math.nan))]
+        out[name] = ((statistics.median(values), min(values), max(values)) if values
+                     else (math.nan, math.nan, math.nan))
+    return out
+
+
+def table_line(first: str, cells: Sequence[str]) -> str:
+    widths = [COLUMNS[k][1] for k in FIGURES]
+    return f"{first:{NAME_WIDTH}} " + " ".join(f"{c:>{w}}" for c, w in zip(cells, widths))
+
+
+def print_cell(cell: Cell, work: Workload, runs: dict[str, list[Run]]) -> None:
+    records = work.trace.records
+    tokens = sum(r.input_tokens for r in records)
+    left_out = f" (left out {work.left_out} longer than an engine takes)" if work.left_out else ""
+    print(f"\n== {cell.label}: {len(records)} requests{left_out}, {tokens / 1e6:.1f}M prompt "
+          f"tokens, {records[-1].arrival_s:.0f} s of arrivals / speedup {work.speedup:g}, "
+          f"engine time scale {work.time_scale:g}")
+    print(table_line("router", [COLUMNS[k][0] for k in FIGURES]))
+    notes = []
+    for name, rs in runs.items():
+        done = [r for r in rs if r.skipped is None]
+        if not done:
+            print(f"{name:{NAME_WIDTH}} skipped: {rs[0].skipped}")
+            continue
+        s = summarise(done)
+        print(table_line(name, [COLUMNS[k][2].format(s[k][0]) for k in FIGURES]))
+        if len(done) > 1:
+            spread = [f"{COLUMNS[k][3].format(s[k][1])}..{COLUMNS[k][3].format(s[k][2])}"
+                      for k in FIGURES]
+            print(table_line("  min..max", spread))
+        kinds: collections.Counter[str] = collections.Counter()
+        for r in done:
+            kinds.update(r.error_kinds)
+        machine = statistics.median(
+            (r.figures["cpu_s"] + r.engine_cpu_s + r.client_cpu_s) / r.wall_s for r in done)
+        engines = statistics.median(r.engine_cpu_s / r.wall_s for r in done)
+        note = (f"{name}: {statistics.median(r.wall_s for r in done):.0f} s wall, cores busy "
+                f"{machine:.2f} of {os.cpu_count()} (engines' process {engines:.2f}), "
+                f"{statistics.median(r.evictions for r in done):.0f} blocks evicted, "
+                f"{statistics.median(r.preemptions for r in done):.0f} preemptions")
+        if kinds:
+            note += f", errors {dict(kinds)}"
+        skipped = [r.skipped for r in rs if r.skipped is not None]
+        if skipped:
+            note += f", {len(skipped)} of {len(rs)} runs skipped ({skipped[0]})"
+        notes.append(note)
+    for note in notes:
+        print("  " + note)
+
+
+# -- main ----------------------------------------------------------------------------------
+
+def split(value: str, known: Sequence[str], what: str) -> list[str]:
+    chosen = [v for v in value.split(",") if v]
+    unknown = sorted(set(chosen) - set(known))
+    if unknown:
+        raise SystemExit(f"unknown {what} {unknown}; known: {', '.join(known)}")
+    return chosen
+
+
+async def main_async(args: argparse.Namespace, specs: list[RouterSpec]) -> None:
+    layouts = split(args.layouts, LAYOUTS, "layout")
+    if args.endpoint == "completions" and "turns" in layouts:
+        # A completions prompt is one string whatever the layout.
+        print("endpoint completions: the turns layout sends the same prompts as growing; skipped")
+        layouts = [x for x in layouts if x != "turns"] or ["growing"]
+    cells = [Cell(t, cast(Layout, layout), h == "with")
+             for t in split(args.traces, TRACES, "trace") for layout in layouts
+             for h in split(args.headers, HEADERS, "header")]
+    print(f"{REPLICAS} engines ({ENGINE_PROFILE}, KV {args.blocks * 16:,} tokens each), endpoint "
+          f"{args.endpoint}, outputs capped at {args.max_output_tokens} tokens, "
+          f"{args.repeat} run(s) per router and cell; TTFT in simulated seconds", flush=True)
+    workloads: dict[str, Workload | str] = {}
+    all_runs: list[Run] = []
+    workdir = Path(tempfile.mkdtemp(prefix="bench_lineage-"))
+    for n, cell in enumerate(cells, 1):
+        if cell.trace not in workloads:
+            workloads[cell.trace] = load_workload(cell.trace, args)
+        work = workloads[cell.trace]
+        if isinstance(work, str):
+            print(f"\n== {cell.label}: skipped, {work}")
+            continue
+        runs: dict[str, list[Run]] = {s.name: [] for s in specs}
+        for rep in range(args.repeat):
+            for spec in specs:
+                print(f"[{n}/{len(cells)}] {cell.label}, run {rep + 1}/{args.repeat}: "
+                      f"{spec.name}", file=sys.stderr, flush=True)
+                run = await run_one(spec, cell, work, rep, args, workdir)
+                runs[spec.name].append(run)
+                all_runs.append(run)
+        print_cell(cell, work, runs)
+        sys.stdout.flush()
+    if args.json:
+        dump = {"args": vars(args), "runs": [asdict(r) for r in all_runs]}
+        Path(args.json).write_text(json.dumps(dump, indent=1, default=str))
+
+
+def main() -> int:
+    syn, agent = TRACE_DEFAULTS["synthetic"], TRACE_DEFAULTS["agent"]
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--routers", default=",".join(DEFAULT_ROUTERS),
+                    help="comma-separated: kvgate, kvgate-POLICY, sglang-POLICY, vllm-POLICY "
+                    "(default: %(default)s)")
+    ap.add_argument("--kvgate-policy", action="append", default=[], metavar="NAME",
+                    help="also run kvgate with routing.policy NAME (repeatable)")
+    ap.add_argument("--router-bin", default="/tmp/routers/bin",
+                    help="bin directory of a venv holding sglang-router and vllm-router")
+    ap.add_argument("--traces", default=",".join(TRACES), help="synthetic and/or agent")
+    ap.add_argument("--layouts", default=",".join(LAYOUTS), help="growing and/or turns")
+    ap.add_argument("--headers", default=",".join(HEADERS), help="with and/or without")
+    ap.add_argument("--trace", default=str(TRACE), help="the Mooncake trace of `synthetic`")
+    ap.add_argument("--start", type=int, default=2993, help="first request of the synthetic window")
+    ap.add_argument("--requests", type=int,
+                    help=f"requests per trace (default: synthetic {syn.requests}, "
+                    f"agent {agent.requests})")
+    ap.add_argument("--agent-trace", help="a `kvgate trace generate` file (default: generate one)")
+    ap.add_argument("--agent-seed", type=int, default=1, help="seed of the generated agent trace")
+    ap.add_argument("--agent-sessions", type=int, default=AGENT_SESSIONS,
+                    help="sessions of the generated agent trace")
+    ap.add_argument("--agent-duration", type=float, default=AGENT_DURATION_S,
+                    help="seconds over which the generated sessions start")
+    ap.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
+    ap.add_argument("--speedup", type=float,
+                    help=f"arrival compression (default: synthetic {syn.speedup:g}, "
+                    f"agent {agent.speedup:g})")
+    ap.add_argument("--time-scale", type=float,
+                    help=f"engine speed-up (default: synthetic {syn.time_scale:g}, "
+                    f"agent {agent.time_scale:g})")
+    ap.add_argument("--blocks", type=int, default=BLOCKS, help="KV blocks (16 tokens) per engine")
+    ap.add_argument("--max-output-tokens", type=int, default=MAX_OUTPUT_TOKENS,
+                    help="cap on each request's output tokens")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per router and cell")
+    ap.add_argument("--start-timeout", type=float, default=60.0,
+                    help="seconds a router may take to start")
+    ap.add_argument("--json", help="write every run's figures to this file")
+    ap.add_argument("--progress", action="store_true", help="replay progress on stderr")
+    ap.add_argument("--check-sticky", action="store_true",
+                    help="only check, per router, that the session headers keep a session "
+                    "on one engine")
+    args = ap.parse_args()
+    names = [*(n for n in args.routers.split(",") if n),
+             *(f"kvgate-{p}" for p in args.kvgate_policy)]
+    try:
+        specs = [parse_router(n) for n in dict.fromkeys(names)]
+    except ValueError as exc:
+        ap.error(str(exc))
+    if args.check_sticky:
+        workdir = Path(tempfile.mkdtemp(prefix="bench_lineage-"))
+        print(f"sessions of {STICKY_TURNS} unrelated requests kept on one engine:")
+        for spec in specs:
+            print(f"  {spec.name:{NAME_WIDTH}} {asyncio.run(sticky_check(spec, args, workdir))}",
+                  flush=True)
+        return 0
+    asyncio.run(main_async(args, specs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
