@@ -44,6 +44,7 @@ from gateway.forward import Leg, open_leg
 from gateway.hooks import ForwardContext, RequestOutcome
 from gateway.keys import route_request
 from gateway.middleware.request_id import accepted_request_id
+from gateway.pd.decision import without_client_pd_fields
 from gateway.state import GatewayState
 from gateway.stream_usage import UsageStripper, inject_usage
 from gateway.types import Choice, Endpoint, ReplicaId, RouteRequest
@@ -109,6 +110,7 @@ class ProxyEndpoint:
         self._priority_header = s.session.priority_header.lower().encode("latin-1")
         self._tenant_header = s.session.tenant_header.lower().encode("latin-1")
         self._lineage_key = state.lineage.key_for if state.lineage is not None else None
+        self._strip_pd = not s.pd.allow_client_fields
         retries = s.retries
         self._backoff_s = retries.backoff_s
         # Attempts after the first, bounded in count and in time since the first failure.
@@ -178,6 +180,8 @@ class ProxyEndpoint:
                 body = {**body, "model": served}
                 rewritten = True
                 model = served
+            if self._strip_pd and (stripped := without_client_pd_fields(body)) is not None:
+                body, rewritten = stripped, True
             known = state.cluster.known_models()
             if known is not None and model not in known:
                 raise ModelNotFound(f"The model `{model}` does not exist.", param="model")

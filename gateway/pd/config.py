@@ -134,6 +134,11 @@ class PDSettings(_Frozen):
         "least_load", description="policy ranking decode replicas (prefill uses the router)"
     )
     seed: int | None = Field(None, description="seed of the bootstrap-room generator (tests)")
+    allow_client_fields: bool = Field(
+        False, description="forward a client's own kv_transfer_params / bootstrap_host, "
+        "_port, _room (a client doing its own PD); off, they are stripped, since they make "
+        "an engine connect where the client says"
+    )
 
     def for_model(self, model: str) -> ModelPDSettings | None:
         found = self.models.get(model)

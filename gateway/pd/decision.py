@@ -58,6 +58,24 @@ def prompt_tokens_of(request: RouteRequest) -> int:
     return len(request.prefix_hashes) * request.block_tokens
 
 
+# What a client could use to steer the engines' KV hand-off (vLLM's connector params,
+# SGLang's bootstrap address): the gateway's own PD sets them, a client's never reach an
+# engine unless `pd.allow_client_fields` says so.
+CLIENT_PD_FIELDS = ("kv_transfer_params", "bootstrap_host", "bootstrap_port", "bootstrap_room")
+
+
+def without_client_pd_fields(body: dict[str, Any]) -> dict[str, Any] | None:
+    """`body` without the PD hand-off fields, or None when it has none (the usual case)."""
+    if (
+        "kv_transfer_params" in body
+        or "bootstrap_host" in body
+        or "bootstrap_port" in body
+        or "bootstrap_room" in body
+    ):
+        return {k: v for k, v in body.items() if k not in CLIENT_PD_FIELDS}
+    return None
+
+
 def body_blocker(body: Mapping[str, Any], endpoint: Endpoint) -> str | None:
     """Why this request body cannot be split, or None.
 
