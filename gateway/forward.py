@@ -31,6 +31,13 @@ class Leg:
         await self.response.aclose()
 
 
+def name_replica(err: GatewayError, replica: ReplicaId) -> None:
+    """Say which replica failed: the clients' messages never name the engine's address."""
+    prefix = f"replica {replica}: "
+    if not err.message.startswith(prefix):
+        err.message = prefix + err.message
+
+
 async def open_leg(
     cluster: Cluster,
     client: UpstreamClient,
@@ -54,6 +61,7 @@ async def open_leg(
     except GatewayError as err:
         cluster.release(replica)
         health.passive_failure(replica, err)
+        name_replica(err, replica)
         raise
     except BaseException:
         cluster.release(replica)

@@ -40,7 +40,7 @@ from gateway.errors import (
     NoHealthyReplica,
     error_response_parts,
 )
-from gateway.forward import Leg, open_leg
+from gateway.forward import Leg, name_replica, open_leg
 from gateway.hooks import ForwardContext, RequestOutcome
 from gateway.keys import route_request
 from gateway.middleware.request_id import accepted_request_id
@@ -439,6 +439,7 @@ class ProxyEndpoint:
             try:
                 payload = await response.read()
             except GatewayError as err:
+                name_replica(err, leg.replica)
                 await self._send_error(send, err, call)
                 return err.status, False, err.code, None
             call.stop_watching()
@@ -462,6 +463,7 @@ class ProxyEndpoint:
         try:
             chunk = await anext(iterator, b"")
         except GatewayError as err:
+            name_replica(err, leg.replica)
             await self._send_error(send, err, call)
             return err.status, False, err.code, None
         call.ttfb = time.perf_counter()
@@ -492,6 +494,7 @@ class ProxyEndpoint:
         except GatewayError as err:
             # Too late for a status code: tell SSE clients in-band, the way vLLM does.
             error_code = err.code or "upstream_error"
+            name_replica(err, leg.replica)
             log.warning("upstream %s failed mid-stream: %s", leg.replica, err.message)
             if stripper is not None and (held := stripper.flush()):
                 await send({"type": "http.response.body", "body": held, "more_body": True})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 import aiohttp
 import httpx
@@ -21,17 +22,31 @@ def too_large(limit: int) -> UpstreamResponseTooLarge:
     return UpstreamResponseTooLarge(f"the upstream response body exceeds the {limit}-byte limit")
 
 
-def map_transport_error(exc: BaseException, url: str) -> GatewayError:
-    """Translate a transport failure talking to `url` (never called for CancelledError)."""
+def reason(exc: BaseException) -> str:
+    """What went wrong, without the address (library messages name the engine's URL or
+    host and port, which a client-facing error must not show)."""
+    # Not `strerror`: asyncio puts the address there ("Connect call failed ('10.0.0.5', 80)").
+    os_error = getattr(exc, "os_error", exc)  # aiohttp's connector errors wrap one
+    if isinstance(os_error, OSError) and os_error.errno:
+        return os.strerror(os_error.errno)
+    return type(exc).__name__
+
+
+def map_transport_error(exc: BaseException, url: str = "") -> GatewayError:
+    """Translate a transport failure (never called for CancelledError).
+
+    Messages never name the engine's address: whoever knows the replica says which one
+    (gateway.forward). `url` is unused, kept for callers.
+    """
     if isinstance(exc, GatewayError):
         return exc
     # Connect-phase timeouts first: they are subclasses of the generic timeout types.
     if isinstance(exc, (httpx.ConnectTimeout, aiohttp.ConnectionTimeoutError)):
-        return UpstreamConnectError(f"connecting to {url} timed out")
+        return UpstreamConnectError("connecting timed out")
     if isinstance(exc, (httpx.TimeoutException, aiohttp.ServerTimeoutError, TimeoutError)):
-        return UpstreamTimeout(f"upstream {url} timed out")
+        return UpstreamTimeout("the engine timed out")
     if isinstance(exc, (httpx.ConnectError, aiohttp.ClientConnectorError)):
-        return UpstreamConnectError(f"cannot connect to {url}: {exc}")
+        return UpstreamConnectError(f"cannot connect: {reason(exc)}")
     if isinstance(
         exc,
         (
@@ -44,7 +59,7 @@ def map_transport_error(exc: BaseException, url: str) -> GatewayError:
             ConnectionError,
         ),
     ):
-        return UpstreamConnectError(f"upstream {url} dropped the connection: {exc!r}")
+        return UpstreamConnectError(f"the engine dropped the connection ({reason(exc)})")
     if isinstance(exc, (httpx.HTTPError, aiohttp.ClientError, OSError, asyncio.IncompleteReadError)):
-        return UpstreamError(f"upstream {url} failed: {exc!r}")
-    return UpstreamError(f"upstream {url} failed unexpectedly: {exc!r}")
+        return UpstreamError(f"the engine request failed ({reason(exc)})")
+    return UpstreamError(f"the engine request failed unexpectedly ({reason(exc)})")

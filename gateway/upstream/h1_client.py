@@ -42,7 +42,7 @@ from gateway.upstream.base import (
     UpstreamPoolTimeout,
     UpstreamResponse,
 )
-from gateway.upstream.errors import too_large
+from gateway.upstream.errors import reason, too_large
 
 # Flow control: stop reading from the engine while this much body waits for the client.
 _HIGH_WATER = 256 * 1024
@@ -100,7 +100,7 @@ class _Conn(asyncio.Protocol):
             self._parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
             # Also `_Unsolicited` (as a callback error): this response stays intact.
-            self.fail(UpstreamError(f"upstream {self._url} sent malformed HTTP: {exc}"))
+            self.fail(UpstreamError(f"the engine sent malformed HTTP: {exc}"))
             return
         if self.buffered > self.high_water and not self.paused and self.transport is not None:
             if self.whole:
@@ -124,7 +124,7 @@ class _Conn(asyncio.Protocol):
             self.complete = True
             self._wake()
             return
-        self.fail(UpstreamConnectError(f"upstream {self._url} dropped the connection: {exc!r}"))
+        self.fail(UpstreamConnectError(f"the engine dropped the connection ({reason(exc) if exc else 'closed'})"))
 
     # -- httptools callbacks ----------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -252,7 +252,7 @@ class _Watchdog:
                 self._handle = self._loop.call_later(remaining, self._fire)
                 return
         self._handle = None
-        conn.fail(UpstreamTimeout(f"upstream {self._url} timed out"))
+        conn.fail(UpstreamTimeout("the engine timed out"))
 
     def headers_arrived(self) -> None:
         """From now on the limit is the idle time between reads.
@@ -454,7 +454,7 @@ class H1Client:
                     # A slot, or a connection that closed on the way (which frees one).
         except TimeoutError as exc:
             raise UpstreamPoolTimeout(
-                f"all {self._max_connections} connections to {url} stayed busy for {wait_s} s"
+                f"all {self._max_connections} connections to the engine stayed busy for {wait_s} s"
             ) from exc
         return None
 
@@ -482,10 +482,10 @@ class H1Client:
                 _, proto = await loop.create_connection(lambda: _Conn(loop, url, release), *key)
         except TimeoutError as exc:
             release()
-            raise UpstreamConnectError(f"connecting to {url} timed out") from exc
+            raise UpstreamConnectError("connecting timed out") from exc
         except OSError as exc:
             release()
-            raise UpstreamConnectError(f"cannot connect to {url}: {exc}") from exc
+            raise UpstreamConnectError(f"cannot connect: {reason(exc)}") from exc
         except BaseException:
             release()
             raise
