@@ -22,7 +22,12 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
 from gateway.admission.config import AdmissionSettings
 from gateway.errors import ConfigError
@@ -303,6 +308,11 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
+            "save the file as UTF-8"
+        ) from exc
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -328,6 +338,13 @@ def describe_errors(exc: ValidationError) -> list[str]:
     return lines
 
 
+def _env_problem(exc: SettingsError) -> str:
+    field = str(exc).partition('field "')[2].partition('"')[0]
+    name = ENV_PREFIX + field.upper() if field else f"a {ENV_PREFIX}* variable"
+    cause = exc.__cause__
+    return f"{name}: not valid JSON ({cause})" if cause is not None else f"{name}: {exc}"
+
+
 def load_settings(path: str | Path | None = None, **values: Any) -> KvgateSettings:
     """Load the YAML file (if any) merged with `values`, then environment overrides.
 
@@ -337,6 +354,9 @@ def load_settings(path: str | Path | None = None, **values: Any) -> KvgateSettin
     data.update(values)
     try:
         return KvgateSettings(**data)
+    except SettingsError as exc:
+        # pydantic-settings could not decode an environment value (JSON for lists/sections).
+        raise ConfigError(f"environment: {_env_problem(exc)}") from exc
     except ValidationError as exc:
         raise ConfigError(
             "invalid configuration:\n  " + "\n  ".join(describe_errors(exc))
