@@ -81,13 +81,20 @@ class HealthMonitor:
             tracker = self._trackers[replica] = _Tracker()
         return tracker
 
-    def _set(self, replica: ReplicaId, tracker: _Tracker, state: Health) -> None:
+    def _set(self, replica: ReplicaId, tracker: _Tracker, state: Health, evidence: str = "") -> None:
         if tracker.state is state:
             return
+        failures = tracker.failures
         tracker.state = state
         tracker.failures = tracker.successes = 0
         self.cluster.set_healthy(replica, state is not Health.EJECTED)
-        log.info("replica %s is now %s", replica, state.value)
+        if state is Health.EJECTED:
+            log.warning(
+                "replica %s ejected for %.1f s after %d consecutive failure(s); last: %s",
+                replica, self.settings.cooldown_s, failures, evidence or "unknown",
+            )
+        else:
+            log.info("replica %s is now %s", replica, state.value)
         if self.on_change is not None:
             self.on_change(replica, state)
 
@@ -105,7 +112,8 @@ class HealthMonitor:
         if tracker.successes >= self.settings.success_threshold:
             self._set(replica, tracker, Health.HEALTHY)
 
-    def record_failure(self, replica: ReplicaId, *, passive: bool = False) -> None:
+    def record_failure(self, replica: ReplicaId, *, passive: bool = False, evidence: str = "") -> None:
+        """One failure of `replica`; `evidence` says what happened (logged on ejection)."""
         tracker = self._tracker(replica)
         if tracker.state is Health.EJECTED:
             return
@@ -113,7 +121,7 @@ class HealthMonitor:
         if tracker.state is Health.HALF_OPEN or tracker.failures >= self.settings.failure_threshold:
             if passive and self._last_in_service(replica):
                 return
-            self._set(replica, tracker, Health.EJECTED)
+            self._set(replica, tracker, Health.EJECTED, evidence)
             tracker.ejected_until = self.clock() + self.settings.cooldown_s
 
     def _last_in_service(self, replica: ReplicaId) -> bool:
@@ -128,7 +136,7 @@ class HealthMonitor:
         and any status the engine answered are not held against the replica.
         """
         if self.settings.passive and isinstance(error, UpstreamConnectError):
-            self.record_failure(replica, passive=True)
+            self.record_failure(replica, passive=True, evidence=f"proxied request: {error.message}")
 
     def passive_success(self, replica: ReplicaId) -> None:
         # Cheap on the hot path: only a non-healthy replica needs bookkeeping.
@@ -153,20 +161,22 @@ class HealthMonitor:
             resp = await self.client.send(
                 "GET", url, self.headers, None, timeouts=self._probe_timeouts
             )
-        except GatewayError:
-            self.record_failure(replica)
+        except GatewayError as err:
+            self.record_failure(replica, evidence=f"probe {self.settings.path}: {err.message}")
             return False
         try:
             await resp.read()
             ok = 200 <= resp.status < 300
-        except GatewayError:
+            evidence = f"probe {self.settings.path} answered {resp.status}"
+        except GatewayError as err:
             ok = False
+            evidence = f"probe {self.settings.path}: {err.message}"
         finally:
             await resp.aclose()
         if ok:
             self.record_success(replica, probe=True)
             return True
-        self.record_failure(replica)
+        self.record_failure(replica, evidence=evidence)
         return False
 
     async def probe_all(self) -> None:

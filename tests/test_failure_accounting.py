@@ -8,8 +8,10 @@ not re-sent to the rest of the fleet. Passive evidence never ejects the last rep
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import httpx
+import pytest
 
 from gateway.cluster import Cluster
 from gateway.errors import UpstreamConnectError, UpstreamStatusError, UpstreamTimeout
@@ -79,3 +81,23 @@ async def test_a_replica_answering_500_for_one_request_is_not_ejected() -> None:
             for _ in range(3):
                 assert (await http.post(CHAT, json=body)).status_code == 500
         assert all(gw.state.cluster.is_healthy(ReplicaId(f"e{i}")) for i in range(2))
+
+
+def test_an_ejection_is_a_warning_with_its_evidence(caplog: pytest.LogCaptureFixture) -> None:
+    m = _monitor(A, B)
+    with caplog.at_level(logging.INFO, logger="kvgate.health"):
+        m.passive_failure(A, UpstreamConnectError("cannot connect: Connection refused"))
+    (record,) = [r for r in caplog.records if "ejected" in r.getMessage()]
+    assert record.levelno == logging.WARNING
+    assert "a" in record.getMessage() and "Connection refused" in record.getMessage()
+
+
+async def test_a_probe_ejection_says_what_the_probe_saw(caplog: pytest.LogCaptureFixture) -> None:
+    async with sim_engines(2, "instant") as engines:
+        cluster = Cluster([ReplicaState(ReplicaId(f"e{e.index}"), e.url) for e in engines])
+        m = HealthMonitor(cluster, make_client("h1", Timeouts(0.5, 0.5, 0.5)), HealthSettings(failure_threshold=1))
+        await engines[0].set_faults(FaultConfig(unhealthy=True))
+        with caplog.at_level(logging.WARNING, logger="kvgate.health"):
+            assert not await m.probe(ReplicaId("e0"))
+        await m.client.aclose()
+    assert any("e0 ejected" in r.getMessage() and "answered 503" in r.getMessage() for r in caplog.records)
