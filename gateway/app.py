@@ -56,6 +56,8 @@ FEATURE_INSTALLERS: tuple[str, ...] = (
     "gateway.admission.install:install",
 )
 
+_UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")
+
 ROUTES = tuple((path, endpoint) for endpoint, path in ENDPOINT_PATHS.items())
 
 
@@ -125,7 +127,15 @@ async def _start_embedded_sim(state: GatewayState) -> Any:
     cluster = SimCluster(
         replicas=sim.replicas, profile=sim.profile, time_scale=sim.time_scale, model=sim.model
     )
-    await cluster.start()
+    # Each embedded server's uvicorn.Config sets the process-wide uvicorn log levels to its
+    # own quiet "warning"; put them back, or the gateway's own server never says where it
+    # listens.
+    levels = {name: logging.getLogger(name).level for name in _UVICORN_LOGGERS}
+    try:
+        await cluster.start()
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
     state.cluster.set_members(
         ReplicaState(id=ReplicaId(f"sim-{i}"), url=url, models=frozenset({sim.model}))
         for i, url in enumerate(cluster.urls)
