@@ -85,7 +85,8 @@ class Generation(Response):
             watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watch
-        work.result()
+        if not work.cancelled():  # cancelled: the client left, which is counted, not an error
+            work.result()
 
     def _client_gone(self) -> None:
         self.engine.metrics.client_disconnects += 1
