@@ -34,6 +34,7 @@ from collections import OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 from prometheus_client import CollectorRegistry
@@ -115,6 +116,13 @@ class RedisStore:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.settings.connect_timeout_s * 2):
                 await self._connected.wait()
+        if self._degraded:
+            parts = urlsplit(self.settings.url)
+            log.warning(
+                "store starting degraded, serving routing state locally: redis at %s:%s did not "
+                "answer within %.1f s; reconnecting in the background",
+                parts.hostname, parts.port or 6379, self.settings.connect_timeout_s * 2,
+            )
 
     async def close(self) -> None:
         self._closing = True
