@@ -378,6 +378,7 @@ class ProxyEndpoint:
                 raise NoHealthyReplica(f"no healthy replica serves model {request.model!r}")
             if tried:
                 state.metrics.retry(last_error.code if last_error and last_error.code else "error")
+                state.metrics.decision(choice.policy or type(state.router).__name__, "failover")
             tried.append(replica)
             if state.router_prefill is not None:
                 state.router_prefill.dispatched(request, replica)
