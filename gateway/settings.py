@@ -111,6 +111,10 @@ class ReplicaSettings(Section):
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("must be an http(s) URL with a host, e.g. http://10.0.0.5:8000")
+        # Request paths are appended to the URL: after a '?' or '#' they would land in the
+        # query or the fragment and every request would go to the wrong path.
+        if parts.query or parts.fragment or value.endswith(("?", "#")):
+            raise ValueError("must not have a query or a #fragment (request paths are appended)")
         return value.rstrip("/")
 
     @model_validator(mode="after")
