@@ -14,6 +14,7 @@ import contextlib
 import importlib
 import logging
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -197,10 +198,15 @@ def build_app(settings: KvgateSettings | None = None) -> Starlette:
     async def health(request: Request) -> Response:
         return Response(b'{"status":"ok"}', media_type="application/json")
 
+    lifecycle = Lifecycle()
+
     async def ready(request: Request) -> Response:
         healthy = [r for r in state.cluster.members if state.cluster.is_healthy(r)]
-        body = orjson.dumps({"ready": bool(healthy), "healthy_replicas": len(healthy)})
-        return Response(body, status_code=200 if healthy else 503, media_type="application/json")
+        ok = bool(healthy) and not lifecycle.draining
+        body = orjson.dumps(
+            {"ready": ok, "healthy_replicas": len(healthy), "draining": lifecycle.draining}
+        )
+        return Response(body, status_code=200 if ok else 503, media_type="application/json")
 
     async def metrics(request: Request) -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
@@ -235,7 +241,41 @@ def build_app(settings: KvgateSettings | None = None) -> Starlette:
         lifespan=_lifespan(state),
     )
     app.state.gateway = state
+    app.state.lifecycle = lifecycle
     return app
+
+
+@dataclass(slots=True)
+class Lifecycle:
+    """Process-level state the readiness probe reports (set by `kvgate serve`'s signals)."""
+
+    draining: bool = False
+
+
+async def reload_replicas(state: GatewayState, settings: KvgateSettings) -> bool:
+    """Make `settings.replicas` the cluster (SIGHUP). Returns False when nothing changed.
+
+    Replicas that stay keep their health, load and counters; requests in flight to a removed
+    one finish there (gateway.cluster). Only the replica list (urls, weights, roles, pools,
+    models) is reloaded; every other setting needs a restart.
+    """
+    if not settings.replicas:
+        log.warning("reload: the file lists no replicas; keeping the current %d", len(state.cluster.members))
+        return False
+    replicas = tuple(replica_state(r) for r in settings.replicas)
+    if replicas == tuple(state.cluster.members.values()):
+        log.info("reload: replica list unchanged")
+        return False
+    before = set(state.cluster.members)
+    state.cluster.set_members(replicas)
+    after = set(state.cluster.members)
+    log.warning(
+        "reload: %d replica(s) now (added %s, removed %s)",
+        len(after), sorted(after - before) or "none", sorted(before - after) or "none",
+    )
+    if state.settings.models.discover:
+        await state.models.refresh()
+    return True
 
 
 def app_from_env() -> Starlette:

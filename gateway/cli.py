@@ -8,6 +8,7 @@ parser is built, so `import gateway.cli` stays cheap.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
@@ -49,6 +50,8 @@ def _serve(args: argparse.Namespace) -> int:
         "proxy_headers": server.proxy_headers,
         "forwarded_allow_ips": server.forwarded_allow_ips,
         "timeout_keep_alive": server.keep_alive_s,
+        # SIGTERM: stop accepting, let requests and streams in flight finish this long.
+        "timeout_graceful_shutdown": server.drain_timeout_s,
         "lifespan": "on",
         # The engines' own Date/Server headers are relayed; do not add a second pair.
         "server_header": False,
@@ -74,9 +77,44 @@ def _serve(args: argparse.Namespace) -> int:
         uvicorn.run("gateway.app:app_from_env", factory=True, workers=server.workers, **options)
         return 0
     from gateway.app import build_app
+    from gateway.serving import DrainingServer
 
-    uvicorn.run(build_app(settings), **options)
-    return 0
+    app = build_app(settings)
+    lifecycle = app.state.lifecycle
+
+    def drain() -> None:
+        lifecycle.draining = True
+
+    server_ = DrainingServer(
+        uvicorn.Config(app, **options),
+        on_drain=drain,
+        drain_delay_s=server.drain_delay_s,
+        on_reload=lambda: _reload(app.state.gateway, args.config),
+    )
+    with contextlib.suppress(KeyboardInterrupt):
+        server_.run()
+    # As uvicorn.run: a start-up that failed (the lifespan raised) is an error exit.
+    return 0 if server_.started else 3
+
+
+async def _reload(state: Any, path: str | None) -> None:
+    """SIGHUP: read the replica list from the config file again (gateway.app.reload_replicas)."""
+    from gateway.app import reload_replicas
+    from gateway.settings import load_settings
+
+    log = logging.getLogger("kvgate")
+    if path is None:
+        log.warning("SIGHUP: no config file (-c) to reload replicas from")
+        return
+    try:
+        settings = load_settings(path)
+    except ConfigError as exc:
+        log.error("SIGHUP: not reloaded, keeping the current replicas: %s", exc.message)
+        return
+    try:
+        await reload_replicas(state, settings)
+    except Exception:  # the outermost boundary of a reload: the gateway keeps serving
+        log.exception("SIGHUP: reloading the replicas failed")
 
 
 def _check_config(args: argparse.Namespace) -> int:

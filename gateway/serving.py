@@ -10,14 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import signal
 import socket
-from collections.abc import Iterator
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from types import FrameType
 from typing import Any, Self
 
 import uvicorn
 
 from gateway.protocol import guarded_protocol
 from gateway.settings import DEFAULT_KEEP_ALIVE_S
+
+_log = logging.getLogger("kvgate")
 
 # Long enough for a streamed answer to finish, short enough that a stalled stream (the sim's
 # fault injection keeps one open on purpose) cannot hang a test's teardown.
@@ -35,6 +41,74 @@ class _EmbeddedServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+
+class DrainingServer(uvicorn.Server):
+    """`kvgate serve`'s server: SIGTERM/SIGINT drain, SIGHUP reload.
+
+    On the first SIGTERM or SIGINT `on_drain` runs at once (the gateway's `/ready` turns
+    503), the listener stays open `drain_delay_s` more (so a load balancer sees the 503 and
+    stops sending), then uvicorn's graceful shutdown stops accepting and waits for requests
+    and streams in flight, at most `timeout_graceful_shutdown` seconds. A second signal
+    skips the delay. SIGHUP runs `on_reload` in the loop; requests are not disturbed.
+    """
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        *,
+        on_drain: Callable[[], None] = lambda: None,
+        drain_delay_s: float = 0.0,
+        on_reload: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        super().__init__(config)
+        self._on_drain = on_drain
+        self._drain_delay_s = drain_delay_s
+        self._on_reload = on_reload
+        self._draining = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reloads: set[asyncio.Task[None]] = set()
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            hup = getattr(signal, "SIGHUP", None)
+            if hup is None or self._on_reload is None or threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            previous = signal.signal(hup, self._hang_up)
+            try:
+                yield
+            finally:
+                signal.signal(hup, previous)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        loop = self._loop
+        if self._draining or not self._drain_delay_s or loop is None:
+            if not self._draining:
+                self._draining = True
+                self._on_drain()
+            super().handle_exit(sig, frame)
+            return
+        self._draining = True
+        self._on_drain()
+        _log.info("draining: /ready answers 503; stopping to accept in %.1f s", self._drain_delay_s)
+        stop = super().handle_exit
+        loop.call_soon_threadsafe(loop.call_later, self._drain_delay_s, stop, sig, frame)
+
+    def _hang_up(self, sig: int, frame: FrameType | None) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._start_reload)
+
+    def _start_reload(self) -> None:
+        assert self._on_reload is not None
+        task = asyncio.ensure_future(self._on_reload())
+        self._reloads.add(task)
+        task.add_done_callback(self._reloads.discard)
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -88,6 +88,16 @@ class ServerSettings(Section):
         "cap; behind a load balancer every connection comes from its address); past it 429"
     )
 
+    drain_timeout_s: float = Field(
+        30.0, gt=0, description="on SIGTERM/SIGINT, how long requests and streams in flight "
+        "may take to finish before they are cancelled and the process exits"
+    )
+    drain_delay_s: float = Field(
+        0.0, ge=0, le=300, description="on SIGTERM, /ready answers 503 this long before the "
+        "listener closes, so a load balancer (a Kubernetes readiness probe) stops sending "
+        "first; set it to the probe's period times its failure threshold"
+    )
+
     def protocol(self) -> Any:
         """uvicorn's `http=` argument: httptools with these request deadlines and cap."""
         from gateway.protocol import guarded_protocol
