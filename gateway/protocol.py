@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +36,21 @@ _TOO_MANY = (
     b"connection: close\r\ncontent-length: 99\r\n\r\n"
     b'{"error":{"message":"too many connections from one address","type":"rate_limit_error","code":null}}'
 )
+
+
+class _Sealed:
+    """A request's complete header list: still readable, appends (trailers) are dropped."""
+
+    __slots__ = ("_headers",)
+
+    def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
+        self._headers = headers
+
+    def append(self, field: tuple[bytes, bytes]) -> None:
+        pass
+
+    def __iter__(self) -> Iterator[tuple[bytes, bytes]]:
+        return iter(self._headers)
 
 
 @dataclass(slots=True)
@@ -117,15 +132,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._phase = _HEADERS
         self._since = 0.0
 
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if self._phase == _HEADERS:
-            super().on_header(name, value)
-        # else: a trailer field of a chunked body, dropped.
-
     def on_headers_complete(self) -> None:
         self._phase = _BODY
         self._since = 0.0
         super().on_headers_complete()
+        # Trailers arrive through uvicorn's on_header, which appends to this list (the one
+        # in scope["headers"]): from now on they go nowhere. Cheaper than checking per header.
+        self.headers = _Sealed(self.headers)  # type: ignore[assignment]
 
     def on_message_complete(self) -> None:
         self._phase = _IDLE
