@@ -8,8 +8,6 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-import pytest
-
 CHAOS = Path(__file__).resolve().parents[1] / "loadtests" / "chaos.py"
 
 
@@ -72,7 +70,6 @@ async def test_a_replica_failing_one_request_kind_is_not_ejected() -> None:
     assert row.relayed5xx > 0  # the poisoned completions were relayed, not hidden
 
 
-@pytest.mark.slow
 async def test_fuzzed_bodies_and_headers_get_no_5xx_from_the_gateway() -> None:
     [row] = await chaos.scenario_fuzz(chaos.Options(examples=60))
     _assert_targets(row, "no_gw5xx", "alive", "inflight_0", "no_traceback")
