@@ -10,7 +10,7 @@ conversation's lineage inferred from the prompt (gateway.lineage). Per request:
   bound or health moves it, and the move is remembered: it then stays where it moved.
 * **Placed.** A new session, or one that must move, goes to the replica of least cost
 
-      cost_r = (load_r + uncached_r + session_weight * unit * live_r) / weight_r
+      cost_r = (load_r + cache_weight * uncached_r + session_weight * unit * live_r) / weight_r
 
   in prefill tokens: ``load_r`` is the prefill this gateway sent to r that has not
   produced a first byte yet, plus ``inflight_tokens`` per request in flight and
@@ -58,6 +58,10 @@ class LineageConfig(PolicyConfig):
     session_weight: float = Field(
         default=1.0, ge=0, description="future load of one live session, in mean per-request "
         "prefills, when placing a new session"
+    )
+    cache_weight: float = Field(
+        default=4.0, ge=0, description="weight of a new session's uncached prompt against "
+        "load: above 1, a prefix recomputed elsewhere counts also as the cluster's lost work"
     )
     inflight_tokens: float = Field(
         default=256.0, ge=0, description="load of one in-flight request besides its prefill"
@@ -208,6 +212,7 @@ class Lineage:
         inflight = view.in_flight.get
         per_session = cfg.session_weight * unit
         qw = cfg.queue_weight * unit
+        cw = cfg.cache_weight
         sh = self._tie.session_hash(request.session_key)
         rh = self._tie.replica_hash
         keys: list[tuple[float, int, int]] = []
@@ -218,7 +223,7 @@ class Lineage:
                 pending(rid, 0.0)
                 + cfg.inflight_tokens * inflight(rid, 0)
                 + qw * queued(rid, 0.0)
-                + (prompt - cached)
+                + cw * (prompt - cached)
                 + per_session * counts(rid, 0)
             ) / (r.weight if r.weight > 0 else 1.0)
             keys.append((cost, mix(sh, rh(rid)), i))
