@@ -22,17 +22,9 @@ from gateway.types import ReplicaId, ReplicaState
 from gateway.upstream import Timeouts
 from gateway.upstream.base import UpstreamPoolTimeout
 from gateway.upstream.h1_client import H1Client
+from tests.upstream.test_h1_client import read_request
 
 R = ReplicaId("r0")
-
-
-async def read_request(reader: asyncio.StreamReader) -> bytes:
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            length = int(line.split(b":", 1)[1])
-    return head + (await reader.readexactly(length) if length else b"")
 
 
 class Engine:
