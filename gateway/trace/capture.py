@@ -202,7 +202,7 @@ def _timestamp_s(value: Any) -> float | None:
         return float(value) / 1000.0 if value > 1e11 else float(value)
     if isinstance(value, str):
         try:
-            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            return datetime.fromisoformat(value).timestamp()  # 3.11 reads a "Z" suffix
         except ValueError:
             return None
     return None

@@ -138,7 +138,7 @@ class GatewayCapture:
             self.epoch_s = old.epoch_s if old.epoch_s is not None else header.epoch_s or 0.0
             return open(self.path, "ab")
         self.epoch_s = header.epoch_s or 0.0
-        fh = open(self.path, "wb")
+        fh = open(self.path, "wb")  # noqa: SIM115 -- returned open; the writer thread closes it
         fh.write(header_line(header))
         fh.flush()
         return fh
