@@ -152,6 +152,14 @@ class UpstreamTimeout(UpstreamError):
     code = "upstream_timeout"
 
 
+class UpstreamStalled(UpstreamError):
+    """The request timed out and a canary showed the replica itself has stopped answering:
+    the request is innocent, so it may go to another replica (nothing was sent yet)."""
+
+    retryable = True
+    code = "upstream_stalled"
+
+
 class UpstreamResponseTooLarge(UpstreamError):
     """A non-streaming answer larger than `limits.max_response_bytes`: not retried (the same
     request would get the same answer elsewhere) and not the replica's fault."""

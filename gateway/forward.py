@@ -7,7 +7,7 @@ is released exactly once whatever happens (error, cancellation, double close).
 from __future__ import annotations
 
 from gateway.cluster import Cluster
-from gateway.errors import GatewayError, UpstreamStatusError
+from gateway.errors import GatewayError, UpstreamStalled, UpstreamStatusError, UpstreamTimeout
 from gateway.health import HealthMonitor
 from gateway.types import ReplicaId
 from gateway.upstream import RawHeaders, UpstreamClient, UpstreamResponse
@@ -62,6 +62,10 @@ async def open_leg(
         cluster.release(replica)
         health.passive_failure(replica, err)
         name_replica(err, replica)
+        if isinstance(err, UpstreamTimeout) and await health.stalled(replica, body):
+            raise UpstreamStalled(
+                f"{err.message}, and a one-token canary timed out too: the replica stalled"
+            ) from err
         raise
     except BaseException:
         cluster.release(replica)

@@ -8,6 +8,11 @@ State machine per replica (a circuit breaker):
   request earns by itself (its own response timeout, a 4xx, a 5xx the engine answers for
   it) is not counted, or one client could eject every replica. Passive evidence never
   ejects the last replica that takes traffic; probes still can.
+* A stalled replica (its `/health` still answers, its engine does not) is caught by a
+  canary: when a proxied request waits out its response-header timeout, the monitor sends
+  that replica a one-token request of the same model with a short deadline. A healthy
+  engine answers it at once even while it works on an over-long request; one that does not
+  is ejected (never the last in service). At most one canary per replica is in flight.
 * EJECTED: no traffic for `cooldown_s`; after that the next probe success -> HALF_OPEN.
   Without active probing, the cooldown's end alone moves it to HALF_OPEN.
 * HALF_OPEN: takes traffic on trial. One failure -> EJECTED again;
@@ -21,12 +26,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+import orjson
+
 from gateway.cluster import Cluster
-from gateway.errors import GatewayError, UpstreamConnectError
+from gateway.errors import GatewayError, UpstreamConnectError, UpstreamTimeout
 from gateway.settings import HealthSettings
 from gateway.types import ReplicaId
 from gateway.upstream import Timeouts, UpstreamClient
@@ -71,6 +79,13 @@ class HealthMonitor:
             response_headers_s=settings.timeout_s,
             read_s=settings.timeout_s,
         )
+        self._canary_timeouts = Timeouts(
+            connect_s=settings.timeout_s,
+            response_headers_s=settings.canary_timeout_s,
+            read_s=settings.canary_timeout_s,
+        )
+        self._canaries: dict[ReplicaId, asyncio.Task[bool]] = {}
+        self.canaries_failed = 0
 
     def state(self, replica: ReplicaId) -> Health:
         return self._tracker(replica).state
@@ -89,9 +104,10 @@ class HealthMonitor:
         tracker.failures = tracker.successes = 0
         self.cluster.set_healthy(replica, state is not Health.EJECTED)
         if state is Health.EJECTED:
+            why = f"after {failures} consecutive failure(s); last: " if failures else ""
             log.warning(
-                "replica %s ejected for %.1f s after %d consecutive failure(s); last: %s",
-                replica, self.settings.cooldown_s, failures, evidence or "unknown",
+                "replica %s ejected for %.1f s %s%s",
+                replica, self.settings.cooldown_s, why, evidence or "unknown",
             )
         else:
             log.info("replica %s is now %s", replica, state.value)
@@ -133,10 +149,66 @@ class HealthMonitor:
 
         Only a connect error (refused, timed out, reset before any response byte) counts:
         a wait for one of the gateway's own pooled connections, the request's own timeout
-        and any status the engine answered are not held against the replica.
+        and any status the engine answered are not held against the replica (a timeout is
+        judged by `stalled`).
         """
         if self.settings.passive and isinstance(error, UpstreamConnectError):
             self.record_failure(replica, passive=True, evidence=f"proxied request: {error.message}")
+
+    async def stalled(self, replica: ReplicaId, body: bytes) -> bool:
+        """A request (`body`, which names the model) waited out its response-header timeout
+        on `replica`: ask a canary whether the replica or the request is to blame.
+
+        True when the canary timed out too (the replica is then ejected, unless it is the
+        last in service): the request was innocent and may go elsewhere. Concurrent callers
+        share one canary per replica.
+        """
+        if not (self.settings.passive and self.settings.canary):
+            return False
+        if self.state(replica) is Health.EJECTED:
+            return True
+        task = self._canaries.get(replica)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._canary(replica, body))
+            self._canaries[replica] = task
+            task.add_done_callback(lambda _t: self._canaries.pop(replica, None))
+        return await asyncio.shield(task)
+
+    async def _canary(self, replica: ReplicaId, body: bytes) -> bool:
+        try:
+            model = orjson.loads(body).get("model")
+        except (orjson.JSONDecodeError, AttributeError):
+            return False  # not a JSON object: nothing to ask the engine for
+        if not isinstance(model, str) or replica not in self.cluster.members:
+            return False
+        ask = orjson.dumps({"model": model, "prompt": "ok", "max_tokens": 1})
+        url = self.cluster.url_of(replica) + "/v1/completions"
+        headers = [*self.headers, (b"content-type", b"application/json")]
+        started = time.monotonic()
+        try:
+            resp = await self.client.send("POST", url, headers, ask, timeouts=self._canary_timeouts)
+            try:
+                await resp.read()
+            finally:
+                await resp.aclose()
+        except UpstreamTimeout as err:
+            self.canaries_failed += 1
+            self._stalled(replica, f"canary after a request timed out: {err.message} "
+                          f"({time.monotonic() - started:.1f} s)")
+            return True
+        except GatewayError:
+            return False  # refused or reset: the probes and passive connect errors judge that
+        return False
+
+    def _stalled(self, replica: ReplicaId, evidence: str) -> None:
+        tracker = self._tracker(replica)
+        if tracker.state is Health.EJECTED:
+            return
+        if self._last_in_service(replica):
+            log.warning("replica %s looks stalled (%s) but is the last in service", replica, evidence)
+            return
+        self._set(replica, tracker, Health.EJECTED, evidence)
+        tracker.ejected_until = self.clock() + self.settings.cooldown_s
 
     def passive_success(self, replica: ReplicaId) -> None:
         # Cheap on the hot path: only a non-healthy replica needs bookkeeping.
@@ -185,12 +257,16 @@ class HealthMonitor:
 
     async def run(self) -> None:
         """Lifespan task: probe every replica every `interval_s` (or only tick if disabled)."""
-        while True:
-            try:
-                if self.settings.enabled:
-                    await self.probe_all()
-                else:
-                    self.tick()
-            except Exception:  # the prober must outlive any single bad round
-                log.exception("health probe round failed")
-            await asyncio.sleep(self.settings.interval_s)
+        try:
+            while True:
+                try:
+                    if self.settings.enabled:
+                        await self.probe_all()
+                    else:
+                        self.tick()
+                except Exception:  # the prober must outlive any single bad round
+                    log.exception("health probe round failed")
+                await asyncio.sleep(self.settings.interval_s)
+        finally:
+            for task in list(self._canaries.values()):
+                task.cancel()

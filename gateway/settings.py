@@ -195,6 +195,11 @@ class HealthSettings(Section):
         True, description="count proxied connect errors (refused, reset before any byte) "
         "against a replica; never a request's own timeout or a status the engine answered"
     )
+    canary: bool = Field(
+        True, description="after a proxied request's response-header timeout, send that "
+        "replica a one-token request; no answer within canary_timeout_s ejects it (stalled)"
+    )
+    canary_timeout_s: float = Field(5.0, gt=0, description="deadline of the stall canary")
 
 
 class RetrySettings(Section):

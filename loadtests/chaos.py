@@ -613,7 +613,8 @@ async def _set_faults(url: str, faults: dict[str, Any]) -> None:
 async def scenario_stall(o: Options) -> list[Row]:
     """e0 accepts and never answers (FaultConfig stall=0) for the middle of the run."""
     row = Row("e0 stalled")
-    sections = {"timeouts": {"response_headers_s": 1.0, "read_s": 1.0}}
+    sections = {"timeouts": {"response_headers_s": 1.0, "read_s": 1.0},
+                "health": {"canary_timeout_s": 1.0}}
     async with rig(2, sections) as (engines, gw):
         tally = Tally()
         async with Watch(gw) as watch:
@@ -627,8 +628,9 @@ async def scenario_stall(o: Options) -> list[Row]:
             row.inflight_end = await watch.settle()
             row.rss_peak_mb, row.rss_end_mb, _ = watch.rss_figures(t0)
         tally.into(row)
-        row.notes.append("stall: /health stays 200, so e0 is never ejected; its non-streaming "
-                         "requests time out (504, not retried: their own deadline)")
+        row.notes.append("stall: /health stays 200; the first requests that time out (504, not "
+                         "retried: their own deadline) send a canary, whose timeout ejects e0")
+        row.checks["ejected"] = row.eject_s is not None
         row.checks["no_gw5xx"] = row.gw5xx == 0
         row.checks["inflight_0"] = row.inflight_end == 0
         finish(row, gw)

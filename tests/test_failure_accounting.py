@@ -65,8 +65,11 @@ async def test_over_long_requests_eject_nobody_and_others_see_no_503() -> None:
             bad = await asyncio.gather(*(http.post(CHAT, json=long) for _ in range(4)))
             assert all(r.status_code == 504 for r in bad), [r.status_code for r in bad]
             assert all(state.cluster.is_healthy(ReplicaId(f"e{i}")) for i in range(3))
-            # Not re-sent onto the fleet: one engine per timed-out request.
-            assert sum(len(e.request_log) for e in engines) == 4
+            # Not re-sent onto the fleet: one engine per timed-out request (each also
+            # got a one-token canary, which it answered, so none is held to have stalled).
+            chats = [r for e in engines for r in e.request_log if r.endpoint == "chat"]
+            assert len(chats) == 4
+            assert state.health.canaries_failed == 0
             short = {**long, "max_tokens": 2}
             good = [await http.post(CHAT, json=short) for _ in range(6)]
             assert [r.status_code for r in good] == [200] * 6
@@ -101,3 +104,41 @@ async def test_a_probe_ejection_says_what_the_probe_saw(caplog: pytest.LogCaptur
             assert not await m.probe(ReplicaId("e0"))
         await m.client.aclose()
     assert any("e0 ejected" in r.getMessage() and "answered 503" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_stalled_replica_is_ejected_by_its_canary_and_the_request_moves() -> None:
+    """`/health` still answers but the engine never does: the request that timed out
+    there is innocent (the canary timed out too), so it goes to the other replica."""
+    async with sim_engines(2, "tiny") as engines, gateway(
+        engines,
+        timeouts={"response_headers_s": 0.3},
+        health={"interval_s": 60, "canary_timeout_s": 0.3},
+        models={"discover": False},
+        routing={"policy": "round_robin"},
+    ) as gw:
+        engines[0].faults.config = FaultConfig(stall=0)
+        state = gw.state
+        async with httpx.AsyncClient(base_url=gw.url, timeout=10) as http:
+            body = {"model": "kvgate-sim", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+            got = await asyncio.gather(*(http.post(CHAT, json=body) for _ in range(4)))
+            assert [r.status_code for r in got] == [200] * 4
+            assert {r.headers["x-kvgate-replica"] for r in got} == {"e1"}
+        assert state.health.state(ReplicaId("e0")) is Health.EJECTED
+        assert state.health.canaries_failed == 1  # concurrent timeouts shared one canary
+        view = state.cluster.view()
+        assert all(view.inflight(ReplicaId(f"e{i}")) == 0 for i in range(2))
+
+
+async def test_a_stalled_last_replica_is_not_ejected() -> None:
+    async with sim_engines(1, "tiny", faults=FaultConfig(stall=0)) as engines, gateway(
+        engines,
+        timeouts={"response_headers_s": 0.3},
+        health={"interval_s": 60, "canary_timeout_s": 0.3},
+        models={"discover": False},
+    ) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=10) as http:
+            body = {"model": "kvgate-sim", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+            r = await http.post(CHAT, json=body)
+        assert r.status_code in (502, 503), r.text
+        assert "stalled" in r.text or "no healthy" in r.text
+        assert gw.state.health.state(ReplicaId("e0")) is Health.HEALTHY
