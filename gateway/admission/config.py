@@ -7,6 +7,8 @@ than `aging_bound_s` after it.
 
 from __future__ import annotations
 
+import math
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 DEFAULT_CLASSES = ("interactive", "default", "batch")
@@ -71,25 +73,29 @@ class SaturationThresholds(BaseModel):
     )
 
     def held_back(self, holdback: float) -> SaturationThresholds:
-        """These thresholds with `holdback` of each kept free (at least one place stays)."""
+        """These thresholds with `holdback` of each kept free (at least one place stays).
+
+        Counts round to the nearest whole place, not down: rounding down made a 10%
+        holdback take one of two slots, half the replica, from every lower class.
+        """
         if holdback <= 0:
             return self
         keep = 1.0 - holdback
+
+        def places(n: int) -> int:
+            return max(1, math.floor(n * keep + 0.5))
+
         return SaturationThresholds(
             max_waiting=None if self.max_waiting is None else self.max_waiting * keep,
             max_kv_usage=None if self.max_kv_usage is None else self.max_kv_usage * keep,
             max_inflight=(
-                None if self.max_inflight is None else max(1, int(self.max_inflight * keep))
+                None if self.max_inflight is None else places(self.max_inflight)
             ),
             max_prompt_tokens=(
-                None
-                if self.max_prompt_tokens is None
-                else max(1, int(self.max_prompt_tokens * keep))
+                None if self.max_prompt_tokens is None else places(self.max_prompt_tokens)
             ),
             max_prefill_tokens=(
-                None
-                if self.max_prefill_tokens is None
-                else max(1, int(self.max_prefill_tokens * keep))
+                None if self.max_prefill_tokens is None else places(self.max_prefill_tokens)
             ),
             prefill_chunk_tokens=self.prefill_chunk_tokens,
         )

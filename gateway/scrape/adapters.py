@@ -7,9 +7,10 @@ never zero.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -54,9 +55,12 @@ def index_samples(text: str) -> SampleIndex:
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name.endswith("_created"):
+                value = float(sample.value)
+                # Every series read here is a count, a total or a fraction: a NaN, an
+                # infinity or a negative one is a broken engine, read as absent.
+                if sample.name.endswith("_created") or not 0.0 <= value < math.inf:
                     continue
-                out[sample.name].append((sample.labels, float(sample.value)))
+                out[sample.name].append((sample.labels, value))
     except ValueError as exc:
         raise MetricsFormatError(f"unparseable metrics exposition: {exc}") from exc
     return MappingProxyType(dict(out))
@@ -159,7 +163,7 @@ def read_sglang(index: SampleIndex, previous: CounterState | None) -> EngineRead
         running=running,
         kv_usage=usage,
         prefix_hit_rate=hit,
-        kv_capacity_tokens=int(capacity) if capacity else None,
+        kv_capacity_tokens=int(capacity) if capacity and capacity < _MAX_CAPACITY_TOKENS else None,
     )
 
 
@@ -252,4 +256,25 @@ def read_engine(
     reading = READERS[resolved](index, previous)
     if reading is None:
         raise MetricsFormatError(f"{resolved.value} queue/running gauges are missing")
-    return reading
+    return _bounded(reading)
+
+
+_MAX_CAPACITY_TOKENS = 1 << 40  # far past any engine's KV; a larger figure is a broken one
+
+
+def _bounded(r: EngineReading) -> EngineReading:
+    """Fractions kept in [0, 1] and a capacity no engine can have dropped, so one engine's
+    broken exposition cannot skew routing or crash the scraper."""
+
+    def fraction(v: float | None) -> float | None:
+        return None if v is None else min(1.0, v)
+
+    capacity = r.kv_capacity_tokens
+    if capacity is not None and capacity > _MAX_CAPACITY_TOKENS:
+        capacity = None
+    return replace(
+        r,
+        kv_usage=fraction(r.kv_usage),
+        prefix_hit_rate=fraction(r.prefix_hit_rate),
+        kv_capacity_tokens=capacity,
+    )

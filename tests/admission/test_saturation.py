@@ -77,7 +77,14 @@ def test_held_back_thresholds() -> None:
     assert (held.max_waiting, held.max_kv_usage, held.max_inflight, held.max_prompt_tokens) == (
         2.0,
         0.4,
-        1,
+        2,  # 1.5 places rounds to the nearest whole place
         500,
     )
     assert t.held_back(0.0) is t
+
+
+def test_held_back_counts_round_to_the_nearest_place_not_down() -> None:
+    two = SaturationThresholds(max_inflight=2)
+    # The default classes' holdbacks (10%, 25%) must not halve a two-slot replica.
+    assert [two.held_back(h).max_inflight for h in (0.1, 0.25, 0.5, 0.9)] == [2, 2, 1, 1]
+    assert SaturationThresholds(max_inflight=4).held_back(0.25).max_inflight == 3

@@ -181,3 +181,32 @@ def test_reading_only_the_used_lines_changes_nothing(text: str) -> None:
     assert read_engine(text) == full
     if kind is EngineKind.VLLM:
         assert read_engine(text + noise) == full
+
+
+BASE = "vllm:num_requests_running 1\nvllm:num_requests_waiting 2\n"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "sglang:num_running_reqs 1\nsglang:num_queue_reqs 1\nsglang:max_total_num_tokens NaN\n",
+        "sglang:num_running_reqs 1\nsglang:num_queue_reqs 1\nsglang:max_total_num_tokens 1e300\n",
+        BASE + 'vllm:cache_config_info{num_gpu_blocks="1e400",block_size="16"} 1\n',
+        BASE + 'vllm:cache_config_info{num_gpu_blocks="99999999999999999999",block_size="16"} 1\n',
+        BASE + "vllm:kv_cache_usage_perc 7\nvllm:prefix_cache_hits_total 9\n"
+        "vllm:prefix_cache_queries_total 3\n",
+        BASE + "vllm:kv_cache_usage_perc NaN\nvllm:prefix_cache_hits_total -Inf\n"
+        "vllm:prefix_cache_queries_total 3\n",
+    ],
+)
+def test_broken_values_are_absent_or_bounded_never_an_exception(text: str) -> None:
+    r = read_engine(text)
+    assert r.kv_capacity_tokens is None
+    assert r.kv_usage is None or 0.0 <= r.kv_usage <= 1.0
+    assert r.prefix_hit_rate is None or 0.0 <= r.prefix_hit_rate <= 1.0
+
+
+def test_non_finite_or_negative_queue_gauges_count_as_missing() -> None:
+    for waiting in ("NaN", "+Inf", "-1"):
+        with pytest.raises(MetricsFormatError, match="missing"):
+            read_engine(f"vllm:num_requests_running 1\nvllm:num_requests_waiting {waiting}\n")

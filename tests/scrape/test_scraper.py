@@ -231,3 +231,26 @@ async def test_loop_publishes_in_batches(served: tuple[Exposition, RunningServer
         assert published == ["a"]
     finally:
         await scraper.stop()
+
+
+async def test_malformed_expositions_are_parse_failures_without_a_traceback(
+    served: tuple[Exposition, RunningServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    expo, server = served
+    health = HealthLog()
+    scraper = MetricsScraper(ScrapeSettings(timeout_s=0.5), list, registry=CollectorRegistry(), health=health)
+    target = ReplicaState(ReplicaId("a"), server.url)
+    await scraper.start()
+    try:
+        for text in (
+            "\x00\xff garbage {{{\n",
+            "vllm:num_requests_running{engine=0 3\n",
+            "sglang:num_running_reqs 1\nsglang:num_queue_reqs 1\nsglang:max_total_num_tokens NaN\n",
+            "vllm:num_requests_running NaN\nvllm:num_requests_waiting 1\n",
+        ):
+            expo.text = text
+            await scraper.scrape_once(target)
+    finally:
+        await scraper.stop()
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
+    assert [reason for _, reason in health.failed] == ["parse", "parse", "parse"]
