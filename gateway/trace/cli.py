@@ -177,6 +177,10 @@ def _add_simulate(sub: Any) -> None:
         help="route as for clients that send no session id (lineage keys them)",
     )
     p.add_argument("--profile", default=None, help="simulated hardware profile name")
+    p.add_argument(
+        "--kv-blocks", type=int, default=None, metavar="N",
+        help="KV blocks per engine instead of the profile's (finite KV, as `kvgate sim` runs)",
+    )
     p.add_argument("--speedup", type=float, default=1.0)
     p.add_argument("--max-output-tokens", type=int)
     p.add_argument("--json", action="store_true")
@@ -333,19 +337,25 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from gateway.sim.profiles import HardwareProfile, get_profile
     from gateway.trace.format import read_trace
-    from gateway.trace.simulate import SimulationOptions, simulate
+    from gateway.trace.simulate import DEFAULT_PROFILE, SimulationOptions, simulate
 
     try:
         config = orjson.loads(args.policy_config)
         if not isinstance(config, dict):
             raise ValueError("--policy-config must be a JSON object")  # noqa: TRY004
         trace = read_trace(args.trace).window(args.start, args.limit)
+        profile: str | HardwareProfile | None = args.profile
+        if args.kv_blocks is not None:
+            if args.kv_blocks <= 0:
+                raise ValueError("--kv-blocks must be positive")
+            profile = get_profile(args.profile or DEFAULT_PROFILE).scaled(num_gpu_blocks=args.kv_blocks)
         options = SimulationOptions(
             replicas=args.replicas,
             policy=args.policy,
             policy_config=config,
-            profile=args.profile,
+            profile=profile,
             speedup=args.speedup,
             max_output_tokens=args.max_output_tokens,
             sessions=not args.no_session_ids,

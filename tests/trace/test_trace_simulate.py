@@ -11,7 +11,8 @@ from gateway.sim.cluster import SimCluster
 from gateway.sim.profiles import get_profile
 from gateway.trace.cli import main
 from gateway.trace.format import Trace, TraceHeader, TraceRecord, write_trace
-from gateway.trace.replay import replay
+from gateway.trace.render import Layout
+from gateway.trace.replay import Endpoint, replay
 from gateway.trace.simulate import SimulationOptions, simulate
 from gateway.trace.stats import cluster_hit_rate
 
@@ -121,3 +122,40 @@ def test_cli_simulate_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert out["speed_factor"] > 0
     assert main(["simulate", str(path), "--profile", "nope"]) == 2
     assert "unknown sim profile" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("endpoint", "layout"), [("chat", "growing"), ("chat", "turns"), ("completions", "growing")])
+async def test_offline_lineage_agrees_with_a_live_replay_through_the_gateway(
+    endpoint: Endpoint, layout: Layout
+) -> None:
+    """Issue 18: `kvgate simulate` routes with the gateway's own lineage rule and placement,
+    so on the same agent-shaped trace, replicas and engines, without session ids, its hit
+    rate is within 2 points of a replay over HTTP through the gateway."""
+    from gateway.testing.servers import gateway
+    from gateway.trace.generate import AgentTraceOptions, generate_agent_trace
+
+    trace = generate_agent_trace(
+        AgentTraceOptions(
+            seed=3, sessions=10, duration_s=4.0, context_scale=0.04, think_s=0.5, block_tokens=16
+        )
+    ).window(0, 60)
+    # Finite KV (evictions happen) and prefill-bound, at 8x simulated speed.
+    profile = get_profile("h200-sparse").scaled(num_gpu_blocks=1200, prefill_tokens_per_s=6000.0)
+    scale = 8.0
+    sim = simulate(
+        trace,
+        SimulationOptions(replicas=4, policy="lineage", profile=profile, max_output_tokens=8,
+                          sessions=False),
+    ).report
+    async with SimCluster(4, profile, time_scale=scale) as cluster, gateway(
+        cluster.engines, models={"discover": False}
+    ) as gw:
+        live = await replay(
+            trace, gw.url, speedup=scale, endpoint=endpoint, layout=layout,
+            session_header=False, max_output_tokens=8,
+        )
+    assert live.errors == 0 and sim.errors == 0
+    assert live.hit_rate is not None and sim.hit_rate is not None
+    assert sim.hit_rate > 0.5  # the trace reuses most of its prompts
+    print(f"hit rate: live {live.hit_rate:.4f}, simulate {sim.hit_rate:.4f}")
+    assert abs(live.hit_rate - sim.hit_rate) <= 0.02, (live.hit_rate, sim.hit_rate)
