@@ -17,9 +17,15 @@ conversation's lineage inferred from the prompt (gateway.lineage). Per request:
   ``queue_weight * unit`` per request the engine reports waiting; ``uncached_r`` is the
   prompt minus what r's prefix index holds of it; ``live_r`` counts r's live sessions
   (each will send more turns); ``unit`` is the running mean of uncached prefill per
-  request. A shared preamble thus pulls a new conversation to a replica that holds it
-  only while that replica carries no more than a few sessions more than the others: hot
-  preambles spread, hot sessions stay.
+  request. A session moved by the bound ranks its old replica last, or that replica's
+  cache would win it straight back.
+* **Hot preambles spread.** A high ``cache_weight`` makes a fork of one conversation
+  follow its cache (the cluster saves that prefill), but would also pile every new session
+  of an agent kind onto the replica that first cached the kind's preamble. So the policy
+  counts new sessions per branch point (the last cached hash they open with); once
+  ``hot_after`` have branched there, the prefix is a shared preamble and a new session
+  from it goes only to replicas whose live sessions are within ``session_band`` of the
+  mean above the fewest, by cost among those. Hot preambles spread, hot sessions stay.
 
 Unknown or stale engine load is not held against a replica (the gateway's own counts
 still are), so this policy ranks saturated replicas itself (`handles_saturation`).
@@ -31,6 +37,7 @@ walk of RANK_DEPTH for the failover order; a placement is O(n) in the candidates
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -52,7 +59,7 @@ class LineageConfig(PolicyConfig):
         "is at most this times the mean (plus the slack)"
     )
     slack_requests: float = Field(
-        default=4.0, ge=0, description="load above the bound a sticky replica may carry, in "
+        default=12.0, ge=0, description="load above the bound a sticky replica may carry, in "
         "mean per-request prefills (at light load a bound of the mean alone moves sessions)"
     )
     session_weight: float = Field(
@@ -60,8 +67,16 @@ class LineageConfig(PolicyConfig):
         "prefills, when placing a new session"
     )
     cache_weight: float = Field(
-        default=4.0, ge=0, description="weight of a new session's uncached prompt against "
+        default=16.0, ge=0, description="weight of a new session's uncached prompt against "
         "load: above 1, a prefix recomputed elsewhere counts also as the cluster's lost work"
+    )
+    session_band: float | None = Field(
+        default=0.25, ge=0, description="a new session that opens with a hot prefix goes only "
+        "to replicas whose live sessions are within this share of the mean above the fewest"
+    )
+    hot_after: int = Field(
+        default=2, ge=1, description="new sessions branching where the prompt's cached prefix "
+        "ends that make that prefix hot (a shared preamble, not one conversation's fork)"
     )
     inflight_tokens: float = Field(
         default=256.0, ge=0, description="load of one in-flight request besides its prefill"
@@ -106,6 +121,8 @@ class Lineage:
         self._queued_total = 0.0
         self._capacity_seen: dict[ReplicaId, int] = {}
         self._block_tokens = 512  # of the requests' prefix hashes, learnt from them
+        # New sessions per branch point (the last cached hash they opened with), LRU-bounded.
+        self._branches: OrderedDict[int, int] = OrderedDict()
         self.membership_changed(context.replicas)
 
     # -- abilities ---------------------------------------------------------------------
@@ -148,10 +165,23 @@ class Lineage:
         self._pending_total = max(0.0, self._pending_total - tokens)
 
     def placed(self, request: RouteRequest, replica: ReplicaId) -> None:
-        if request.prefix_hashes:
+        hashes = request.prefix_hashes
+        if hashes:
             self._block_tokens = request.block_tokens or 1
-            self.index.record(replica, request.prefix_hashes, self._block_tokens)
+            if self.config.session_band is not None and self.sessions.replica_of(
+                request.session_key, self._now
+            ) is None:
+                self._count_branch(hashes, self.index.matched(replica, hashes))
+            self.index.record(replica, hashes, self._block_tokens)
         self.sessions.place(request.session_key, replica, self._now)
+
+    def _count_branch(self, hashes: Sequence[int], depth: int) -> None:
+        if depth <= 0:
+            return
+        branches, point = self._branches, hashes[depth - 1]
+        branches[point] = branches.pop(point, 0) + 1
+        if len(branches) > self.config.max_sessions:
+            branches.popitem(last=False)
 
     def finished(
         self, request: RouteRequest, replica: ReplicaId, ok: bool, latency_s: float
@@ -179,7 +209,7 @@ class Lineage:
                 return self._place(request, view, unit, "failover")
             if self._load(sticky, view, unit) <= self._bound(view, unit):
                 return Choice(self._failover_order(sticky, key, view), "sticky", self.name)
-            return self._place(request, view, unit, "bounded_load")
+            return self._place(request, view, unit, "bounded_load", avoid=sticky)
         return self._place(request, view, unit, "")
 
     def _load(self, replica: ReplicaId, view: ClusterView, unit: float) -> float:
@@ -200,7 +230,16 @@ class Lineage:
         )
         return cfg.load_factor * total / n + cfg.slack_requests * unit
 
-    def _place(self, request: RouteRequest, view: ClusterView, unit: float, moved: str) -> Choice:
+    def _place(
+        self,
+        request: RouteRequest,
+        view: ClusterView,
+        unit: float,
+        moved: str,
+        avoid: ReplicaId | None = None,
+    ) -> Choice:
+        """Rank by cost; `avoid` (the replica over the load bound) goes last: its cache
+        would otherwise win it back the session the bound just moved."""
         cfg = self.config
         replicas = view.replicas
         hashes = request.prefix_hashes
@@ -216,6 +255,12 @@ class Lineage:
         sh = self._tie.session_hash(request.session_key)
         rh = self._tie.replica_hash
         keys: list[tuple[float, int, int]] = []
+        band_limit = None
+        if cfg.session_band is not None and not moved and matched:
+            depth = max(matched.values())
+            if self._branches.get(hashes[depth - 1], 0) >= cfg.hot_after:
+                live = [counts(r.id, 0) for r in replicas]
+                band_limit = min(live) + max(1.0, cfg.session_band * sum(live) / len(live))
         for i, r in enumerate(replicas):
             rid = r.id
             cached = min(prompt, matched.get(i, 0) * bt)
@@ -226,9 +271,13 @@ class Lineage:
                 + cw * (prompt - cached)
                 + per_session * counts(rid, 0)
             ) / (r.weight if r.weight > 0 else 1.0)
+            if band_limit is not None and counts(rid, 0) > band_limit:
+                cost += 1e18  # outside the band: only as a failover
             keys.append((cost, mix(sh, rh(rid)), i))
         best = heapq.nsmallest(RANK_DEPTH, keys) if len(keys) > RANK_DEPTH else sorted(keys)
         ranked = tuple(replicas[i].id for _, _, i in best)
+        if avoid is not None and avoid in ranked:
+            ranked = (*(r for r in ranked if r != avoid), avoid)
         if moved:
             reason = moved
         else:

@@ -1,0 +1,101 @@
+"""The `lineage` policy's placement on hand-built views: stickiness, remembered moves, and
+hot preambles that spread while one conversation's fork follows its cache."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from policy_views import replicas, request, rid, view
+
+from gateway.policy import PolicyContext
+from gateway.types import ClusterView, ReplicaId, RouteRequest
+from plugins.lineage import Lineage, LineageConfig
+
+PREAMBLE = tuple(range(1000, 1040))  # 40 blocks of 512 tokens: an agent kind's preamble
+
+
+def policy(n: int = 4, **config: object) -> tuple[Lineage, ClusterView]:
+    states = replicas(n)
+    return Lineage(LineageConfig(**config), PolicyContext(states)), view(states)  # type: ignore[arg-type]
+
+
+def serve(p: Lineage, req: RouteRequest, v: ClusterView) -> ReplicaId:
+    """Route and complete `req` as the proxy does: choose, placed, dispatched, finished."""
+    chosen = p.choose(req, v).first
+    assert chosen is not None
+    p.placed(req, chosen)
+    p.dispatched(req, chosen)
+    p.finished(req, chosen, True, 0.1)
+    return chosen
+
+
+def turn(session: str, hashes: tuple[int, ...], n: int) -> RouteRequest:
+    return dataclasses.replace(request(session, hashes, block_tokens=512), request_id=f"{session}-{n}")
+
+
+def test_a_conversation_stays_where_it_was_served() -> None:
+    p, v = policy()
+    history = PREAMBLE + (1,)
+    first = serve(p, turn("s", history, 0), v)
+    for n in range(1, 6):
+        history = history + (100 + n,)
+        assert serve(p, turn("s", history, n), v) == first
+
+
+def test_a_move_over_the_load_bound_is_remembered() -> None:
+    p, v = policy(load_factor=1.0, slack_requests=0.0)
+    home = serve(p, turn("s", (1, 2, 3), 0), v)
+    index = int(home[1:])
+    busy = view(replicas(4), inflight={index: 50})
+    moved = p.choose(turn("s", (1, 2, 3, 4), 1), busy)
+    assert moved.reason == "bounded_load" and moved.first != home
+    assert moved.first is not None
+    p.placed(turn("s", (1, 2, 3, 4), 1), moved.first)
+    # The load is gone: the session stays where it moved, not back where it started.
+    again = p.choose(turn("s", (1, 2, 3, 4, 5), 2), v)
+    assert again.reason == "sticky" and again.first == moved.first
+
+
+def test_failover_moves_a_session_and_it_stays_moved() -> None:
+    p, v = policy()
+    home = serve(p, turn("s", (1, 2), 0), v)
+    without = ClusterView(
+        tuple(r for r in v.replicas if r.id != home), now=v.now, stale_after=v.stale_after,
+        in_flight={},
+    )
+    moved = p.choose(turn("s", (1, 2, 3), 1), without)
+    assert moved.reason == "failover" and moved.first not in (None, home)
+    assert moved.first is not None
+    p.placed(turn("s", (1, 2, 3), 1), moved.first)
+    assert p.choose(turn("s", (1, 2, 3, 4), 2), v).first == moved.first
+
+
+def test_sessions_sharing_a_hot_preamble_spread_and_each_sticks() -> None:
+    p, v = policy(8)
+    homes = {}
+    for s in range(16):
+        homes[s] = serve(p, turn(f"s{s}", PREAMBLE + (5000 + s,), 0), v)
+    per_replica = [list(homes.values()).count(rid(i)) for i in range(8)]
+    # The cache pull alone would keep them on the preamble's first replica.
+    assert max(per_replica) <= 3, per_replica
+    for s in range(16):
+        nxt = PREAMBLE + (5000 + s, 6000 + s)
+        assert serve(p, turn(f"s{s}", nxt, 1), v) == homes[s]
+
+
+def test_without_the_band_a_preamble_pulls_new_sessions_together() -> None:
+    # The control for the test above: the band, not chance, spreads them.
+    p, v = policy(8, session_band=None)
+    homes = {serve(p, turn(f"s{s}", PREAMBLE + (5000 + s,), 0), v) for s in range(16)}
+    assert len(homes) <= 2
+
+
+def test_a_fork_of_one_conversation_follows_its_cache() -> None:
+    p, v = policy(8)
+    # Other sessions fill the cluster, so the fork's replica is not the emptiest.
+    for s in range(8):
+        serve(p, turn(f"x{s}", (9000 + s, 9100 + s), 0), v)
+    history = (1, 2, 3, 4, 5, 6, 7, 8)
+    home = serve(p, turn("parent", history, 0), v)
+    fork = p.choose(turn("child", history[:6] + (77,), 0), v)
+    assert fork.first == home and fork.reason == "prefix"
