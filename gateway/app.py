@@ -55,6 +55,8 @@ FEATURE_INSTALLERS: tuple[str, ...] = (
     "gateway.scrape.install:install",
     # Last: it detects the final router's abilities (e.g. a prefix index) once.
     "gateway.admission.install:install",
+    # Its service starts after every other one (they listen to membership changes).
+    "gateway.discovery.install:install",
 )
 
 _UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")
@@ -152,7 +154,7 @@ def _lifespan(state: GatewayState) -> Callable[[Starlette], contextlib.AbstractA
         tasks: list[asyncio.Task[None]] = []
         started: list[Any] = []
         try:
-            if not settings.replicas and not state.cluster.members:
+            if not settings.has_replicas and not state.cluster.members:
                 sim = await _start_embedded_sim(state)
                 state.extras["sim"] = sim
             if settings.models.discover and state.cluster.members:

@@ -58,7 +58,7 @@ def _serve(args: argparse.Namespace) -> int:
         "date_header": False,
     }
     if server.workers > 1:
-        if not settings.replicas:
+        if not settings.has_replicas:
             print(
                 "kvgate: --workers > 1 needs configured replicas (each worker would start its "
                 "own simulated engines); run `kvgate sim` and list its URLs under replicas:",

@@ -30,6 +30,7 @@ from pydantic_settings import (
 )
 
 from gateway.admission.config import AdmissionSettings
+from gateway.discovery.config import DiscoverySettings
 from gateway.errors import ConfigError
 from gateway.pd.config import PDSettings
 from gateway.pools.config import PoolsSettings
@@ -261,6 +262,9 @@ class KvgateSettings(BaseSettings):
 
     server: ServerSettings = Field(default_factory=ServerSettings)
     replicas: tuple[ReplicaSettings, ...] = ()
+    discovery: DiscoverySettings = Field(
+        default_factory=DiscoverySettings, description="replicas from DNS (gateway.discovery)"
+    )
     sim: EmbeddedSimSettings = Field(default_factory=EmbeddedSimSettings)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     session: SessionSettings = Field(default_factory=SessionSettings)
@@ -301,7 +305,17 @@ class KvgateSettings(BaseSettings):
             for i, replica in enumerate(self.replicas):
                 if replica.pool is not None and replica.pool not in known:
                     raise ValueError(f"replicas[{i}].pool {replica.pool!r} is not in pools.pools")
+            for i, target in enumerate(self.discovery.dns):
+                if target.pool is not None and target.pool not in known:
+                    raise ValueError(
+                        f"discovery.dns[{i}].pool {target.pool!r} is not in pools.pools"
+                    )
         return self
+
+    @property
+    def has_replicas(self) -> bool:
+        """Replicas are configured or discovered (else `kvgate serve` embeds simulated ones)."""
+        return bool(self.replicas or self.discovery.dns)
 
     @classmethod
     def settings_customise_sources(
