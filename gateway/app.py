@@ -55,6 +55,7 @@ FEATURE_INSTALLERS: tuple[str, ...] = (
     "gateway.scrape.install:install",
     # Last: it detects the final router's abilities (e.g. a prefix index) once.
     "gateway.admission.install:install",
+    "gateway.accounting:install",
     # Its service starts after every other one (they listen to membership changes).
     "gateway.discovery.install:install",
 )
@@ -72,6 +73,7 @@ def replica_state(r: ReplicaSettings) -> ReplicaState:
         models=frozenset(r.models),
         pool=r.pool,
         role=r.role,
+        price_per_hour=r.price_per_hour,
     )
 
 

@@ -115,6 +115,10 @@ class ReplicaSettings(Section):
     pool: str | None = Field(None, description="hardware pool name")
     role: Role = Field(Role.BOTH, description="both | prefill | decode")
     priority_scheduling: bool = Field(False, description="engine runs priority scheduling")
+    price_per_hour: float = Field(
+        0.0, ge=0, description="what this replica costs per hour, for kvgate_replica_cost_total "
+        "(0 = its pool's price per replica-hour, else unpriced)"
+    )
 
     @field_validator("url")
     @classmethod
@@ -250,6 +254,14 @@ class UpstreamSettings(Section):
         return ((b"authorization", b"Bearer " + self.engine_api_key.get_secret_value().encode()),)
 
 
+class MetricsSettings(Section):
+    tokens: bool = Field(
+        True, description="count tokens, end-to-end latency and cost per model and replica "
+        "(gateway.accounting); streams then carry usage from the engine, which the gateway "
+        "asks for and removes again when the client did not ask for it"
+    )
+
+
 class KvgateSettings(BaseSettings):
     """Everything `build_app` needs. Unknown keys are errors."""
 
@@ -274,6 +286,7 @@ class KvgateSettings(BaseSettings):
     limits: LimitSettings = Field(default_factory=LimitSettings)
     models: ModelsSettings = Field(default_factory=ModelsSettings)
     upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     pools: PoolsSettings | None = Field(None, description="card pools (gateway.pools)")
     pd: PDSettings = Field(default_factory=PDSettings, description="prefill/decode hand-off")
     admission: AdmissionSettings = Field(

@@ -32,6 +32,7 @@ class DnsTarget(_Section):
     models: tuple[str, ...] = Field((), description="models served; empty = discover")
     pool: str | None = Field(None, description="hardware pool of every replica found")
     role: Role = Field(Role.BOTH, description="both | prefill | decode")
+    price_per_hour: float = Field(0.0, ge=0, description="cost per hour of each replica found")
 
     @model_validator(mode="after")
     def _port_for_a(self) -> DnsTarget:

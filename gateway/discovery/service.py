@@ -54,6 +54,7 @@ def replica_for(target: DnsTarget, endpoint: Endpoint) -> ReplicaState:
         models=frozenset(target.models),
         pool=target.pool,
         role=target.role,
+        price_per_hour=target.price_per_hour,
     )
 
 
