@@ -200,6 +200,11 @@ async def check_all(http: httpx.AsyncClient) -> None:
             ):
                 missing.add(name)
     assert not missing, f"metrics no gateway exported: {sorted(missing)}"
+    # KEDA's triggers query the same Prometheus (without the namespace label a test lacks).
+    scaled = yaml.safe_load((ROOT / "deploy/k8s/overlays/keda/scaledobject.yaml").read_text())
+    for trigger in scaled["spec"]["triggers"]:
+        expr = re.sub(r"\{namespace=\"[^\"]*\"\}", "", trigger["metadata"]["query"])
+        assert await query(http, expr), expr
     # The rules are evaluated over real data: at least the fleet-wide ones produce a value.
     assert await query(http, rule_exprs()[4][1].split(">")[0])
 
