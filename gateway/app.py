@@ -55,6 +55,9 @@ FEATURE_INSTALLERS: tuple[str, ...] = (
     "gateway.scrape.install:install",
     # Last: it detects the final router's abilities (e.g. a prefix index) once.
     "gateway.admission.install:install",
+    "gateway.accounting:install",
+    # Its service starts after every other one (they listen to membership changes).
+    "gateway.discovery.install:install",
 )
 
 _UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")
@@ -70,6 +73,7 @@ def replica_state(r: ReplicaSettings) -> ReplicaState:
         models=frozenset(r.models),
         pool=r.pool,
         role=r.role,
+        price_per_hour=r.price_per_hour,
     )
 
 
@@ -152,7 +156,7 @@ def _lifespan(state: GatewayState) -> Callable[[Starlette], contextlib.AbstractA
         tasks: list[asyncio.Task[None]] = []
         started: list[Any] = []
         try:
-            if not settings.replicas and not state.cluster.members:
+            if not settings.has_replicas and not state.cluster.members:
                 sim = await _start_embedded_sim(state)
                 state.extras["sim"] = sim
             if settings.models.discover and state.cluster.members:

@@ -58,7 +58,7 @@ def _serve(args: argparse.Namespace) -> int:
         "date_header": False,
     }
     if server.workers > 1:
-        if not settings.replicas:
+        if not settings.has_replicas:
             print(
                 "kvgate: --workers > 1 needs configured replicas (each worker would start its "
                 "own simulated engines); run `kvgate sim` and list its URLs under replicas:",
@@ -135,7 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the gateway (simulated engines if no replicas)")
-    serve.add_argument("-c", "--config", help="YAML settings file (see gateway.example.yaml)")
+    serve.add_argument(
+        "-c", "--config", default=os.environ.get("KVGATE_CONFIG_FILE") or None,
+        help="YAML settings file (see gateway.example.yaml; default: $KVGATE_CONFIG_FILE)",
+    )
     serve.add_argument("--host", help="override server.host")
     serve.add_argument("--port", type=int, help="override server.port")
     serve.add_argument("--workers", type=int, help="override server.workers")

@@ -19,6 +19,16 @@ request path never touches a gauge for them.
 | kvgate_lineage_blocks | gauge | |
 | kvgate_lineage_capacity_blocks | gauge | |
 | kvgate_lineages | gauge | |
+| kvgate_time_to_first_token_seconds | histogram | model, replica |
+| kvgate_inter_token_latency_seconds | histogram | model, replica |
+| kvgate_time_per_output_token_seconds | histogram | model, replica |
+| kvgate_e2e_request_latency_seconds | histogram | model, replica |
+| kvgate_prompt_tokens_total | counter | model, replica, pool |
+| kvgate_cached_prompt_tokens_total | counter | model, replica, pool |
+| kvgate_generation_tokens_total | counter | model, replica, pool |
+| kvgate_replica_cost_total | counter | replica, pool |
+
+docs/observability.md explains each series (what it measures, from when to when).
 
 `kvgate_errors_total` counts only errors the gateway made itself (not relayed engine
 statuses); `phase` of a disconnect is `before_response` or `mid_stream`.
@@ -34,11 +44,20 @@ from prometheus_client.registry import Collector
 
 from gateway.cluster import Cluster
 from gateway.lineage import LineageIndex
+from gateway.token_timing import StreamTimer
 
 # Latencies of LLM calls span milliseconds (cached, short) to minutes (100K-token prefill).
 LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
 )
+# vLLM's own buckets for per-token latency span 10 ms to 80 s; a gateway in front of a fast
+# engine needs the millisecond end as well.
+TOKEN_LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
+    0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
+)
+# Label of a model no replica announced: a client cannot mint label values.
+OTHER_MODEL = "other"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -94,6 +113,8 @@ class GatewayMetrics:
         self.upstream_failures = Counter(
             "kvgate_upstream_failures", "Failed attempts per replica", ["replica", "kind"], registry=r
         )
+        self._register_token_metrics(r)
+        self._cluster = cluster
         r.register(_ClusterCollector(cluster))
         # label tuple -> child; prometheus_client's labels() takes a lock on every call.
         self._children: dict[tuple[object, ...], Callable[..., None]] = {}
@@ -105,6 +126,76 @@ class GatewayMetrics:
             fn = getattr(metric.labels(*labels), method)
             self._children[key] = fn
         return fn
+
+    def _register_token_metrics(self, r: CollectorRegistry) -> None:
+        by_replica = ["model", "replica"]
+        by_pool = ["model", "replica", "pool"]
+        self.ttft = Histogram(
+            "kvgate_time_to_first_token_seconds",
+            "Request arrival to the first SSE event carrying a token (streams)",
+            by_replica, buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.itl = Histogram(
+            "kvgate_inter_token_latency_seconds",
+            "Time between two streamed tokens as relayed (streams)",
+            by_replica, buckets=TOKEN_LATENCY_BUCKETS, registry=r,
+        )
+        self.tpot = Histogram(
+            "kvgate_time_per_output_token_seconds",
+            "Per stream: (last token - first token) / (output tokens - 1)",
+            by_replica, buckets=TOKEN_LATENCY_BUCKETS, registry=r,
+        )
+        self.e2e = Histogram(
+            "kvgate_e2e_request_latency_seconds",
+            "Request arrival to its last byte, per model and serving replica",
+            by_replica, buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "kvgate_prompt_tokens", "Prompt tokens the engines reported (cached included)",
+            by_pool, registry=r,
+        )
+        self.cached_tokens = Counter(
+            "kvgate_cached_prompt_tokens", "Prompt tokens served from the prefix cache",
+            by_pool, registry=r,
+        )
+        self.generation_tokens = Counter(
+            "kvgate_generation_tokens", "Output tokens the engines reported", by_pool, registry=r,
+        )
+        self.replica_cost = Counter(
+            "kvgate_replica_cost",
+            "Price units spent: replica price per hour x time with a request in flight",
+            ["replica", "pool"], registry=r,
+        )
+
+    def model_label(self, model: str) -> str:
+        known = self._cluster.known_models()
+        return model if known is None or model in known else OTHER_MODEL
+
+    def stream_timer(self, model: str, replica: str, t0: float) -> StreamTimer:
+        """A timer for one relayed stream that arrived at `t0` (time.perf_counter)."""
+        m = self.model_label(model)
+        return StreamTimer(
+            t0,
+            self._child(self.ttft, "observe", m, replica),
+            self._child(self.itl, "observe", m, replica),
+            self._child(self.tpot, "observe", m, replica),
+        )
+
+    def served(
+        self, model: str, replica: str, pool: str, latency: float,
+        prompt: int | None, cached: int | None, completion: int | None,
+    ) -> None:
+        """One request `replica` answered: end-to-end latency and the tokens it reported."""
+        self._child(self.e2e, "observe", model, replica)(latency)
+        if prompt:
+            self._child(self.prompt_tokens, "inc", model, replica, pool)(prompt)
+        if cached:
+            self._child(self.cached_tokens, "inc", model, replica, pool)(cached)
+        if completion:
+            self._child(self.generation_tokens, "inc", model, replica, pool)(completion)
+
+    def charge(self, replica: str, pool: str, amount: float) -> None:
+        self._child(self.replica_cost, "inc", replica, pool)(amount)
 
     def request_done(
         self, endpoint: str, replica: str, status: int, stream: bool, latency: float, ttfb: float | None

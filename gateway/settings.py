@@ -30,6 +30,7 @@ from pydantic_settings import (
 )
 
 from gateway.admission.config import AdmissionSettings
+from gateway.discovery.config import DiscoverySettings
 from gateway.errors import ConfigError
 from gateway.pd.config import PDSettings
 from gateway.pools.config import PoolsSettings
@@ -114,6 +115,10 @@ class ReplicaSettings(Section):
     pool: str | None = Field(None, description="hardware pool name")
     role: Role = Field(Role.BOTH, description="both | prefill | decode")
     priority_scheduling: bool = Field(False, description="engine runs priority scheduling")
+    price_per_hour: float = Field(
+        0.0, ge=0, description="what this replica costs per hour, for kvgate_replica_cost_total "
+        "(0 = its pool's price per replica-hour, else unpriced)"
+    )
 
     @field_validator("url")
     @classmethod
@@ -254,6 +259,14 @@ class UpstreamSettings(Section):
         return ((b"authorization", b"Bearer " + self.engine_api_key.get_secret_value().encode()),)
 
 
+class MetricsSettings(Section):
+    tokens: bool = Field(
+        True, description="count tokens, end-to-end latency and cost per model and replica "
+        "(gateway.accounting); streams then carry usage from the engine, which the gateway "
+        "asks for and removes again when the client did not ask for it"
+    )
+
+
 class KvgateSettings(BaseSettings):
     """Everything `build_app` needs. Unknown keys are errors."""
 
@@ -266,6 +279,9 @@ class KvgateSettings(BaseSettings):
 
     server: ServerSettings = Field(default_factory=ServerSettings)
     replicas: tuple[ReplicaSettings, ...] = ()
+    discovery: DiscoverySettings = Field(
+        default_factory=DiscoverySettings, description="replicas from DNS (gateway.discovery)"
+    )
     sim: EmbeddedSimSettings = Field(default_factory=EmbeddedSimSettings)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     session: SessionSettings = Field(default_factory=SessionSettings)
@@ -275,6 +291,7 @@ class KvgateSettings(BaseSettings):
     limits: LimitSettings = Field(default_factory=LimitSettings)
     models: ModelsSettings = Field(default_factory=ModelsSettings)
     upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     pools: PoolsSettings | None = Field(None, description="card pools (gateway.pools)")
     pd: PDSettings = Field(default_factory=PDSettings, description="prefill/decode hand-off")
     admission: AdmissionSettings = Field(
@@ -306,7 +323,17 @@ class KvgateSettings(BaseSettings):
             for i, replica in enumerate(self.replicas):
                 if replica.pool is not None and replica.pool not in known:
                     raise ValueError(f"replicas[{i}].pool {replica.pool!r} is not in pools.pools")
+            for i, target in enumerate(self.discovery.dns):
+                if target.pool is not None and target.pool not in known:
+                    raise ValueError(
+                        f"discovery.dns[{i}].pool {target.pool!r} is not in pools.pools"
+                    )
         return self
+
+    @property
+    def has_replicas(self) -> bool:
+        """Replicas are configured or discovered (else `kvgate serve` embeds simulated ones)."""
+        return bool(self.replicas or self.discovery.dns)
 
     @classmethod
     def settings_customise_sources(

@@ -98,6 +98,7 @@ class ReplicaState:
     role: Role = Role.BOTH
     load: EngineLoad | None = None
     kv_capacity_tokens: int | None = None
+    price_per_hour: float = 0.0  # cost accounting only (gateway.accounting)
 
     def serves(self, model: str) -> bool:
         # An empty model set means "not discovered yet": do not exclude on that alone.

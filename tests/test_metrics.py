@@ -66,6 +66,12 @@ def test_reference_table_matches_the_registry() -> None:
     m.decision("p", "r")
     m.disconnect("mid_stream")
     m.upstream_failure("a", "k")
+    m.served("m", "a", "", 0.2, 10, 5, 3)
+    m.charge("a", "", 0.01)
+    timer = m.stream_timer("m", "a", 0.0)
+    for _ in range(3):
+        timer.feed(b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n')
+    timer.finish(3)
     actual = set()
     for family in text_string_to_metric_families(m.render().decode()):
         if family.name.endswith("_created"):

@@ -96,9 +96,10 @@ async def test_continuous_usage_stats_is_not_stripped(gw: RunningGateway) -> Non
     assert seen[0].completion_tokens == 3
 
 
-async def test_without_observers_the_body_is_not_touched(gw: RunningGateway) -> None:
-    assert gw.state.observers == []
-    raw = await raw_stream(gw, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 3})
+async def test_without_observers_the_body_is_not_touched(engines: list[SimEngine]) -> None:
+    async with gateway(engines, metrics={"tokens": False}) as gw:
+        assert gw.state.observers == []
+        raw = await raw_stream(gw, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 3})
     # The sim writes "usage" (null or not) only when include_usage reached it.
     assert b'"usage"' not in raw and raw.endswith(b"data: [DONE]\n\n")
 
