@@ -9,8 +9,11 @@ not say where in a prompt it sits): it is counted as an orphan and left out, so 
 never claims more than the engine holds. Memory is bounded per replica: past
 `max_blocks`, the oldest entries go first (they are the ones a lost removal left behind).
 
-Lookup: O(m) dict reads for a replica that holds m leading blocks of the prompt, O(1) for
-one that lacks the first block.
+Lookup: O(log L) dict reads for an L-block prompt while the replica has no *hole* (a
+held block whose parent is not held: the engine evicted a block but kept a later one of
+its chain), since presence along a chain is then prefix-closed; O(m) for m matched blocks
+otherwise, and when some blocks live on other tiers than the GPU (their weights differ).
+vLLM frees a request's blocks tail first, so holes are rare and short-lived.
 """
 
 from __future__ import annotations
@@ -52,6 +55,9 @@ class ReplicaBlocks:
     keys: dict[BlockHash, int] = field(default_factory=dict)  # engine hash -> key
     media: dict[int, int] = field(default_factory=dict)  # key -> medium bits
     by_medium: dict[int, int] = field(default_factory=dict)  # medium bit -> blocks
+    parent: dict[int, int] = field(default_factory=dict)  # key -> parent key (chained ones)
+    children: dict[int, int] = field(default_factory=dict)  # key -> held children
+    holes: int = 0
     orphans: int = 0
     skipped: int = 0
 
@@ -114,6 +120,7 @@ class EventIndex:
         r.block_size = e.block_size
         bit = medium_bit(e.medium)
         keys, media, counts = r.keys, r.media, r.by_medium
+        parent = seed if e.parent_block_hash is not None else None
         for h, key in zip(e.block_hashes, chain_keys(e.token_ids, e.block_size, seed, e.extra_keys)):
             keys.pop(h, None)  # re-insert: newest last, for the bound below
             keys[h] = key
@@ -121,6 +128,9 @@ class EventIndex:
             if not bits & bit:
                 media[key] = bits | bit
                 counts[bit] = counts.get(bit, 0) + 1
+                if not bits:
+                    self._arrived(r, key, parent)
+            parent = key
         while len(keys) > self.max_blocks:
             old = next(iter(keys))
             self._drop(r, old, keys.pop(old), -1)
@@ -135,7 +145,30 @@ class EventIndex:
                 del r.keys[h]
 
     @staticmethod
-    def _drop(r: ReplicaBlocks, h: BlockHash, key: int, bit: int) -> int:
+    def _arrived(r: ReplicaBlocks, key: int, parent: int | None) -> None:
+        """`key` is held again: it fills the hole of its held children, and is a hole
+        itself when its parent is not held."""
+        r.holes -= r.children.get(key, 0)
+        if parent is not None:
+            r.parent[key] = parent
+            r.children[parent] = r.children.get(parent, 0) + 1
+            if parent not in r.media:
+                r.holes += 1
+
+    @staticmethod
+    def _gone(r: ReplicaBlocks, key: int) -> None:
+        parent = r.parent.pop(key, None)
+        if parent is not None:
+            if parent not in r.media:
+                r.holes -= 1
+            left = r.children.get(parent, 0) - 1
+            if left > 0:
+                r.children[parent] = left
+            else:
+                r.children.pop(parent, None)
+        r.holes += r.children.get(key, 0)
+
+    def _drop(self, r: ReplicaBlocks, h: BlockHash, key: int, bit: int) -> int:
         """Clear `bit` (-1: every bit) of `key`; returns the bits left."""
         bits = r.media.get(key, 0)
         gone = bits & bit
@@ -145,8 +178,9 @@ class EventIndex:
         left = bits & ~gone
         if left:
             r.media[key] = left
-        else:
-            r.media.pop(key, None)
+        elif bits:
+            del r.media[key]
+            self._gone(r, key)
         return left
 
     def matched(
@@ -155,8 +189,19 @@ class EventIndex:
         """(leading blocks of `keys` the replica holds, those blocks weighed by medium):
         a block's weight is that of the best medium holding it (`weights` by medium bit)."""
         r = self._replicas.get(replica)
-        if r is None or not keys:
+        if r is None or not keys or keys[0] not in r.media:
             return 0, 0.0
+        gpu_only = not any(n for b, n in r.by_medium.items() if b != 1)
+        if r.holes == 0 and gpu_only:
+            held = r.media
+            lo, hi = 1, len(keys)  # keys[:lo] held; find the largest such lo
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if keys[mid - 1] in held:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            return lo, lo * weights.get(1, 1.0)
         media = r.media.get
         n = 0
         weighed = 0.0

@@ -77,3 +77,34 @@ def test_memory_is_bounded_oldest_first() -> None:
     blocks = index.blocks(R)
     assert blocks is not None and len(blocks.keys) == 3 and 1 not in blocks.keys
     assert sum(blocks.by_medium.values()) == 3
+
+
+def test_fast_and_slow_lookups_agree_with_a_plain_walk_under_random_churn() -> None:
+    import random
+
+    rng = random.Random(7)
+    tokens = list(range(5000, 5000 + 16 * 30))
+    keys = chain_keys(tokens, 16, root_seed())
+    index = EventIndex()
+    for _ in range(400):
+        start = rng.randrange(0, 30)
+        if rng.random() < 0.6:
+            end = min(30, start + rng.randrange(1, 6))
+            medium = "GPU" if rng.random() < 0.9 else "CPU"
+            parent = start if start else None  # engine hash of block i is i + 1
+            if parent is not None and index.blocks(R) is not None and parent not in index.blocks(R).keys:  # type: ignore[union-attr]
+                continue
+            index.apply(R, [stored(list(range(start + 1, end + 1)), parent, tokens[16 * start : 16 * end], medium)])
+        else:
+            index.apply(R, [BlockRemoved((start + 1,), "GPU" if rng.random() < 0.8 else "CPU")])
+        blocks = index.blocks(R)
+        assert blocks is not None
+        walk = 0
+        for k in keys:
+            if not blocks.media.get(k):
+                break
+            walk += 1
+        assert index.matched(R, keys, W)[0] == walk
+        # The hole count is what it claims to be.
+        holes = sum(1 for k, p in blocks.parent.items() if p not in blocks.media)
+        assert blocks.holes == holes
