@@ -14,6 +14,7 @@ the request path's latency with events on and off at one client.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import statistics
 import sys
@@ -49,8 +50,8 @@ def chat(tokens: int, turn: int = 0) -> dict[str, Any]:
     return {"model": MODEL, "messages": msgs}
 
 
-def cpu_figures() -> None:
-    body = chat(100_000)
+def cpu_figures(tokens: int) -> None:
+    body = chat(tokens)
     request = route_request(body, Endpoint.CHAT, "r", block_tokens=512, max_prefix_blocks=2048)
     renderer = SimRenderer()
     runs = []
@@ -60,7 +61,7 @@ def cpu_figures() -> None:
         runs.append(time.process_time() - t0)
     assert learnt is not None
     hashes, keys, counts = learnt
-    print(f"tokenize+key 100K-token prompt ({len(keys)} blocks): {statistics.median(runs) * 1e3:.1f} ms CPU (worker thread)")
+    print(f"tokenize+key {tokens // 1000}K-token prompt ({len(keys)} blocks): {statistics.median(runs) * 1e3:.1f} ms CPU (worker thread)")
     index = EventIndex()
     ids = approx_token_ids(render_chat(body["messages"]))
     n = len(ids) // 16
@@ -72,7 +73,7 @@ def cpu_figures() -> None:
         feed.reset(rid, True, "start")
         index.apply(rid, [BlockStored(tuple(range(1, n + 1)), None, tuple(ids[: n * 16]), 16, None, "GPU")])
     evidence = EventEvidence(index, feed, bridge, {"GPU": 1.0})
-    nxt = chat(100_000, turn=1)
+    nxt = chat(tokens, turn=1)
     reqs = [route_request(nxt, Endpoint.CHAT, f"q{i}", block_tokens=512, max_prefix_blocks=2048) for i in range(50)]
     t0 = time.process_time()
     for r in reqs:
@@ -86,7 +87,7 @@ def cpu_figures() -> None:
     print(f"  (for scale: building its RouteRequest costs {(time.process_time() - t0) / len(reqs) * 1e3:.2f} ms)")
 
 
-async def latency(events: bool) -> tuple[float, float]:
+async def latency(events: bool, requests: int) -> tuple[float, float]:
     async with sim_engines(4, "instant", kv_events=KVEventsOptions()) as engines:
         sources = [{"replica": f"e{e.index}", "endpoint": e.kv_publisher.endpoint,  # type: ignore[union-attr]
                     "replay_endpoint": e.kv_publisher.replay_endpoint, "topic": "kv-events"}  # type: ignore[union-attr]
@@ -94,7 +95,7 @@ async def latency(events: bool) -> tuple[float, float]:
         kv = {"enabled": events, "sources": sources, "tokenizer": {"kind": "sim"}}
         async with gateway(engines, kv_events=kv) as gw, httpx.AsyncClient(base_url=gw.url) as http:
             times = []
-            for i in range(450):
+            for i in range(requests + 50):
                 body = chat(300, turn=i % 5)
                 body["messages"][1]["content"] += f" session {i // 5}"
                 body["max_tokens"] = 4
@@ -109,9 +110,13 @@ async def latency(events: bool) -> tuple[float, float]:
 
 
 def main() -> int:
-    cpu_figures()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=100_000, help="prompt size of the CPU figures")
+    ap.add_argument("--requests", type=int, default=400, help="timed requests per latency run")
+    args = ap.parse_args()
+    cpu_figures(args.tokens)
     for events in (False, True, False, True):
-        p50, p99 = asyncio.run(latency(events))
+        p50, p99 = asyncio.run(latency(events, args.requests))
         print(f"request path, 1 client, events {'on ' if events else 'off'}: p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms")
     return 0
 
