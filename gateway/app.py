@@ -53,6 +53,7 @@ FEATURE_INSTALLERS: tuple[str, ...] = (
     "gateway.pd.install:install",
     "gateway.trace.install:install",
     "gateway.scrape.install:install",
+    "gateway.kvevents.install:install",
     # Last: it detects the final router's abilities (e.g. a prefix index) once.
     "gateway.admission.install:install",
     "gateway.accounting:install",

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from types import MappingProxyType
 
-from gateway.types import ClusterView, EngineLoad, ReplicaId, ReplicaState
+from gateway.types import CacheEvidence, ClusterView, EngineLoad, ReplicaId, ReplicaState
 
 # A cached view older than this is rebuilt anyway, so load staleness (judged against
 # view.now) still shows when every writer has gone quiet.
@@ -44,6 +44,7 @@ class Cluster:
         self._listeners: list[MembershipListener] = []
         self._view: ClusterView | None = None
         self._known_models: frozenset[str] | None = None
+        self._evidence: CacheEvidence | None = None
         self.set_members(replicas)
 
     # -- membership ---------------------------------------------------------------------
@@ -92,6 +93,11 @@ class Cluster:
             self._loads[replica] = load
         self._invalidate()
 
+    def set_cache_evidence(self, evidence: CacheEvidence | None) -> None:
+        """Event-fed cache knowledge every later view carries (gateway.kvevents)."""
+        self._evidence = evidence
+        self._invalidate()
+
     def set_models(self, replica: ReplicaId, models: Iterable[str]) -> None:
         if replica not in self._members:
             return
@@ -128,6 +134,7 @@ class Cluster:
                 stale_after=self.stale_after,
                 in_flight=self.in_flight,
                 by_id=view.by_id,
+                cache_evidence=self._evidence,
             )
         return view
 
@@ -166,4 +173,5 @@ class Cluster:
             now=now,
             stale_after=self.stale_after,
             in_flight=self.in_flight,
+            cache_evidence=self._evidence,
         )

@@ -193,7 +193,9 @@ class ComposedRouter:
         replicas, by_id = cached
         if replicas is view.replicas:
             return view
-        return ClusterView(replicas, view.now, view.stale_after, view.in_flight, by_id)
+        return ClusterView(
+            replicas, view.now, view.stale_after, view.in_flight, by_id, view.cache_evidence
+        )
 
     def placed(self, request: RouteRequest, replica: ReplicaId) -> None:
         for part in self._placement:

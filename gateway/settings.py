@@ -32,6 +32,7 @@ from pydantic_settings import (
 from gateway.admission.config import AdmissionSettings
 from gateway.discovery.config import DiscoverySettings
 from gateway.errors import ConfigError
+from gateway.kvevents.config import KVEventsSettings
 from gateway.pd.config import PDSettings
 from gateway.pools.config import PoolsSettings
 from gateway.routing import RoutingSettings
@@ -305,6 +306,9 @@ class KvgateSettings(BaseSettings):
     )
     store: StoreSettings = Field(
         default_factory=StoreSettings, description="shared routing state (gateway.store)"
+    )
+    kv_events: KVEventsSettings = Field(
+        default_factory=KVEventsSettings, description="engine KV cache events (gateway.kvevents)"
     )
 
     @model_validator(mode="after")

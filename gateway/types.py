@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
-from typing import NewType
+from typing import NewType, Protocol
 
 ReplicaId = NewType("ReplicaId", str)
 SessionKey = NewType("SessionKey", str)
@@ -105,6 +105,19 @@ class ReplicaState:
         return not self.models or model in self.models
 
 
+class CacheEvidence(Protocol):
+    """What the engines themselves say they cache (gateway.kvevents), as a policy input.
+
+    `cached_tokens(request)` maps each replica whose cache is known precisely to the
+    prompt tokens it holds (weighed by storage tier); replicas it leaves out are unknown
+    (no event stream, or one being resynchronised), and so is every replica when it
+    returns None (the prompt's tokens are not known yet). Policies keep their own
+    approximate estimate for whatever is unknown. Cheap, pure, memoised per request.
+    """
+
+    def cached_tokens(self, request: RouteRequest) -> Mapping[ReplicaId, int] | None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterView:
     """An immutable snapshot of the cluster handed to `Policy.choose`.
@@ -119,6 +132,8 @@ class ClusterView:
     stale_after: float = 2.0
     in_flight: Mapping[ReplicaId, int] = field(default_factory=lambda: EMPTY_INFLIGHT)
     by_id: Mapping[ReplicaId, ReplicaState] = field(default_factory=lambda: _EMPTY_BY_ID)
+    # Event-fed cache knowledge, when configured (a live object, like `in_flight`).
+    cache_evidence: CacheEvidence | None = None
 
     def __post_init__(self) -> None:
         if not self.by_id and self.replicas:

@@ -137,14 +137,19 @@ class RouterSpec:
     name: str
     kind: str  # kvgate | sglang | vllm
     policy: str | None  # None: the router's default (kvgate only)
+    # kvgate subscribed to the engines' KV cache events (gateway.kvevents); name ends "+events".
+    events: bool = False
 
 
 def parse_router(name: str) -> RouterSpec:
-    kind, _, policy = name.partition("-")
-    if kind not in ("kvgate", "sglang", "vllm") or (kind != "kvgate" and not policy):
+    base, plus, suffix = name.partition("+")
+    kind, _, policy = base.partition("-")
+    if (kind not in ("kvgate", "sglang", "vllm") or (kind != "kvgate" and not policy)
+            or (plus and (suffix != "events" or kind != "kvgate"))):
         raise ValueError(f"unknown router {name!r}: use kvgate, kvgate-POLICY, sglang-POLICY "
-                         f"or vllm-POLICY (defaults: {', '.join(DEFAULT_ROUTERS)})")
-    return RouterSpec(name, kind, policy or None)
+                         f"or vllm-POLICY, kvgate[-POLICY]+events "
+                         f"(defaults: {', '.join(DEFAULT_ROUTERS)})")
+    return RouterSpec(name, kind, policy or None, bool(plus))
 
 
 class Running:
@@ -176,7 +181,8 @@ class Running:
         self.proc.stop()
 
 
-def kvgate_yaml(port: int, urls: Sequence[str], policy: str | None, time_scale: float) -> str:
+def kvgate_yaml(port: int, urls: Sequence[str], policy: str | None, time_scale: float,
+                kv: Sequence[tuple[str, str]] = ()) -> str:
     lines = [f"server:\n  port: {port}\n  log_level: warning\nreplicas:"]
     lines += [f"  - {{id: e{i}, url: '{u}', models: [{MODEL}]}}" for i, u in enumerate(urls)]
     # Engines run time_scale x faster: scrape as often in simulated time as by default
@@ -185,15 +191,20 @@ def kvgate_yaml(port: int, urls: Sequence[str], policy: str | None, time_scale: 
     lines.append(f"models:\n  discover: false\nscrape:\n  interval_s: {interval:g}")
     if policy is not None:
         lines.append(f"routing:\n  policy: {policy}")
+    if kv:
+        lines.append("kv_events:\n  enabled: true\n  tokenizer: {kind: sim}\n  sources:")
+        lines += [f"    - {{replica: e{i}, endpoint: '{pub}', replay_endpoint: '{replay}', "
+                  "topic: kv-events}" for i, (pub, replay) in enumerate(kv)]
     return "\n".join(lines) + "\n"
 
 
 def router_command(spec: RouterSpec, urls: Sequence[str], port: int, time_scale: float,
-                   args: argparse.Namespace, workdir: Path) -> list[str] | str:
+                   args: argparse.Namespace, workdir: Path,
+                   kv: Sequence[tuple[str, str]] = ()) -> list[str] | str:
     """The command line of a router in front of `urls`, or why it cannot run."""
     if spec.kind == "kvgate":
         cfg = workdir / f"{spec.name}-{port}.yaml"
-        cfg.write_text(kvgate_yaml(port, urls, spec.policy, time_scale))
+        cfg.write_text(kvgate_yaml(port, urls, spec.policy, time_scale, kv if spec.events else ()))
         return [sys.executable, "-m", "gateway.cli", "serve", "-c", str(cfg)]
     common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls,
               "--policy", str(spec.policy), "--log-level", "error",
@@ -212,12 +223,13 @@ def router_command(spec: RouterSpec, urls: Sequence[str], port: int, time_scale:
 
 
 def start_router(spec: RouterSpec, urls: Sequence[str], time_scale: float,
-                 args: argparse.Namespace, workdir: Path) -> tuple[Running, str] | str:
+                 args: argparse.Namespace, workdir: Path,
+                 kv: Sequence[tuple[str, str]] = ()) -> tuple[Running, str] | str:
     """(process, url) of a router that answered a chat completion, or why it was skipped."""
     if any(not u.startswith("http://127.0.0.1:") for u in urls):
         raise RuntimeError(f"engines must be local: {urls}")
     port = free_port()
-    cmd = router_command(spec, urls, port, time_scale, args, workdir)
+    cmd = router_command(spec, urls, port, time_scale, args, workdir, kv)
     if isinstance(cmd, str):
         return cmd
     running = Running(cmd)
@@ -327,10 +339,10 @@ async def run_one(spec: RouterSpec, cell: Cell, work: Workload, repeat: int,
                   args: argparse.Namespace, workdir: Path) -> Run:
     """One router on fresh engines: the replay of one cell, and the figures of its row."""
     run = Run(spec.name, cell.label, repeat)
-    engines = start_engines(REPLICAS, args.blocks, work.time_scale)
+    engines = start_engines(REPLICAS, args.blocks, work.time_scale, kv_events=spec.events)
     try:
         started = await asyncio.to_thread(start_router, spec, engines.urls, work.time_scale,
-                                          args, workdir)
+                                          args, workdir, engines.kv)
         if isinstance(started, str):
             run.skipped = started
             return run

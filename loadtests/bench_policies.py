@@ -24,7 +24,7 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,9 +45,11 @@ MODEL = "kvgate-sim"
 
 # -- engine child process ------------------------------------------------------------------
 
-async def _serve_engines(replicas: int, blocks: int, scale: int, time_scale: float) -> None:
+async def _serve_engines(replicas: int, blocks: int, scale: int, time_scale: float,
+                         kv_events: bool = False) -> None:
     from gateway.sim.cluster import SimCluster
     from gateway.sim.profiles import get_profile
+    from gateway.sim.server import KVEventsOptions
 
     base = get_profile("h200-sparse")
     profile = base.scaled(
@@ -56,9 +58,14 @@ async def _serve_engines(replicas: int, blocks: int, scale: int, time_scale: flo
         max_num_seqs=base.max_num_seqs * scale,
         max_num_batched_tokens=base.max_num_batched_tokens * scale,
     )
-    async with SimCluster(replicas, profile, model=MODEL, time_scale=time_scale) as cluster:
-        for url in cluster.urls:
-            print(url, flush=True)
+    events = KVEventsOptions() if kv_events else None
+    async with SimCluster(replicas, profile, model=MODEL, time_scale=time_scale,
+                          kv_events=events) as cluster:
+        for engine in cluster.engines:
+            # "url [pub-endpoint replay-endpoint]": where each engine publishes its KV events.
+            pub = engine.kv_publisher
+            extra = f" {pub.endpoint} {pub.replay_endpoint}" if pub is not None else ""
+            print(engine.url + extra, flush=True)
         print("ready", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
 
@@ -67,6 +74,8 @@ async def _serve_engines(replicas: int, blocks: int, scale: int, time_scale: flo
 class Engines:
     proc: subprocess.Popen[str]
     urls: list[str]
+    # Per engine (PUB endpoint, replay endpoint) of its KV events, when it publishes them.
+    kv: list[tuple[str, str]] = field(default_factory=list)
 
     def stop(self) -> None:
         if self.proc.stdin:
@@ -78,17 +87,23 @@ class Engines:
             self.proc.wait()
 
 
-def start_engines(replicas: int, blocks: int, time_scale: float, scale: int = 1) -> Engines:
+def start_engines(replicas: int, blocks: int, time_scale: float, scale: int = 1,
+                  kv_events: bool = False) -> Engines:
     cmd = [sys.executable, __file__, "--engines-child", str(replicas), "--blocks", str(blocks),
            "--scale", str(scale), "--time-scale", str(time_scale)]
+    if kv_events:
+        cmd.append("--kv-events")
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.stdout is not None
-    urls = []
+    urls, kv = [], []
     for line in proc.stdout:
         if line.strip() == "ready":
-            return Engines(proc, urls)
-        urls.append(line.strip())
+            return Engines(proc, urls, kv)
+        url, *endpoints = line.split()
+        urls.append(url)
+        if len(endpoints) == 2:
+            kv.append((endpoints[0], endpoints[1]))
     raise RuntimeError("engine process exited before it was ready")
 
 
@@ -247,9 +262,11 @@ def main() -> None:
                     help='policy configs as JSON, e.g. \'{"prefix_affinity": {"load_weight": 0.5}}\'')
     ap.add_argument("--engines-child", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--scale", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--kv-events", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.engines_child:
-        asyncio.run(_serve_engines(args.engines_child, args.blocks, args.scale, args.time_scale))
+        asyncio.run(_serve_engines(args.engines_child, args.blocks, args.scale, args.time_scale,
+                                   args.kv_events))
         return
     asyncio.run(main_async(args))
 

@@ -27,6 +27,12 @@ conversation's lineage inferred from the prompt (gateway.lineage). Per request:
   from it goes only to replicas whose live sessions are within ``session_band`` of the
   mean above the fewest, by cost among those. Hot preambles spread, hot sessions stay.
 
+With KV cache events (gateway.kvevents), ``view.cache_evidence`` says what each replica
+really holds of the prompt: ``uncached_r`` then comes from it for every replica it knows
+(the prefix index answers for the others), and a sticky session whose replica evicted it
+(holds less than ``evicted_fraction`` of what the best replica holds, or nothing) is
+placed again as if new (reason ``evicted``): staying would recompute it there anyway.
+
 Unknown or stale engine load is not held against a replica (the gateway's own counts
 still are), so this policy ranks saturated replicas itself (`handles_saturation`).
 
@@ -45,7 +51,14 @@ from pydantic import Field
 
 from gateway.policy import RANK_DEPTH, PolicyConfig, PolicyContext
 from gateway.ring import DEFAULT_VNODES, HashRing, RingNode
-from gateway.types import Choice, ClusterView, ReplicaId, ReplicaState, RouteRequest
+from gateway.types import (
+    CacheEvidence,
+    Choice,
+    ClusterView,
+    ReplicaId,
+    ReplicaState,
+    RouteRequest,
+)
 from plugins.live_sessions import LiveSessions
 from plugins.load_model import TieBreaker, mix
 from plugins.prefix_index import PrefixIndex
@@ -97,6 +110,11 @@ class LineageConfig(PolicyConfig):
     )
     index_capacity_factor: float = Field(default=1.0, gt=0, description="index size vs KV")
     vnodes: int = Field(default=DEFAULT_VNODES, ge=1, description="failover ring vnodes")
+    evicted_fraction: float = Field(
+        default=0.5, ge=0, le=1, description="with KV cache events: a sticky replica holding "
+        "less than this share of the best replica's cached prefix (or none of it) counts as "
+        "having evicted the session, which is then placed again"
+    )
 
 
 class Lineage:
@@ -123,6 +141,7 @@ class Lineage:
         self._block_tokens = 512  # of the requests' prefix hashes, learnt from them
         # New sessions per branch point (the last cached hash they opened with), LRU-bounded.
         self._branches: OrderedDict[int, int] = OrderedDict()
+        self._evidence: CacheEvidence | None = None
         self.membership_changed(context.replicas)
 
     # -- abilities ---------------------------------------------------------------------
@@ -142,6 +161,10 @@ class Lineage:
         hashes = request.prefix_hashes
         if not hashes:
             return 0
+        if self._evidence is not None:
+            precise = self._evidence.cached_tokens(request)
+            if precise is not None and replica in precise:
+                return min(precise[replica], request.prompt_tokens or precise[replica])
         tokens = self.index.matched(replica, hashes) * request.block_tokens
         return min(tokens, request.prompt_tokens) if request.prompt_tokens else tokens
 
@@ -207,10 +230,22 @@ class Lineage:
             replica = view.by_id.get(sticky)
             if replica is None:
                 return self._place(request, view, unit, "failover")
+            if self._evicted(request, sticky):
+                return self._place(request, view, unit, "evicted")
             if self._load(sticky, view, unit) <= self._bound(view, unit):
                 return Choice(self._failover_order(sticky, key, view), "sticky", self.name)
             return self._place(request, view, unit, "bounded_load", avoid=sticky)
         return self._place(request, view, unit, "")
+
+    def _evicted(self, request: RouteRequest, sticky: ReplicaId) -> bool:
+        """The engines' own events say `sticky` no longer holds this session's prefix."""
+        if self._evidence is None or not request.prefix_hashes:
+            return False
+        precise = self._evidence.cached_tokens(request)
+        if not precise or sticky not in precise:
+            return False
+        held = precise[sticky]
+        return held == 0 or held < self.config.evicted_fraction * max(precise.values())
 
     def _load(self, replica: ReplicaId, view: ClusterView, unit: float) -> float:
         cfg = self.config
@@ -247,6 +282,8 @@ class Lineage:
         prompt = request.prompt_tokens
         position = {r.id: i for i, r in enumerate(replicas)} if hashes else {}
         matched = self.index.matched_sparse(position, hashes) if hashes else {}
+        evidence = self._evidence
+        precise = evidence.cached_tokens(request) if evidence is not None and hashes else None
         pending, queued, counts = self._pending.get, self._queued.get, self.sessions.counts.get
         inflight = view.in_flight.get
         per_session = cfg.session_weight * unit
@@ -261,9 +298,13 @@ class Lineage:
             if self._branches.get(hashes[depth - 1], 0) >= cfg.hot_after:
                 live = [counts(r.id, 0) for r in replicas]
                 band_limit = min(live) + max(1.0, cfg.session_band * sum(live) / len(live))
+        held: dict[int, int] = {}
         for i, r in enumerate(replicas):
             rid = r.id
-            cached = min(prompt, matched.get(i, 0) * bt)
+            if precise is not None and rid in precise:
+                cached = min(prompt, precise[rid])
+            else:
+                cached = min(prompt, matched.get(i, 0) * bt)
             cost = (
                 pending(rid, 0.0)
                 + cfg.inflight_tokens * inflight(rid, 0)
@@ -273,6 +314,8 @@ class Lineage:
             ) / (r.weight if r.weight > 0 else 1.0)
             if band_limit is not None and counts(rid, 0) > band_limit:
                 cost += 1e18  # outside the band: only as a failover
+            if cached:
+                held[i] = cached
             keys.append((cost, mix(sh, rh(rid)), i))
         best = heapq.nsmallest(RANK_DEPTH, keys) if len(keys) > RANK_DEPTH else sorted(keys)
         ranked = tuple(replicas[i].id for _, _, i in best)
@@ -281,7 +324,7 @@ class Lineage:
         if moved:
             reason = moved
         else:
-            reason = "prefix" if matched.get(best[0][2], 0) else "least_cost"
+            reason = "prefix" if held.get(best[0][2], 0) else "least_cost"
         return Choice(ranked, reason, self.name)
 
     def _failover_order(
@@ -301,6 +344,7 @@ class Lineage:
 
     def _refresh(self, view: ClusterView) -> None:
         """Per-view data (scraped queues, KV capacities), rebuilt when the view changes."""
+        self._evidence = view.cache_evidence
         if view.replicas is self._view_key:
             return
         self._view_key = view.replicas

@@ -40,7 +40,9 @@ class ColocatedFirst:
         if narrowed is None:
             return self.inner.choose(request, view)
         replicas, by_id = narrowed
-        sub = ClusterView(replicas, view.now, view.stale_after, view.in_flight, by_id)
+        sub = ClusterView(
+            replicas, view.now, view.stale_after, view.in_flight, by_id, view.cache_evidence
+        )
         return self.inner.choose(request, sub)
 
     def _narrow(self, model: str, view: ClusterView) -> _Narrowed | None:

@@ -140,7 +140,9 @@ class PDDispatcher:
         if not same:
             return None
         if len(same) < len(decode_view.replicas):
-            decode_view = ClusterView(same, view.now, view.stale_after, view.in_flight)
+            decode_view = ClusterView(
+                same, view.now, view.stale_after, view.in_flight, cache_evidence=view.cache_evidence
+            )
         decodes = tuple(
             r for r in self._decode_policy.choose(request, decode_view).ranked
             if r in decode_view.by_id
@@ -160,5 +162,8 @@ class PDDispatcher:
             replicas = self._views[key] = tuple(
                 r for r in view.replicas if r.role is role and r.healthy and r.serves(model)
             )
-        return ClusterView(replicas, view.now, view.stale_after, view.in_flight)
+        return ClusterView(
+            replicas, view.now, view.stale_after, view.in_flight,
+            cache_evidence=view.cache_evidence,
+        )
 

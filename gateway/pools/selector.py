@@ -294,6 +294,7 @@ class PoolSelector:
             stale_after=view.stale_after,
             in_flight=view.in_flight,
             by_id=base.by_id,
+            cache_evidence=view.cache_evidence,
         )
 
     def _inner(self, group: str) -> Policy:

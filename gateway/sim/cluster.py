@@ -9,7 +9,7 @@ from typing import Self
 from gateway.sim.faults import NO_FAULTS, FaultConfig
 from gateway.sim.metrics import Flavor
 from gateway.sim.profiles import HardwareProfile, get_profile
-from gateway.sim.server import DEFAULT_BOOTSTRAP_TIMEOUT_S, SimEngine
+from gateway.sim.server import DEFAULT_BOOTSTRAP_TIMEOUT_S, KVEventsOptions, SimEngine
 from gateway.sim.tokenizer import Tokenizer
 from gateway.types import Role
 
@@ -21,6 +21,7 @@ class SimCluster:
     `roles` gives one role per replica (shorter lists repeat their last entry); `faults`
     applies to the replicas listed in `fault_replicas` (all when None). `tokenizer`
     (default: about 4 characters a token) is shared by all engines, and so is `api_key`.
+    `kv_events`: every engine publishes its KV cache events over ZMQ, as vLLM does.
     """
 
     def __init__(
@@ -41,6 +42,7 @@ class SimCluster:
         bootstrap_timeout_s: float = DEFAULT_BOOTSTRAP_TIMEOUT_S,
         tokenizer: Tokenizer | None = None,
         api_key: str | None = None,
+        kv_events: KVEventsOptions | None = None,
     ) -> None:
         if replicas < 1:
             raise ValueError("replicas must be at least 1")
@@ -62,6 +64,7 @@ class SimCluster:
                 bootstrap_timeout_s=bootstrap_timeout_s,
                 tokenizer=tokenizer,
                 api_key=api_key,
+                kv_events=kv_events,
             )
             for i in range(replicas)
         ]

@@ -21,12 +21,13 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
 import xxhash
 
+from gateway.kvevents.wire import Event
 from gateway.sim.kvcache import KVCache
 from gateway.sim.profiles import HardwareProfile
 from gateway.sim.tokenizer import ApproxTokenizer, Tokenizer, chain_block_hashes
@@ -64,6 +65,8 @@ class SimRequest:
     output_seed: int = 0
     remote_kv: bool = False
     hold_kv: bool = False
+    # The prompt's token ids, when the engine publishes KV events (they carry them).
+    token_ids: Sequence[int] = ()
 
 
 @dataclass(eq=False, slots=True)
@@ -195,10 +198,22 @@ class EngineModel:
         tok = self.tokenizer.encode(text, self.profile.block_size)
         return tok.num_tokens, chain_block_hashes(tok.block_payloads, cache_salt)
 
+    def token_ids(self, text: str) -> Sequence[int]:
+        """The prompt's token ids when KV events are on (they carry them), else ()."""
+        return self.tokenizer.ids(text) if self.kv.events is not None else ()
+
+    def take_kv_events(self) -> list[Event]:
+        events = self.kv.events
+        if not events:
+            return []
+        self.kv.events = []
+        return events
+
     def submit_text(
         self, request_id: str, text: str, now: float, *, cache_salt: str | None = None, **kw: object
     ) -> RequestHandle:
         tokens, hashes = self.prompt_from_text(text, cache_salt)
+        kw.setdefault("token_ids", self.token_ids(text))
         seed = xxhash.xxh64_intdigest(text.encode("utf-8", "surrogatepass"))
         return self.submit(
             SimRequest(request_id, tokens, hashes, output_seed=seed, **kw),  # type: ignore[arg-type]
@@ -312,7 +327,9 @@ class EngineModel:
 
         for r, n in scheduled.items():
             r.num_computed += n
-            self.kv.cache_full_blocks(r.owner, r.request.block_hashes, r.num_computed // bs)
+            self.kv.cache_full_blocks(
+                r.owner, r.request.block_hashes, r.num_computed // bs, r.request.token_ids
+            )
             if r.num_computed >= r.num_tokens:
                 self._emit_token(r, done)
         return duration

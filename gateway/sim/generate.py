@@ -171,6 +171,7 @@ class Generation(Response):
             request_id=self.rid,
             prompt_tokens=tokens,
             block_hashes=hashes,
+            token_ids=engine.model.token_ids(p.text),
             max_tokens=max_tokens,
             priority=p.priority,
             ignore_eos=p.ignore_eos,

@@ -8,6 +8,10 @@
   the head, evicting the hash of a cached block it reuses, so the least recently freed
   cached block is evicted first. A request's blocks are freed in reverse order, so the end
   of a prompt is evicted before its (more shareable) beginning.
+* With `events` set to a list, the cache records what vLLM's KV event publisher reports
+  (gateway.kvevents.wire): `BlockStored` for each run of newly cached blocks (with their
+  token ids), `BlockRemoved` on eviction, `AllBlocksCleared` on a reset; the engine's
+  driver takes and publishes them after every step.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from gateway.kvevents.wire import GPU, AllBlocksCleared, BlockRemoved, BlockStored, Event
 
 
 @dataclass(slots=True)
@@ -42,6 +48,7 @@ class KVCache:
         self._cached: dict[int, int] = {}
         self._held: dict[str, _Holding] = {}
         self.evictions = 0
+        self.events: list[Event] | None = None
 
     # ---- queries -------------------------------------------------------------------
     @property
@@ -111,12 +118,15 @@ class KVCache:
             holding.blocks.append(self._take_free())
         return True
 
-    def cache_full_blocks(self, owner: str, hashes: Sequence[int], num_full: int) -> None:
+    def cache_full_blocks(
+        self, owner: str, hashes: Sequence[int], num_full: int, token_ids: Sequence[int] = ()
+    ) -> None:
         """Register the hashes of the owner's first `num_full` blocks (those now computed)."""
         holding = self._held.get(owner)
         if holding is None:
             return
         upto = min(num_full, len(hashes), len(holding.blocks))
+        run_start = -1
         for i in range(holding.num_hashed, upto):
             h = hashes[i]
             block = self._blocks[holding.blocks[i]]
@@ -124,7 +134,47 @@ class KVCache:
             if h not in self._cached and block.block_hash is None:
                 block.block_hash = h
                 self._cached[h] = block.block_id
+                if run_start < 0:
+                    run_start = i
+            elif run_start >= 0:
+                self._stored(hashes, run_start, i, token_ids)
+                run_start = -1
+        if run_start >= 0:
+            self._stored(hashes, run_start, upto, token_ids)
         holding.num_hashed = max(holding.num_hashed, upto)
+
+    def _stored(self, hashes: Sequence[int], start: int, end: int, ids: Sequence[int]) -> None:
+        bs = self.block_size
+        if self.events is None or len(ids) < end * bs:
+            return
+        self.events.append(BlockStored(
+            tuple(hashes[start:end]),
+            hashes[start - 1] if start else None,
+            tuple(ids[start * bs : end * bs]),
+            bs,
+            None,
+            GPU,
+        ))
+
+    def _removed(self, block_hash: int) -> None:
+        events = self.events
+        if events is None:
+            return
+        last = events[-1] if events else None
+        if isinstance(last, BlockRemoved):
+            events[-1] = BlockRemoved((*last.block_hashes, block_hash), GPU)
+        else:
+            events.append(BlockRemoved((block_hash,), GPU))
+
+    def drop_cached(self) -> None:
+        """Forget every cached hash, in use or not (an engine restart's empty cache)."""
+        for block in self._blocks:
+            block.block_hash = None
+        self._cached.clear()
+        for holding in self._held.values():
+            holding.num_hashed = len(holding.blocks)  # their blocks are no longer shared
+        if self.events is not None:
+            self.events.append(AllBlocksCleared())
 
     def free(self, owner: str) -> int:
         """Release everything `owner` holds; returns how many blocks it held."""
@@ -144,6 +194,8 @@ class KVCache:
         for block in self._blocks:
             block.block_hash = None
         self._cached.clear()
+        if self.events is not None:
+            self.events.append(AllBlocksCleared())
         return True
 
     # ---- internals -----------------------------------------------------------------
@@ -158,6 +210,7 @@ class KVCache:
         block = self._blocks[block_id]
         if block.block_hash is not None:
             del self._cached[block.block_hash]
+            self._removed(block.block_hash)
             block.block_hash = None
             self.evictions += 1
         block.ref_cnt = 1

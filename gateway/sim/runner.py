@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from gateway.sim.clock import RealClock
 from gateway.sim.engine import EngineModel, RequestHandle, SimRequest
@@ -35,6 +35,8 @@ class EngineRunner:
         self._waiters: dict[RequestHandle, asyncio.Event] = {}
         self._task: asyncio.Task[None] | None = None
         self.error: BaseException | None = None
+        # Called after every step's results went out (the KV event publisher's cue).
+        self.on_deliver: Callable[[], None] | None = None
 
     def now(self) -> float:
         return self.clock.now()
@@ -110,6 +112,8 @@ class EngineRunner:
         return handle
 
     def _deliver(self) -> None:
+        if self.on_deliver is not None:
+            self.on_deliver()
         for handle in self.model.take_updates():
             event = self._waiters.get(handle)
             if event is not None:

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
@@ -29,11 +30,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.kvevents.wire import EventBatch, Layout
 from gateway.serving import RunningServer, start_server
 from gateway.sim.clock import RealClock
 from gateway.sim.engine import EngineModel
 from gateway.sim.faults import NO_FAULTS, FaultConfig, FaultState
 from gateway.sim.generate import Generation
+from gateway.sim.kvpublish import KVEventPublisher
 from gateway.sim.metrics import CONTENT_TYPE, Flavor, SimMetrics
 from gateway.sim.profiles import HardwareProfile
 from gateway.sim.runner import EngineRunner
@@ -66,6 +69,18 @@ class RequestRecord:
     query: str = ""  # the request's query string, as received
 
 
+@dataclass(frozen=True, slots=True)
+class KVEventsOptions:
+    """A simulated engine's `--kv-events-config`: ports are picked at start
+    (`SimEngine.kv_publisher.endpoint` / `.replay_endpoint`)."""
+
+    topic: str = "kv-events"
+    replay: bool = True
+    buffer_steps: int = 10_000
+    layout: Layout = "array"
+    host: str = "127.0.0.1"
+
+
 class SimEngine:
     """One simulated replica. Tests read `model`, `aborted`, `blocks_in_use`, `request_log`."""
 
@@ -85,6 +100,7 @@ class SimEngine:
         request_log_size: int = DEFAULT_REQUEST_LOG_SIZE,
         tokenizer: Tokenizer | None = None,
         api_key: str | None = None,
+        kv_events: KVEventsOptions | None = None,
     ) -> None:
         self.index = index
         self.api_key = api_key
@@ -101,6 +117,8 @@ class SimEngine:
         self.metrics = SimMetrics(self.model, model_name, flavor)
         self.model.on_finished = self.metrics.observe_finished
         self.runner = EngineRunner(self.model, RealClock(time_scale))
+        self.kv_events = kv_events
+        self.kv_publisher: KVEventPublisher | None = None
         self.faults = FaultState(faults, seed=seed + index)
         self.bootstrap_timeout_s = bootstrap_timeout_s
         self.request_log: deque[RequestRecord] = deque(maxlen=request_log_size)
@@ -141,8 +159,43 @@ class SimEngine:
         self.server = await start_server(self.app, host, port)
         if self.faults.config.refuse:
             await self.set_faults(self.faults.config, force=True)
+        if self.kv_events is not None:
+            self.start_kv_events(clear=False)
+
+    # ---- KV cache events (vLLM's ZMQ publisher) --------------------------------------
+    def start_kv_events(self, *, clear: bool = True) -> None:
+        """Start publishing (again: a restarted engine numbers from 0 with an empty cache,
+        so `clear` drops every cached block and publishes AllBlocksCleared first)."""
+        options = self.kv_events or KVEventsOptions()
+        old = self.kv_publisher
+        publisher = KVEventPublisher(
+            old.endpoint if old else f"tcp://{options.host}:*",
+            (old.replay_endpoint if old else f"tcp://{options.host}:*") if options.replay else None,
+            topic=options.topic,
+            buffer_steps=options.buffer_steps,
+            layout=options.layout,
+        )
+        publisher.start()
+        self.kv_publisher = publisher
+        self.model.kv.events = []
+        if clear:
+            self.model.kv.drop_cached()
+        self.runner.on_deliver = self._flush_kv_events
+
+    def stop_kv_events(self) -> None:
+        """Kill the publisher (events of the meantime are lost, as with a dead process)."""
+        self.runner.on_deliver = None
+        self.model.kv.events = None
+        if self.kv_publisher is not None:
+            self.kv_publisher.stop()
+
+    def _flush_kv_events(self) -> None:
+        events = self.model.take_kv_events()
+        if events and self.kv_publisher is not None:
+            self.kv_publisher.publish(EventBatch(time.time(), tuple(events)))
 
     async def stop(self) -> None:
+        self.stop_kv_events()
         if self._refuse_task is not None:
             self._refuse_task.cancel()
         # Release stalled responses first, or the server's graceful shutdown waits for them.

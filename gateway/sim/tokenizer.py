@@ -8,6 +8,7 @@ deterministic, and a text that extends another text shares all of its whole bloc
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -30,12 +31,33 @@ class Tokenizer(Protocol):
 
     def count(self, text: str) -> int: ...
 
+    def ids(self, text: str) -> Sequence[int]: ...
+
+
+def approx_token_ids(text: str) -> Sequence[int]:
+    """Token ids of `ApproxTokenizer`: one per 4 characters (ASCII: the 4 bytes themselves,
+    little-endian; otherwise a 31-bit hash of the characters), what the simulated engine
+    publishes in its KV events and the gateway's tokenizer stage reproduces."""
+    n = -(-len(text) // CHARS_PER_TOKEN)
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) == len(text):
+        padded = data + b"\0" * (n * CHARS_PER_TOKEN - len(data))
+        return array("I", padded)
+    return array("I", (
+        xxhash.xxh32_intdigest(text[i : i + CHARS_PER_TOKEN].encode("utf-8", "surrogatepass"))
+        & 0x7FFF_FFFF
+        for i in range(0, len(text), CHARS_PER_TOKEN)
+    ))
+
 
 class ApproxTokenizer:
     """About 4 characters a token, no vocabulary (fast even for 100K-token prompts)."""
 
     def count(self, text: str) -> int:
         return -(-len(text) // CHARS_PER_TOKEN)
+
+    def ids(self, text: str) -> Sequence[int]:
+        return approx_token_ids(text)
 
     def encode(self, text: str, block_size: int) -> Tokenized:
         span = CHARS_PER_TOKEN * block_size
@@ -63,6 +85,10 @@ class FileTokenizer:
 
     def count(self, text: str) -> int:
         return len(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def ids(self, text: str) -> Sequence[int]:
+        ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids
+        return ids
 
     def encode(self, text: str, block_size: int) -> Tokenized:
         ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids

@@ -1,0 +1,90 @@
+"""`kv_events:` settings section (gateway.kvevents)."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class EngineFormat(str, Enum):
+    VLLM = "vllm"
+    SGLANG = "sglang"
+
+
+class TokenizerKind(str, Enum):
+    NONE = "none"  # only token-id prompts map to token blocks
+    SIM = "sim"  # what gateway.sim engines see (their template, 4 characters a token)
+    HF = "hf"  # a tokenizer.json and a Jinja chat template from local files
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class EventSource(_Section):
+    """One replica's publisher, as given to the engine's `--kv-events-config`."""
+
+    replica: str = Field(description="replica id (as in `replicas:`)")
+    endpoint: str = Field(description="the engine's PUB endpoint, e.g. tcp://10.0.0.5:5557")
+    replay_endpoint: str | None = Field(
+        None, description="the engine's replay (ROUTER) endpoint, e.g. tcp://10.0.0.5:5558"
+    )
+    topic: str = Field("", description="topic the engine publishes on ('' = every topic)")
+    engine: EngineFormat = Field(EngineFormat.VLLM, description="publisher dialect")
+
+    @model_validator(mode="after")
+    def _zmq_endpoints(self) -> EventSource:
+        for value in (self.endpoint, self.replay_endpoint):
+            if value is not None and not value.startswith(("tcp://", "ipc://")):
+                raise ValueError(f"{value!r} is not a tcp:// or ipc:// ZMQ endpoint")
+        return self
+
+
+class TokenizerSettings(_Section):
+    kind: TokenizerKind = Field(TokenizerKind.NONE, description="how prompts become token ids")
+    path: str | None = Field(None, description="hf: the model's tokenizer.json")
+    chat_template: str | None = Field(None, description="hf: a Jinja chat template file")
+    bos_token: str = Field("", description="hf: value of bos_token in the template")
+    eos_token: str = Field("", description="hf: value of eos_token in the template")
+    workers: int = Field(1, ge=1, le=16, description="tokenizer threads")
+    max_pending: int = Field(64, ge=1, description="prompts waiting at most; more are dropped")
+    timeout_s: float = Field(
+        1.0, gt=0, description="a prompt taking longer is counted slow and not used"
+    )
+
+    @model_validator(mode="after")
+    def _hf_needs_files(self) -> TokenizerSettings:
+        if self.kind is TokenizerKind.HF and not self.path:
+            raise ValueError("tokenizer.kind 'hf' needs tokenizer.path (a tokenizer.json)")
+        return self
+
+
+class KVEventsSettings(_Section):
+    """Subscribe to the engines' KV cache events and route on what they really hold."""
+
+    enabled: bool = Field(False, description="subscribe to the sources below")
+    sources: tuple[EventSource, ...] = Field((), description="one publisher per replica")
+    block_size: int = Field(16, ge=1, le=1024, description="the engines' KV block size (tokens)")
+    medium_weights: dict[str, float] = Field(
+        default_factory=lambda: {"GPU": 1.0, "CPU": 0.5, "CPU_PINNED": 0.5, "DISK": 0.25},
+        description="worth of a cached block by where it lives, against recomputing it (0)",
+    )
+    warmup_s: float = Field(
+        60.0, ge=0, description="after losing events it could not replay, a replica's index "
+        "is trusted again this long after it restarted"
+    )
+    max_blocks_per_replica: int = Field(1 << 21, ge=1, description="index bound per replica")
+    bridge_max_entries: int = Field(500_000, ge=1, description="prompt blocks mapped at most")
+    replay_timeout_s: float = Field(1.0, gt=0, description="wait for a replay answer")
+    tokenizer: TokenizerSettings = Field(default_factory=TokenizerSettings)
+
+    @model_validator(mode="after")
+    def _unique(self) -> KVEventsSettings:
+        seen = [s.replica for s in self.sources]
+        dup = {r for r in seen if seen.count(r) > 1}
+        if dup:
+            raise ValueError(f"replica(s) {sorted(dup)} have more than one event source")
+        if any(w < 0 for w in self.medium_weights.values()):
+            raise ValueError("medium_weights must not be negative")
+        return self

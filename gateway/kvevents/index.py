@@ -1,0 +1,218 @@
+"""`EventIndex`: what each replica's KV cache holds, as its own events say, block by block.
+
+Per replica: engine block hash -> the gateway's key for that block (tokenkeys), and key ->
+the media holding it (a bit per tier: GPU, CPU offload, disk, ...). Fed on the event loop
+by the intake (gateway.kvevents.intake); read by `CacheEvidence` during routing.
+
+A stored block whose parent the index does not know cannot be keyed (its tokens alone do
+not say where in a prompt it sits): it is counted as an orphan and left out, so the index
+never claims more than the engine holds. Memory is bounded per replica: past
+`max_blocks`, the oldest entries go first (they are the ones a lost removal left behind).
+
+Lookup: O(log L) dict reads for an L-block prompt while the replica has no *hole* (a
+held block whose parent is not held: the engine evicted a block but kept a later one of
+its chain), since presence along a chain is then prefix-closed; O(m) for m matched blocks
+otherwise, and when some blocks live on other tiers than the GPU (their weights differ).
+vLLM frees a request's blocks tail first, so holes are rare and short-lived.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from gateway.kvevents.tokenkeys import chain_keys, root_seed
+from gateway.kvevents.wire import GPU, AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, Event
+from gateway.types import ReplicaId
+
+# Media names as vLLM and SGLang spell them; anything else shares the last bit.
+MEDIUM_BITS: Mapping[str, int] = {GPU: 1, "CPU": 2, "CPU_PINNED": 2, "DISK": 4}
+_OTHER_BIT = 8
+MEDIUM_NAMES: Mapping[int, str] = {1: "GPU", 2: "CPU", 4: "DISK", 8: "other"}
+
+
+class SyncState(str, Enum):
+    """How far a replica's index can be trusted.
+
+    synced: every event since a known-empty cache (seq 0, a clear, a full replay) was seen;
+    warming: events flow but some were lost (the index under-counts until `warmup_s`);
+    down: no publisher connected, or never heard from.
+    """
+
+    SYNCED = "synced"
+    WARMING = "warming"
+    DOWN = "down"
+
+
+def medium_bit(medium: str | None) -> int:
+    return MEDIUM_BITS.get(medium or GPU, _OTHER_BIT)
+
+
+@dataclass(slots=True)
+class ReplicaBlocks:
+    block_size: int = 0
+    keys: dict[BlockHash, int] = field(default_factory=dict)  # engine hash -> key
+    media: dict[int, int] = field(default_factory=dict)  # key -> medium bits
+    by_medium: dict[int, int] = field(default_factory=dict)  # medium bit -> blocks
+    parent: dict[int, int] = field(default_factory=dict)  # key -> parent key (chained ones)
+    children: dict[int, int] = field(default_factory=dict)  # key -> held children
+    holes: int = 0
+    orphans: int = 0
+    skipped: int = 0
+
+
+class EventIndex:
+    """See the module docstring. `version` grows on every change (lookup memos key on it)."""
+
+    def __init__(self, max_blocks: int = 1 << 21, group: int | None = 0) -> None:
+        self.max_blocks = max_blocks
+        # Only this KV cache group is indexed (hybrid models publish one per attention kind).
+        self.group = group
+        self._replicas: dict[ReplicaId, ReplicaBlocks] = {}
+        self.version = 0
+
+    def replicas(self) -> Iterable[ReplicaId]:
+        return self._replicas.keys()
+
+    def blocks(self, replica: ReplicaId) -> ReplicaBlocks | None:
+        return self._replicas.get(replica)
+
+    def clear(self, replica: ReplicaId) -> None:
+        self._replicas[replica] = ReplicaBlocks()
+        self.version += 1
+
+    def forget(self, replica: ReplicaId) -> None:
+        self._replicas.pop(replica, None)
+        self.version += 1
+
+    def apply(self, replica: ReplicaId, events: Sequence[Event]) -> None:
+        r = self._replicas.get(replica)
+        if r is None:
+            r = self._replicas[replica] = ReplicaBlocks()
+        for event in events:
+            if isinstance(event, BlockStored):
+                self._stored(r, event)
+            elif isinstance(event, BlockRemoved):
+                self._removed(r, event)
+            elif isinstance(event, AllBlocksCleared):
+                r = self._replicas[replica] = ReplicaBlocks(r.block_size)
+        self.version += 1
+
+    def _wanted(self, group: int | None) -> bool:
+        return self.group is None or (group or 0) == self.group
+
+    def _stored(self, r: ReplicaBlocks, e: BlockStored) -> None:
+        if not self._wanted(e.group_idx):
+            return
+        n = len(e.block_hashes)
+        if len(e.token_ids) != n * e.block_size:
+            r.skipped += n
+            return
+        if e.parent_block_hash is None:
+            seed = root_seed(e.lora_id)
+        else:
+            parent = r.keys.get(e.parent_block_hash)
+            if parent is None:
+                r.orphans += n
+                return
+            seed = parent
+        r.block_size = e.block_size
+        bit = medium_bit(e.medium)
+        keys, media, counts = r.keys, r.media, r.by_medium
+        parent = seed if e.parent_block_hash is not None else None
+        for h, key in zip(e.block_hashes, chain_keys(e.token_ids, e.block_size, seed, e.extra_keys)):
+            keys.pop(h, None)  # re-insert: newest last, for the bound below
+            keys[h] = key
+            bits = media.get(key, 0)
+            if not bits & bit:
+                media[key] = bits | bit
+                counts[bit] = counts.get(bit, 0) + 1
+                if not bits:
+                    self._arrived(r, key, parent)
+            parent = key
+        while len(keys) > self.max_blocks:
+            old = next(iter(keys))
+            self._drop(r, old, keys.pop(old), -1)
+
+    def _removed(self, r: ReplicaBlocks, e: BlockRemoved) -> None:
+        if not self._wanted(e.group_idx):
+            return
+        bit = medium_bit(e.medium)
+        for h in e.block_hashes:
+            key = r.keys.get(h)
+            if key is not None and self._drop(r, h, key, bit) == 0:
+                del r.keys[h]
+
+    @staticmethod
+    def _arrived(r: ReplicaBlocks, key: int, parent: int | None) -> None:
+        """`key` is held again: it fills the hole of its held children, and is a hole
+        itself when its parent is not held."""
+        r.holes -= r.children.get(key, 0)
+        if parent is not None:
+            r.parent[key] = parent
+            r.children[parent] = r.children.get(parent, 0) + 1
+            if parent not in r.media:
+                r.holes += 1
+
+    @staticmethod
+    def _gone(r: ReplicaBlocks, key: int) -> None:
+        parent = r.parent.pop(key, None)
+        if parent is not None:
+            if parent not in r.media:
+                r.holes -= 1
+            left = r.children.get(parent, 0) - 1
+            if left > 0:
+                r.children[parent] = left
+            else:
+                r.children.pop(parent, None)
+        r.holes += r.children.get(key, 0)
+
+    def _drop(self, r: ReplicaBlocks, h: BlockHash, key: int, bit: int) -> int:
+        """Clear `bit` (-1: every bit) of `key`; returns the bits left."""
+        bits = r.media.get(key, 0)
+        gone = bits & bit
+        for b in MEDIUM_NAMES:
+            if gone & b:
+                r.by_medium[b] = r.by_medium.get(b, 1) - 1
+        left = bits & ~gone
+        if left:
+            r.media[key] = left
+        elif bits:
+            del r.media[key]
+            self._gone(r, key)
+        return left
+
+    def matched(
+        self, replica: ReplicaId, keys: Sequence[int], weights: Mapping[int, float]
+    ) -> tuple[int, float]:
+        """(leading blocks of `keys` the replica holds, those blocks weighed by medium):
+        a block's weight is that of the best medium holding it (`weights` by medium bit)."""
+        r = self._replicas.get(replica)
+        if r is None or not keys or keys[0] not in r.media:
+            return 0, 0.0
+        gpu_only = not any(n for b, n in r.by_medium.items() if b != 1)
+        if r.holes == 0 and gpu_only:
+            held = r.media
+            lo, hi = 1, len(keys)  # keys[:lo] held; find the largest such lo
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if keys[mid - 1] in held:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            return lo, lo * weights.get(1, 1.0)
+        media = r.media.get
+        n = 0
+        weighed = 0.0
+        last_bits, last_w = 1, weights.get(1, 1.0)
+        for key in keys:
+            bits = media(key)
+            if not bits:
+                break
+            if bits != last_bits:
+                last_bits = bits
+                last_w = max((w for b, w in weights.items() if bits & b), default=0.0)
+            n += 1
+            weighed += last_w
+        return n, weighed

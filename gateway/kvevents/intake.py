@@ -1,0 +1,290 @@
+"""`EventIntake`: one background thread subscribed to every replica's KV event publisher.
+
+The thread owns the ZMQ sockets (a SUB per replica, a socket monitor to see connects and
+disconnects, a DEALER for replay requests) and decodes payloads, so neither socket waits
+nor msgpack decoding run on the event loop. It hands each decoded batch to the loop with
+`call_soon_threadsafe`; the loop side (`EventFeed`) applies it to the index, so the index
+is only ever touched by one thread.
+
+Resynchronisation, per replica (see gateway.kvevents.sequence for the verdicts):
+
+* first batch or a reset numbered 0: the cache was empty at that point: clear, synced;
+* a gap, a first batch above 0, a reset above 0, a reconnect: ask the replay endpoint for
+  the missing batches (vLLM's ROUTER protocol: send the start number, receive
+  ``[seq, payload]`` frames until seq -1). Complete coverage keeps the replica synced;
+  otherwise (no replay endpoint, buffer rolled over, timeout) the replica's index is
+  cleared and marked warming, and routing uses the approximate index for it meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import xxhash
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from gateway.kvevents.sequence import SeqTracker
+from gateway.kvevents.wire import EventBatch, WireError, decode_batch, decode_seq, encode_seq
+from gateway.types import ReplicaId
+
+log = logging.getLogger("kvgate.kvevents")
+
+POLL_MS = 100
+# A connection counts once the ZMTP handshake is done (libzmq 4.3+), else once connected.
+_UP_EVENT: int = getattr(zmq, "EVENT_HANDSHAKE_SUCCEEDED", zmq.EVENT_CONNECTED)
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    replica: ReplicaId
+    endpoint: str
+    replay_endpoint: str | None = None
+    topic: str = ""
+
+
+class FeedSink(Protocol):
+    """What the intake tells the loop (each method is called on the event loop)."""
+
+    def batch(self, replica: ReplicaId, seq: int, batch: EventBatch) -> None: ...
+
+    def reset(self, replica: ReplicaId, complete: bool, reason: str) -> None:
+        """Start the replica's index over: synced when nothing before is missing, else
+        warming."""
+        ...
+
+    def recovered(self, replica: ReplicaId, reason: str) -> None:
+        """Lost batches were replayed: the index is whole again."""
+        ...
+
+    def connection(self, replica: ReplicaId, up: bool) -> None: ...
+
+    def gap(self, replica: ReplicaId, missed: int) -> None: ...
+
+    def malformed(self, replica: ReplicaId) -> None: ...
+
+
+class _Sub:
+    __slots__ = ("monitor", "replay", "socket", "source", "tracker")
+
+    def __init__(self, source: Source, socket: zmq.Socket[bytes], monitor: zmq.Socket[bytes]) -> None:
+        self.source = source
+        self.socket = socket
+        self.monitor = monitor
+        self.replay: zmq.Socket[bytes] | None = None
+        self.tracker = SeqTracker()
+
+
+def _digest(payload: bytes) -> int:
+    return xxhash.xxh3_64_intdigest(payload)
+
+
+class EventIntake:
+    """A `Service`: `start()` spawns the thread, `stop()` joins it."""
+
+    def __init__(
+        self,
+        sources: tuple[Source, ...],
+        sink: FeedSink,
+        *,
+        replay_timeout_s: float = 1.0,
+        hwm: int = 100_000,
+    ) -> None:
+        self.sources = sources
+        self.sink = sink
+        self.replay_timeout_s = replay_timeout_s
+        self.hwm = hwm
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def start(self) -> None:
+        if self._thread is not None or not self.sources:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="kvgate-kv-events", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._stop.set()
+        await asyncio.to_thread(thread.join, 5.0)
+
+    # -- thread side --------------------------------------------------------------------
+    def _post(self, fn: Callable[..., None], *args: object) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(fn, *args)
+            except RuntimeError:  # the loop closed between the check and the call
+                pass
+
+    def _run(self) -> None:
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        subs: dict[zmq.Socket[bytes], _Sub] = {}
+        monitors: dict[zmq.Socket[bytes], _Sub] = {}
+        poller = zmq.Poller()
+        try:
+            for source in self.sources:
+                sock = ctx.socket(zmq.SUB)
+                sock.setsockopt(zmq.RCVHWM, self.hwm)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.setsockopt(zmq.RECONNECT_IVL, 100)
+                sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+                sock.setsockopt(zmq.SUBSCRIBE, source.topic.encode())
+                monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | _UP_EVENT)
+                sock.connect(source.endpoint)
+                sub = _Sub(source, sock, monitor)
+                subs[sock], monitors[monitor] = sub, sub
+                poller.register(sock, zmq.POLLIN)
+                poller.register(monitor, zmq.POLLIN)
+            while not self._stop.is_set():
+                for sock, _ in poller.poll(POLL_MS):
+                    if sock in monitors:
+                        self._on_monitor(ctx, monitors[sock])
+                    else:
+                        self._on_message(ctx, subs[sock])
+        except Exception:  # the thread's boundary: log once, routing falls back to approximate
+            log.exception("KV event intake stopped")
+            for sub in subs.values():
+                self._post(self.sink.connection, sub.source.replica, False)
+        finally:
+            for sub in subs.values():
+                sub.socket.disable_monitor()
+                sub.monitor.close(0)
+                sub.socket.close(0)
+                if sub.replay is not None:
+                    sub.replay.close(0)
+            ctx.term()
+
+    def _on_monitor(self, ctx: zmq.Context[zmq.Socket[bytes]], sub: _Sub) -> None:
+        event = parse_monitor_message(sub.monitor.recv_multipart())["event"]
+        replica = sub.source.replica
+        if event == zmq.EVENT_DISCONNECTED:
+            self._post(self.sink.connection, replica, False)
+        elif (
+            event == _UP_EVENT
+            and sub.tracker.last is not None
+            and sub.source.replay_endpoint is not None
+        ):
+            # Reconnected: batches sent meanwhile are gone from the SUB socket; the replay
+            # endpoint tells now whether any were missed (or the publisher changed).
+            self._reconnected(ctx, sub)
+
+    def _on_message(self, ctx: zmq.Context[zmq.Socket[bytes]], sub: _Sub) -> None:
+        frames = sub.socket.recv_multipart()
+        replica = sub.source.replica
+        try:
+            if len(frames) != 3:
+                raise WireError(f"expected 3 frames, got {len(frames)}")
+            seq = decode_seq(frames[1])
+            batch = decode_batch(frames[2])
+        except WireError as exc:
+            log.warning("replica %s: malformed KV event message: %s", replica, exc)
+            self._post(self.sink.malformed, replica)
+            return
+        tracker = sub.tracker
+        verdict = tracker.classify(seq)
+        if verdict == "dup":
+            return
+        if verdict == "next":
+            self._deliver(sub, seq, batch, frames[2])
+            return
+        if verdict == "gap":
+            assert tracker.last is not None
+            self._post(self.sink.gap, replica, seq - tracker.last - 1)
+            self._catch_up(ctx, sub, tracker.last + 1, seq, "gap")
+        elif seq == 0:
+            self._post(self.sink.reset, replica, True, "start" if verdict == "first" else "reset")
+        else:
+            self._catch_up(ctx, sub, 0, seq, "join" if verdict == "first" else "reset")
+        self._deliver(sub, seq, batch, frames[2])
+
+    def _deliver(self, sub: _Sub, seq: int, batch: EventBatch, payload: bytes) -> None:
+        sub.tracker.advance(seq, _digest(payload))
+        self._post(self.sink.batch, sub.source.replica, seq, batch)
+
+    def _catch_up(
+        self, ctx: zmq.Context[zmq.Socket[bytes]], sub: _Sub, start: int, upto: int, reason: str
+    ) -> None:
+        """Fill [start, upto) from the replay endpoint, or clear the replica (warming)."""
+        replica = sub.source.replica
+        got = self._replay(ctx, sub, start)
+        wanted = [(s, b) for s, b, _ in got if start <= s < upto]
+        if [s for s, _ in wanted] == list(range(start, upto)):
+            if start == 0:
+                self._post(self.sink.reset, replica, True, f"{reason}_replayed")
+            for s, b in wanted:
+                self._post(self.sink.batch, replica, s, b)
+            if start > 0:
+                self._post(self.sink.recovered, replica, f"{reason}_replayed")
+            return
+        self._post(self.sink.reset, replica, False, f"{reason}_cleared")
+
+    def _reconnected(self, ctx: zmq.Context[zmq.Socket[bytes]], sub: _Sub) -> None:
+        tracker = sub.tracker
+        assert tracker.last is not None
+        last = tracker.last
+        got = self._replay(ctx, sub, last)
+        if got and got[0][0] == last and got[0][2] == tracker.last_digest:
+            # Same publisher: whatever came after `last` is what we missed.
+            ordered = [(s, b, d) for s, b, d in got if s > last]
+            if [s for s, _, _ in ordered] == list(range(last + 1, last + 1 + len(ordered))):
+                for s, b, d in ordered:
+                    self._post(self.sink.batch, sub.source.replica, s, b)
+                    tracker.advance(s, d)
+                tracker.replayed_upto = tracker.last if tracker.last is not None else -1
+                self._post(self.sink.recovered, sub.source.replica, "reconnect_replayed")
+                return
+        # A different publisher (restarted engine) or a rolled-over buffer: start over.
+        tracker.last = None
+        full = self._replay(ctx, sub, 0)
+        if full and full[0][0] == 0 and [s for s, _, _ in full] == list(range(len(full))):
+            self._post(self.sink.reset, sub.source.replica, True, "reconnect_replayed")
+            for s, b, d in full:
+                self._post(self.sink.batch, sub.source.replica, s, b)
+                tracker.advance(s, d)
+            tracker.replayed_upto = tracker.last if tracker.last is not None else -1
+        else:
+            self._post(self.sink.reset, sub.source.replica, False, "reconnect_cleared")
+
+    def _replay(
+        self, ctx: zmq.Context[zmq.Socket[bytes]], sub: _Sub, start: int
+    ) -> list[tuple[int, EventBatch, int]]:
+        """Batches numbered `start` and later from the publisher's replay buffer, in order
+        ([] without an endpoint, on timeout or on a malformed answer)."""
+        endpoint = sub.source.replay_endpoint
+        if endpoint is None:
+            return []
+        if sub.replay is None:
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(endpoint)
+            sub.replay = sock
+        sock = sub.replay
+        out: list[tuple[int, EventBatch, int]] = []
+        try:
+            sock.send_multipart([b"", encode_seq(start)])
+            timeout_ms = int(self.replay_timeout_s * 1000)
+            while sock.poll(timeout_ms):
+                frames = sock.recv_multipart()
+                if len(frames) != 3:
+                    raise WireError("a replay frame is [empty, seq, payload]")
+                seq = decode_seq(frames[1])
+                if seq == -1:
+                    return out
+                out.append((seq, decode_batch(frames[2]), _digest(frames[2])))
+        except (WireError, zmq.ZMQError) as exc:
+            log.warning("replica %s: replay from %d failed: %s", sub.source.replica, start, exc)
+        # Timed out or broken: a late answer must not be read as the next one.
+        sock.close(0)
+        sub.replay = None
+        return []

@@ -1,0 +1,208 @@
+"""Renderers: a request body as the engine tokenizes it, and which tokens a cut of the
+gateway's canonical byte stream (gateway.keys) determines.
+
+`Rendered.stable_tokens(end)` answers: of the engine's token ids for this prompt, how many
+leading ones follow from the canonical bytes [0, end) alone, whatever comes after. Chat
+messages are located in the rendered template text in order; a cut inside a message's
+content keeps the tokens that end before it minus a safety margin (a subword tokenizer
+may merge across the cut); a cut in a message's role header keeps the previous message.
+
+* `SimRenderer`: the simulated engine's template and approximate tokenizer (four
+  characters a token, ids from the characters): what `kvgate sim` engines publish.
+* `HFRenderer`: a HuggingFace `tokenizer.json` and the model's Jinja chat template, as
+  vLLM renders chat (optional packages `tokenizers` and `jinja2`).
+Token-id prompts (`/v1/completions` with a list of ids) need no renderer at all.
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_right
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gateway.keys import message_pieces
+from gateway.sim.tokenizer import approx_token_ids, render_chat
+from gateway.types import Endpoint
+
+MARGIN_TOKENS = 2
+
+
+@dataclass(frozen=True, slots=True)
+class _Span:
+    canon_start: int  # canonical offset where this message's content starts
+    content: bytes
+    rendered_start: int  # char offset of the content in the rendered text
+    rendered_end: int
+    prev_end: int  # rendered char offset where the previous message's content ended
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    token_ids: Sequence[int]
+    token_ends: Sequence[int]  # char offset where each token ends in the rendered text
+    spans: tuple[_Span, ...]
+    canon_size: int
+    exact: bool = False  # token-id prompt: 4 canonical bytes per id
+
+    def stable_tokens(self, end: int) -> int:
+        if self.exact:
+            return min(end // 4, len(self.token_ids))
+        if end >= self.canon_size:
+            return len(self.token_ids)
+        cut = 0
+        inside = False
+        for span in self.spans:
+            if end < span.canon_start:
+                cut = span.prev_end
+                break
+            within = end - span.canon_start
+            if within <= len(span.content):
+                chars = len(span.content[:within].decode("utf-8", "ignore"))
+                cut = span.rendered_start + chars
+                inside = True
+                break
+            cut = span.rendered_end
+        n = bisect_right(self.token_ends, cut)
+        return max(0, n - MARGIN_TOKENS) if inside else n
+
+
+class Renderer(Protocol):
+    def render(self, body: Mapping[str, Any], endpoint: Endpoint) -> Rendered | None: ...
+
+
+def _content_str(content: Any) -> str | None:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(
+        isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        for p in content
+    ):
+        return "".join(p["text"] for p in content)
+    return None  # images, audio: the engine's tokens are not the text's
+
+
+def _locate(
+    body: Mapping[str, Any], text: str, ids: Sequence[int], ends: Sequence[int]
+) -> Rendered:
+    """Spans of the chat messages of `body` inside the rendered `text`."""
+    spans: list[_Span] = []
+    canon = 0
+    pos = prev_end = 0
+    for message in body.get("messages") or ():
+        if not isinstance(message, Mapping):
+            break
+        pieces = message_pieces(message)
+        header, content = pieces[0], pieces[1]
+        value = _content_str(message.get("content"))
+        found = text.find(value, pos) if value else (pos if value == "" else -1)
+        if found < 0 or value is None:
+            break
+        start = canon + len(header)
+        spans.append(_Span(start, content, found, found + len(value), prev_end))
+        pos = prev_end = found + len(value)
+        canon += sum(len(p) for p in pieces)
+    else:
+        return Rendered(ids, ends, tuple(spans), canon)
+    # A message the template changed (or a non-text part): nothing from it on is stable.
+    return Rendered(ids, ends, tuple(spans), canon + (1 << 62))
+
+
+def _text_prompt(body: Mapping[str, Any]) -> str | list[int] | None:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in prompt
+    ):
+        return prompt
+    return None
+
+
+def token_id_prompt(body: Mapping[str, Any]) -> Rendered | None:
+    prompt = _text_prompt(body)
+    if isinstance(prompt, list):
+        return Rendered(prompt, (), (), 4 * len(prompt), exact=True)
+    return None
+
+
+def _completion(text: str, ids: Sequence[int], ends: Sequence[int]) -> Rendered:
+    data = text.encode()
+    return Rendered(ids, ends, (_Span(0, data, 0, len(text), 0),), len(data))
+
+
+class TokenIdsOnly:
+    """No tokenizer configured: only token-id prompts, which need none."""
+
+    def render(self, body: Mapping[str, Any], endpoint: Endpoint) -> Rendered | None:
+        return token_id_prompt(body) if endpoint is Endpoint.COMPLETIONS else None
+
+
+class SimRenderer:
+    """What `gateway.sim` engines see: their fixed chat template, four characters a token."""
+
+    def render(self, body: Mapping[str, Any], endpoint: Endpoint) -> Rendered | None:
+        if endpoint is Endpoint.CHAT:
+            messages = body.get("messages")
+            if not isinstance(messages, list):
+                return None
+            text = render_chat(messages)
+            ids = approx_token_ids(text)
+            return _locate(body, text, ids, _approx_ends(len(ids), len(text)))
+        if endpoint is Endpoint.COMPLETIONS:
+            prompt = _text_prompt(body)
+            if isinstance(prompt, str):
+                ids = approx_token_ids(prompt)
+                return _completion(prompt, ids, _approx_ends(len(ids), len(prompt)))
+            if isinstance(prompt, list):
+                # The simulator reads token ids as 4 hex characters each (gateway.sim.wire).
+                text = "".join(f"{p & 0xFFFF:04x}" for p in prompt)
+                return Rendered(approx_token_ids(text), (), (), 4 * len(prompt), exact=True)
+        return None
+
+
+def _approx_ends(n: int, size: int) -> array[int]:
+    ends = array("q", range(4, 4 * n + 1, 4))
+    if n:
+        ends[-1] = size
+    return ends
+
+
+class HFRenderer:
+    """A HuggingFace tokenizer file and Jinja chat template (the engine's own)."""
+
+    def __init__(
+        self, tokenizer_path: str, chat_template: str | None, specials: Mapping[str, str]
+    ) -> None:
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(tokenizer_path)
+        self._template: Any = None
+        self._specials = dict(specials)
+        if chat_template is not None:
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            self._template = env.from_string(chat_template)
+
+    def render(self, body: Mapping[str, Any], endpoint: Endpoint) -> Rendered | None:
+        if endpoint is Endpoint.CHAT:
+            messages = body.get("messages")
+            if self._template is None or not isinstance(messages, list):
+                return None
+            text = self._template.render(
+                messages=messages, add_generation_prompt=True, tools=body.get("tools"),
+                **self._specials,
+            )
+            enc = self._tok.encode(text, add_special_tokens=False)
+            return _locate(body, text, enc.ids, [e for _, e in enc.offsets])
+        if endpoint is Endpoint.COMPLETIONS:
+            prompt = _text_prompt(body)
+            if isinstance(prompt, str):
+                enc = self._tok.encode(prompt, add_special_tokens=True)
+                return _completion(prompt, enc.ids, [e for _, e in enc.offsets])
+            return token_id_prompt(body)
+        return None

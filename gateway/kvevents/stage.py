@@ -1,0 +1,150 @@
+"""`TokenStage`: tokenizes finished requests' prompts in worker threads and teaches the
+`PromptBridge` their token blocks (an `OutcomeObserver`; never on the request path).
+
+Bounded: at most `max_pending` prompts wait; more are dropped (counted), and a prompt the
+bridge already knows to its last block is not tokenized again, so a conversation costs
+one tokenization per turn and none for a repeated prompt. A job that runs longer than
+`timeout_s` is counted as slow and its result discarded, so a pathological prompt cannot
+feed the bridge stale answers. The routing decision never waits for any of this: a
+prompt not learnt yet is answered by the approximate index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from array import array
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from gateway.hashing import CHARS_PER_TOKEN
+from gateway.hooks import RequestOutcome
+from gateway.kvevents.bridge import PromptBridge
+from gateway.kvevents.metrics import KVEventMetrics
+from gateway.kvevents.render import Renderer
+from gateway.kvevents.tokenkeys import chain_keys, root_seed
+from gateway.types import Endpoint
+
+log = logging.getLogger("kvgate.kvevents")
+
+Learnt = tuple[tuple[int, ...], "array[int]", list[int]]
+
+
+def learn_prompt(
+    renderer: Renderer,
+    body: Mapping[str, Any],
+    endpoint: Endpoint,
+    prompt_hashes: Sequence[int],
+    prompt_block_bytes: int,
+    block_size: int,
+) -> Learnt | None:
+    """(prompt hashes, token-block keys, keys known at each prompt block): pure, threadable."""
+    rendered = renderer.render(body, endpoint)
+    if rendered is None:
+        return None
+    ids = rendered.token_ids
+    keys = array("Q", chain_keys(ids, block_size, root_seed()))
+    counts = [
+        rendered.stable_tokens((j + 1) * prompt_block_bytes) // block_size
+        for j in range(len(prompt_hashes))
+    ]
+    return tuple(prompt_hashes), keys, counts
+
+
+class TokenStage:
+    def __init__(
+        self,
+        renderer: Renderer,
+        bridge: PromptBridge,
+        *,
+        block_size: int = 16,
+        workers: int = 1,
+        max_pending: int = 64,
+        timeout_s: float = 1.0,
+        metrics: KVEventMetrics | None = None,
+    ) -> None:
+        self.renderer = renderer
+        self.bridge = bridge
+        self.block_size = block_size
+        self.workers = workers
+        self.max_pending = max_pending
+        self.timeout_s = timeout_s
+        self.metrics = metrics
+        self.pending = 0
+        self._pool: ThreadPoolExecutor | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="kvgate-tokenize")
+
+    async def stop(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _count(self, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.tokenize.labels(outcome).inc()
+
+    def __call__(self, outcome: RequestOutcome) -> None:
+        """The observer: hand a finished request's prompt to a worker (never blocks)."""
+        request, body = outcome.request, outcome.body
+        pool = self._pool
+        if not outcome.ok or request is None or body is None or pool is None:
+            return
+        hashes = request.prefix_hashes
+        if not hashes or request.endpoint is Endpoint.EMBEDDINGS:
+            return
+        if self.bridge.knows(hashes[-1]):
+            self._count("known")
+            return
+        if self.pending >= self.max_pending:
+            self._count("dropped")
+            return
+        self.pending += 1
+        bytes_per_block = request.block_tokens * CHARS_PER_TOKEN
+        future = pool.submit(self._job, body, request.endpoint, hashes, bytes_per_block)
+        future.add_done_callback(self._done)
+
+    def _job(
+        self, body: Mapping[str, Any], endpoint: Endpoint, hashes: Sequence[int], block_bytes: int
+    ) -> tuple[Learnt | None, float]:
+        t0 = time.perf_counter()
+        learnt = learn_prompt(self.renderer, body, endpoint, hashes, block_bytes, self.block_size)
+        return learnt, time.perf_counter() - t0
+
+    def _done(self, future: Future[tuple[Learnt | None, float]]) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            loop.call_soon_threadsafe(self._apply, future)
+        except RuntimeError:  # the loop closed meanwhile
+            pass
+
+    def _apply(self, future: Future[tuple[Learnt | None, float]]) -> None:
+        self.pending -= 1
+        if future.cancelled():
+            return
+        exc = future.exception()
+        if exc is not None:
+            log.warning("tokenizer stage failed on a prompt: %r", exc)
+            self._count("error")
+            return
+        learnt, seconds = future.result()
+        if self.metrics is not None:
+            self.metrics.tokenize_seconds.observe(seconds)
+        if learnt is None:
+            self._count("unsupported")
+            return
+        if seconds > self.timeout_s:
+            self._count("slow")
+            return
+        hashes, keys, counts = learnt
+        self.bridge.learn(hashes, keys, counts)
+        self._count("done")
+        if self.metrics is not None:
+            self.metrics.bridge_entries.set(len(self.bridge))

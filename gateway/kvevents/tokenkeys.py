@@ -1,0 +1,56 @@
+"""The gateway's own keys for token blocks: one chained hash per full block of token ids.
+
+Engine block hashes depend on the engine's hash function and seed (vLLM's is random per
+process unless PYTHONHASHSEED is set), so the index never compares them with anything: it
+re-keys every stored block from the token ids the event carries, and a prompt is keyed the
+same way from its own token ids. Equal keys mean equal tokens from the start of the prompt
+(and the same adapter and extra hash inputs).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import xxhash
+
+_xxh3 = xxhash.xxh3_64_intdigest
+ROOT_SEED = 0x6B76_6B76  # separates these keys from the gateway's byte-stream hashes
+
+
+def root_seed(lora_id: int | None = None) -> int:
+    """Seed of a chain's first block: blocks of different adapters never share keys."""
+    return ROOT_SEED if lora_id is None else _xxh3(lora_id.to_bytes(8, "big", signed=True), ROOT_SEED)
+
+
+def _token_bytes(ids: Sequence[int]) -> bytes:
+    try:
+        return array("I", ids).tobytes()
+    except OverflowError:
+        return array("q", ids).tobytes()
+
+
+def chain_keys(
+    token_ids: Sequence[int], block_size: int, seed: int, extra_keys: Sequence[Any] | None = None
+) -> list[int]:
+    """Keys of the full blocks of `token_ids`, block i chained on block i-1 (first on `seed`).
+
+    A block with extra hash inputs (`extra_keys[i]` not None: images, cache salt) mixes
+    them in, so it never matches a prompt keyed from plain tokens: the index under-counts
+    such blocks rather than claiming a hit the engine would not give.
+    """
+    n = len(token_ids) // block_size
+    if n == 0:
+        return []
+    data = memoryview(_token_bytes(token_ids[: n * block_size]))
+    step = len(data) // n
+    out: list[int] = []
+    h = seed
+    for i in range(n):
+        h = _xxh3(data[i * step : (i + 1) * step], h)
+        if extra_keys is not None and i < len(extra_keys) and extra_keys[i] is not None:
+            h = _xxh3(msgspec.msgpack.encode(extra_keys[i]), h)
+        out.append(h)
+    return out

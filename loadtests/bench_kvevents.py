@@ -1,0 +1,46 @@
+"""Hit rate and TTFT with and without the engines' KV cache events, under eviction pressure.
+
+bench_lineage.py's harness (8 simulated engines in a child process, one router process at a
+time, trace replay over HTTP, 3 repeats), with the routers that matter here:
+
+* ``kvgate``: the default routing on its approximate prefix index;
+* ``kvgate+events``: the same, subscribed to every engine's ZMQ KV event stream (vLLM's
+  wire format, published by the simulated engines) with the `sim` tokenizer stage;
+* ``sglang-cache_aware``: the best peer router of bench_lineage's tables (skipped, with the
+  reason, when its binary is not in ``--router-bin``).
+
+The KV cache is smaller than bench_lineage's (16000 blocks, 256K tokens per engine) so that
+engines evict under any routing. Every argument of bench_lineage.py is accepted and wins
+over these defaults, e.g.
+
+    python loadtests/bench_kvevents.py                                  # both traces
+    python loadtests/bench_kvevents.py --traces agent --requests 300 --repeat 1
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_lineage
+
+DEFAULTS = {
+    "--routers": "kvgate,kvgate+events,sglang-cache_aware",
+    "--layouts": "turns",
+    "--headers": "without",
+    "--repeat": "3",
+    "--blocks": "16000",
+}
+
+
+def main() -> int:
+    given = {a.split("=", 1)[0] for a in sys.argv[1:] if a.startswith("--")}
+    extra = [x for k, v in DEFAULTS.items() if k not in given for x in (k, v)]
+    sys.argv[1:] = extra + sys.argv[1:]
+    return bench_lineage.main()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

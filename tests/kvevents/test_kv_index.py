@@ -1,0 +1,110 @@
+"""The event-fed index: keyed from token ids, media kept and weighed, bounded, exact."""
+
+from __future__ import annotations
+
+from gateway.kvevents.index import EventIndex
+from gateway.kvevents.tokenkeys import chain_keys, root_seed
+from gateway.kvevents.wire import AllBlocksCleared, BlockRemoved, BlockStored
+from gateway.types import ReplicaId
+
+R = ReplicaId("r")
+W = {1: 1.0, 2: 0.5}
+TOKENS = list(range(1000, 1064))  # 4 blocks of 16
+KEYS = chain_keys(TOKENS, 16, root_seed())
+
+
+def stored(hashes: list[int], parent: int | None, tokens: list[int], medium: str = "GPU") -> BlockStored:
+    return BlockStored(tuple(hashes), parent, tuple(tokens), 16, None, medium)
+
+
+def test_a_chain_stored_in_two_events_matches_the_prompt_keys() -> None:
+    index = EventIndex()
+    index.apply(R, [stored([1, 2], None, TOKENS[:32])])
+    index.apply(R, [stored([3, 4], 2, TOKENS[32:])])
+    assert index.matched(R, KEYS, W) == (4, 4.0)
+    other = chain_keys([7] + TOKENS[1:], 16, root_seed())
+    assert index.matched(R, other, W) == (0, 0.0)
+
+
+def test_removal_cuts_the_match_where_the_engine_would_stop() -> None:
+    index = EventIndex()
+    index.apply(R, [stored([1, 2, 3, 4], None, TOKENS)])
+    index.apply(R, [BlockRemoved((2,), "GPU")])
+    assert index.matched(R, KEYS, W) == (1, 1.0)
+    index.apply(R, [AllBlocksCleared()])
+    assert index.matched(R, KEYS, W) == (0, 0.0)
+
+
+def test_media_are_kept_apart_and_weighed_by_the_best_copy() -> None:
+    index = EventIndex()
+    index.apply(R, [stored([1, 2], None, TOKENS[:32], "GPU")])
+    index.apply(R, [stored([1, 2], None, TOKENS[:32], "CPU")])
+    index.apply(R, [BlockRemoved((2,), "GPU")])
+    # Block 1 on both tiers, block 2 only offloaded.
+    assert index.matched(R, KEYS, W) == (2, 1.5)
+    blocks = index.blocks(R)
+    assert blocks is not None and blocks.by_medium == {1: 1, 2: 2}
+    index.apply(R, [BlockRemoved((2,), "CPU")])
+    assert index.matched(R, KEYS, W) == (1, 1.0)
+
+
+def test_orphans_and_malformed_blocks_are_left_out() -> None:
+    index = EventIndex()
+    index.apply(R, [stored([3, 4], 2, TOKENS[32:])])  # parent never seen
+    index.apply(R, [stored([1, 2], None, TOKENS[:20])])  # 20 tokens for 2 blocks
+    blocks = index.blocks(R)
+    assert blocks is not None and (blocks.orphans, blocks.skipped) == (2, 2)
+    assert index.matched(R, KEYS, W) == (0, 0.0)
+
+
+def test_lora_and_extra_keys_never_match_plain_prompts() -> None:
+    index = EventIndex()
+    index.apply(R, [BlockStored((1,), None, tuple(TOKENS[:16]), 16, 5, "GPU")])
+    index.apply(ReplicaId("s"), [BlockStored((1,), None, tuple(TOKENS[:16]), 16, None, "GPU", (("salt",),))])
+    assert index.matched(R, KEYS, W) == (0, 0.0)
+    assert index.matched(ReplicaId("s"), KEYS, W) == (0, 0.0)
+
+
+def test_other_kv_cache_groups_are_ignored() -> None:
+    index = EventIndex()
+    index.apply(R, [BlockStored((1,), None, tuple(TOKENS[:16]), 16, None, "GPU", None, 1)])
+    assert index.matched(R, KEYS, W) == (0, 0.0)
+
+
+def test_memory_is_bounded_oldest_first() -> None:
+    index = EventIndex(max_blocks=3)
+    index.apply(R, [stored([1, 2, 3, 4], None, TOKENS)])
+    blocks = index.blocks(R)
+    assert blocks is not None and len(blocks.keys) == 3 and 1 not in blocks.keys
+    assert sum(blocks.by_medium.values()) == 3
+
+
+def test_fast_and_slow_lookups_agree_with_a_plain_walk_under_random_churn() -> None:
+    import random
+
+    rng = random.Random(7)
+    tokens = list(range(5000, 5000 + 16 * 30))
+    keys = chain_keys(tokens, 16, root_seed())
+    index = EventIndex()
+    for _ in range(400):
+        start = rng.randrange(0, 30)
+        if rng.random() < 0.6:
+            end = min(30, start + rng.randrange(1, 6))
+            medium = "GPU" if rng.random() < 0.9 else "CPU"
+            parent = start if start else None  # engine hash of block i is i + 1
+            if parent is not None and index.blocks(R) is not None and parent not in index.blocks(R).keys:  # type: ignore[union-attr]
+                continue
+            index.apply(R, [stored(list(range(start + 1, end + 1)), parent, tokens[16 * start : 16 * end], medium)])
+        else:
+            index.apply(R, [BlockRemoved((start + 1,), "GPU" if rng.random() < 0.8 else "CPU")])
+        blocks = index.blocks(R)
+        assert blocks is not None
+        walk = 0
+        for k in keys:
+            if not blocks.media.get(k):
+                break
+            walk += 1
+        assert index.matched(R, keys, W)[0] == walk
+        # The hole count is what it claims to be.
+        holes = sum(1 for k, p in blocks.parent.items() if p not in blocks.media)
+        assert blocks.holes == holes

@@ -1,0 +1,147 @@
+"""End to end: simulated engines with a small KV cache publish their events, the gateway
+subscribes, and routing follows what the engines really hold."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from gateway.kvevents.index import SyncState
+from gateway.kvevents.install import KVEventsFeature
+from gateway.sim.server import KVEventsOptions, SimEngine
+from gateway.testing.servers import RunningGateway, gateway, sim_engines
+
+MODEL = "kvgate-sim"
+SYSTEM = "You answer questions about the code base in one short paragraph. " * 4
+
+
+def sources(engines: Sequence[SimEngine]) -> list[dict[str, Any]]:
+    out = []
+    for e in engines:
+        assert e.kv_publisher is not None
+        out.append({
+            "replica": f"e{e.index}", "endpoint": e.kv_publisher.endpoint,
+            "replay_endpoint": e.kv_publisher.replay_endpoint, "topic": "kv-events",
+        })
+    return out
+
+
+def settings(engines: Sequence[SimEngine], events: bool) -> dict[str, Any]:
+    return {
+        "kv_events": {
+            "enabled": events, "sources": sources(engines), "tokenizer": {"kind": "sim"},
+        },
+        # Small prompt blocks: the tiny engines hold only about a thousand tokens.
+        "session": {"block_tokens": 16},
+    }
+
+
+async def until(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not check():
+        if loop.time() > deadline:
+            raise AssertionError("condition not reached")
+        await asyncio.sleep(0.02)
+
+
+async def ask(client: openai.AsyncOpenAI, messages: list[dict[str, str]]) -> tuple[str, int, str]:
+    raw = await client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=messages, max_tokens=4  # type: ignore[arg-type]
+    )
+    done = raw.parse()
+    assert done.usage is not None and done.usage.prompt_tokens_details is not None
+    cached = done.usage.prompt_tokens_details.cached_tokens or 0
+    return raw.headers["x-kvgate-replica"], cached, done.choices[0].message.content or ""
+
+
+async def direct(engine: SimEngine, messages: list[dict[str, str]]) -> None:
+    """Another client of the same engine, behind the gateway's back."""
+    async with httpx.AsyncClient(base_url=engine.url) as http:
+        r = await http.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": 1})
+        assert r.status_code == 200, r.text
+
+
+def decisions(gw: RunningGateway, reason: str) -> float:
+    registry = gw.state.metrics.registry
+    return sum(
+        s.value for m in registry.collect() for s in m.samples
+        if s.name == "kvgate_routing_decisions_total" and s.labels.get("reason") == reason
+    )
+
+
+@pytest.mark.parametrize("events", [True, False])
+async def test_routing_follows_an_eviction_the_gateway_did_not_cause(events: bool) -> None:
+    async with (
+        sim_engines(2, "tiny", kv_events=KVEventsOptions()) as engines,
+        gateway(engines, **settings(engines, events)) as gw,
+        openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client,
+    ):
+        turn1 = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "Where is the retry budget enforced? " * 6},
+        ]
+        home, _, answer = await ask(client, turn1)
+        other = "e1" if home == "e0" else "e0"
+        by_id = {f"e{e.index}": e for e in engines}
+        # Someone else sends the same conversation to the other engine, and fills the home
+        # engine's cache with unrelated prompts (the tiny engine holds 64 blocks).
+        await direct(by_id[other], turn1)
+        for i in range(4):
+            await direct(by_id[home], [{"role": "user", "content": f"unrelated {i} " * 220}])
+        turn2 = turn1 + [
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": "And the backoff? " * 4},
+        ]
+        if events:
+            feature: KVEventsFeature = gw.state.extras["kv_events"]
+            await until(lambda: len(feature.bridge) > 0)
+            await until(lambda: feature.feed.state(other) is SyncState.SYNCED)  # type: ignore[arg-type]
+        served, cached, _ = await ask(client, turn2)
+        if events:
+            assert served == other and cached > 0
+            assert decisions(gw, "evicted") == 1
+        else:
+            # The approximate index still believes the home engine holds the conversation.
+            assert served == home and cached == 0
+            assert decisions(gw, "sticky") == 1
+
+
+async def test_a_killed_publisher_degrades_to_approximate_and_recovers() -> None:
+    async with (
+        sim_engines(2, "tiny", kv_events=KVEventsOptions()) as engines,
+        gateway(engines, **settings(engines, True)) as gw,
+        openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client,
+    ):
+        feature: KVEventsFeature = gw.state.extras["kv_events"]
+        convo = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hi " * 30}]
+        home, _, answer = await ask(client, convo)
+        engine = next(e for e in engines if f"e{e.index}" == home)
+        await until(lambda: feature.feed.state(home) is SyncState.SYNCED)  # type: ignore[arg-type]
+        engine.stop_kv_events()
+        await until(lambda: feature.feed.state(home) is SyncState.DOWN)  # type: ignore[arg-type]
+        for turn in range(3):  # no errors, the approximate index keeps it sticky
+            convo += [{"role": "assistant", "content": answer}, {"role": "user", "content": f"next {turn} " * 5}]
+            served, cached, answer = await ask(client, convo)
+            assert served == home and cached > 0
+        engine.start_kv_events()  # a restarted engine: empty cache, numbering from 0
+        async with httpx.AsyncClient() as http:
+            for _ in range(100):
+                # Traffic makes the new publisher speak; the gateway resets and re-syncs.
+                await direct(engine, [{"role": "user", "content": "warm " * 40}])
+                if feature.feed.state(home) is SyncState.SYNCED:  # type: ignore[arg-type]
+                    break
+                await asyncio.sleep(0.05)
+            assert feature.feed.state(home) is SyncState.SYNCED  # type: ignore[arg-type]
+            metrics = (await http.get(gw.url + "/metrics")).text
+        assert f'kvgate_kv_events_disconnects_total{{replica="{home}"}} 1.0' in metrics
+        convo += [{"role": "assistant", "content": answer}, {"role": "user", "content": "again " * 5}]
+        served, cached, _ = await ask(client, convo)
+        # The restart emptied the cache; the events say so, and the answer still comes.
+        assert cached == 0
+        assert served in {"e0", "e1"}
