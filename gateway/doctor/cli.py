@@ -1,0 +1,4 @@
+"""placeholder"""
+from typing import Any
+def register(subparsers: Any) -> None:
+    return None
