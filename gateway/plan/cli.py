@@ -97,7 +97,8 @@ def parse_pool(spec: str) -> dict[str, str]:
         key, sep, value = part.partition("=")
         key = key.strip().replace("-", "_")
         if not sep or key not in _POOL_KEYS:
-            raise ValueError(f"pool {spec!r}: use key=value with keys {', '.join(sorted(_POOL_KEYS))}")
+            keys = ", ".join(sorted(_POOL_KEYS))
+            raise ValueError(f"pool {spec!r}: use key=value with keys {keys}")
         out[key] = value.strip()
     if "card" not in out:
         raise ValueError(f"pool {spec!r} names no card=")

@@ -74,7 +74,8 @@ def handoff(
     """`pd` supplies the auto thresholds (the gateway's defaults when None)."""
     if prompt_tokens < 1:
         raise ShapeError("prompt length must be at least 1 token")
-    per_token = max(1, math.ceil(model.kv_bytes_per_sequence(prompt_tokens, kv_dtype) / prompt_tokens))
+    whole = model.kv_bytes_per_sequence(prompt_tokens, kv_dtype)
+    per_token = max(1, math.ceil(whole / prompt_tokens))
     base = pd or ModelPDSettings()
     cfg = base.model_copy(update={
         "mode": PDMode.AUTO, "kv_bytes_per_token": per_token, "attention": None,

@@ -195,7 +195,9 @@ def capability_issues(card: Card, weight_dtype: str, kv_dtype: str) -> list[Issu
             severe=False,
         ))
     if kv_dtype == "fp8" and card.supports("fp8") == "none":
-        issues.append(Issue("capability", f"an fp8 KV cache needs fp8 support; {card.name} lacks it"))
+        issues.append(
+            Issue("capability", f"an fp8 KV cache needs fp8 support; {card.name} lacks it")
+        )
     return issues
 
 

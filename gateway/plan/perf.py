@@ -62,7 +62,8 @@ def sim_profile(b: Budget, *, name: str, context: int, link_gbps: float = 100.0)
     typical length) turns hybrid models' per-sequence KV into an average per token."""
     s = speed(b)
     per_token = b.sequence_bytes(max(1, context)) / max(1, context)
-    blocks = int(max(0.0, b.kv_gib) * 2**30 // (per_token * b.settings.block_size)) if per_token else 0
+    per_block = per_token * b.settings.block_size
+    blocks = int(max(0.0, b.kv_gib) * 2**30 // per_block) if per_token else 0
     return HardwareProfile(
         name=name,
         prefill_tokens_per_s=s.prefill_tokens_per_s,

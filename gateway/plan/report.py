@@ -89,7 +89,8 @@ def render(r: PlanReport) -> str:
         f" {s.max_num_seqs * b.sequence_bytes(b.max_model_len) / 2**30:,.1f} GiB"
     )
     for issue in b.issues:
-        lines.append(f"  {'IMPOSSIBLE' if issue.severe else 'note'} ({issue.kind}): {issue.message}")
+        tag = "IMPOSSIBLE" if issue.severe else "note"
+        lines.append(f"  {tag} ({issue.kind}): {issue.message}")
     ctx = r.decode_context
     mode = "with CUDA graphs" if s.cuda_graphs else "eager"
     other = "eager" if s.cuda_graphs else "with CUDA graphs"

@@ -19,7 +19,8 @@ vllm:prompt_tokens_total{{engine="0",model_name="m"}} {prompt}
 # TYPE vllm:generation_tokens counter
 vllm:generation_tokens_total{{engine="0",model_name="m"}} {gen}
 # TYPE vllm:cache_config_info gauge
-vllm:cache_config_info{{block_size="16",gpu_memory_utilization="0.92",num_gpu_blocks="{blocks}",engine="0"}} 1.0
+vllm:cache_config_info{{block_size="16",gpu_memory_utilization="0.92",\
+num_gpu_blocks="{blocks}",engine="0"}} 1.0
 """
 
 
