@@ -59,6 +59,8 @@ class PoolPlan:
     needed: Point | None  # the fewest replicas meeting the target
     target_ttft_s: float
     percentile: str
+    too_long: int = 0  # requests over the engine's context: rejected at any replica count
+    impossible: tuple[str, ...] = ()  # the placement's severe issues: nothing simulated
 
     def as_dict(self) -> dict[str, Any]:
         def point(p: Point) -> dict[str, Any]:
@@ -79,6 +81,8 @@ class PoolPlan:
             "price_per_card_hour": self.pool.price_per_card_hour,
             "kv_tokens_per_replica": self.pool.budget.kv_tokens,
             "target_ttft_s": self.target_ttft_s, "percentile": self.percentile,
+            "requests_over_context": self.too_long,
+            "impossible": list(self.impossible),
             "needed": None if self.needed is None else point(self.needed),
             "points": [point(p) for p in self.points],
         }
@@ -148,8 +152,14 @@ def plan_pool(trace: Trace, pool: Pool, target_ttft_s: float, *, percentile: str
     if target_ttft_s <= 0:
         raise ValueError("target TTFT must be positive")
     o = sim or SimSettings()
+    if not pool.budget.fits:
+        reasons = tuple(i.message for i in pool.budget.issues if i.severe)
+        return PoolPlan(pool, (), None, target_ttft_s, percentile, impossible=reasons)
     shape = TraceShape.of(trace)
     profile = sim_profile(pool.budget, name=pool.label, context=shape.mean_context)
+    limit = min(profile.max_model_len, profile.kv_capacity_tokens)
+    too_long = sum(1 for r in trace.records
+                   if max(1, r.input_tokens) + max(1, r.output_tokens) > limit)
     points: dict[int, Point] = {}
 
     def run(n: int) -> Point:
@@ -166,7 +176,7 @@ def plan_pool(trace: Trace, pool: Pool, target_ttft_s: float, *, percentile: str
         return points[n]
 
     def meets(p: Point) -> bool:
-        return p.ttft_s <= target_ttft_s and p.errors == 0
+        return p.ttft_s <= target_ttft_s and p.errors <= too_long
 
     lo, hi = 0, 1
     while not meets(run(hi)):
@@ -183,7 +193,8 @@ def plan_pool(trace: Trace, pool: Pool, target_ttft_s: float, *, percentile: str
             else:
                 lo = mid
     ordered = tuple(points[n] for n in sorted(points))
-    return PoolPlan(pool, ordered, points[hi] if hi else None, target_ttft_s, percentile)
+    return PoolPlan(pool, ordered, points[hi] if hi else None, target_ttft_s, percentile,
+                    too_long)
 
 
 def plan_pools(trace: Trace, pools: Sequence[Pool], target_ttft_s: float, **kwargs: Any
@@ -203,10 +214,20 @@ def render(shape: TraceShape, plans: Sequence[PoolPlan], source: str = "") -> st
     for plan in plans:
         p = plan.needed
         card = f"{plan.pool.budget.card.name} x {plan.pool.cards_per_replica}"
+        if plan.impossible:
+            lines.append(f"{plan.pool.label:16} {card:>14}  impossible: {plan.impossible[0]}")
+            continue
         if p is None:
             tried = max((q.replicas for q in plan.points), default=0)
+            best = min(plan.points, key=lambda q: q.ttft_s, default=None)
+            why = "raise --max-replicas, or see errors/preemptions"
+            if best is not None and len(plan.points) > 1:
+                ordered = sorted(plan.points, key=lambda q: q.replicas)
+                if ordered[-1].ttft_s >= 0.9 * ordered[-2].ttft_s:
+                    why = (f"TTFT levels off at {best.ttft_s:.2f} s: one prompt's prefill,"
+                           " more replicas do not shorten it (more tensor parallelism does)")
             lines.append(f"{plan.pool.label:16} {card:>14}  target not met with up to {tried}"
-                         " replicas (raise --max-replicas, or see errors/preemptions)")
+                         f" replicas ({why})")
             continue
         cost_t = f"{p.cost_per_m_total:.4f}" if p.cost_per_m_total is not None else "-"
         cost_o = f"{p.cost_per_m_output:.2f}" if p.cost_per_m_output is not None else "-"
@@ -217,10 +238,15 @@ def render(shape: TraceShape, plans: Sequence[PoolPlan], source: str = "") -> st
             f" {hit:>6} {p.total_tokens_per_s:>12,.0f} {p.output_tokens_per_s:>10,.1f}"
             f" {cost_t:>10} {cost_o:>9}"
         )
+    for plan in plans:
+        if plan.too_long:
+            lines.append(f"{plan.pool.label}: {plan.too_long} request(s) longer than the"
+                         f" engine's context ({plan.pool.budget.max_model_len:,} tokens or its"
+                         " KV), rejected at any replica count")
     if plans:
         t = plans[0]
-        lines.append(f"TTFT is {t.percentile}; target {t.target_ttft_s:g} s with no errors."
-                     " Costs per million tokens at the pool's card price.")
+        lines.append(f"TTFT is {t.percentile}; target {t.target_ttft_s:g} s with no other"
+                     " errors. Costs per million tokens at the pool's card price.")
         needed = [p for p in plans if p.needed is not None]
         if needed:
             ratio = needed[0].needed

@@ -92,3 +92,19 @@ def test_cli_compares_two_pools(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert out["trace"]["shape"]["requests"] == 48
     code = main(["plan", "llama-3.1-8b", "--trace", str(path), "--compare", "tp=2"])
     assert code == 2 and "names no card" in capsys.readouterr().err
+
+
+def test_requests_over_the_context_do_not_block_the_target() -> None:
+    base = agent_trace(convs=4, turns=2)
+    huge = TraceRecord(base.records[-1].arrival_s + 0.1, 40_000, 4, (), BT)
+    trace = Trace(base.header, (*base.records, huge))
+    plan = plan_pool(trace, pool("h100", 1.0), 5.0, sim=SimSettings(max_replicas=4))
+    assert plan.too_long == 1  # 40,004 tokens > max_model_len 32,768
+    assert plan.needed is not None and plan.needed.errors == 1
+
+
+def test_an_impossible_pool_is_not_simulated() -> None:
+    b = budget(get_model("deepseek-v3"), get_card("ascend-910b"), EngineSettings(tp=16))
+    plan = plan_pool(agent_trace(convs=2, turns=1), Pool("910b", b, 1.0), 1.0)
+    assert plan.needed is None and plan.points == ()
+    assert plan.impossible and "fp8" in plan.impossible[0]
