@@ -18,7 +18,12 @@ from typing import Any
 
 from gateway.errors import ConfigError
 
-FEATURE_CLIS: tuple[str, ...] = ("gateway.sim.cli", "gateway.trace.cli")
+FEATURE_CLIS: tuple[str, ...] = (
+    "gateway.sim.cli",
+    "gateway.trace.cli",
+    "gateway.plan.cli",
+    "gateway.doctor.cli",
+)
 
 Handler = Callable[[argparse.Namespace], int]
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from gateway.sim.cluster import SimCluster
 from gateway.sim.faults import NO_FAULTS, FaultConfig
-from gateway.sim.profiles import PROFILES
+from gateway.sim.profiles import PROFILES, HardwareProfile, get_profile
 from gateway.sim.tokenizer import FileTokenizer
 from gateway.types import Role
 
@@ -74,6 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=30.0,
         help="seconds a decode engine waits for an SGLang bootstrap room",
     )
+    engine = parser.add_argument_group("engine arguments (override the profile's)")
+    for flag, kind in _ENGINE_ARGS.items():
+        engine.add_argument(f"--{flag.replace('_', '-')}", dest=flag, type=kind, default=None)
     faults = parser.add_argument_group("fault injection (also: POST /admin/faults)")
     faults.add_argument("--fault-slow", type=float, default=0.0, metavar="SECONDS")
     faults.add_argument("--fault-error", type=int, default=None, metavar="STATUS")
@@ -88,6 +91,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="replica index the faults apply to (repeatable; default all)",
     )
+
+
+_ENGINE_ARGS: dict[str, type] = {
+    "num_gpu_blocks": int,
+    "block_size": int,
+    "max_num_seqs": int,
+    "max_num_batched_tokens": int,
+    "max_model_len": int,
+    "gpu_memory_utilization": float,
+}
+
+
+def profile_from_args(args: argparse.Namespace) -> HardwareProfile:
+    """The named profile with the engine arguments given on the command line."""
+    changes = {k: getattr(args, k) for k in _ENGINE_ARGS if getattr(args, k, None) is not None}
+    for key, value in changes.items():
+        if value <= 0 or (key == "gpu_memory_utilization" and value > 1):
+            raise ValueError(f"--{key.replace('_', '-')} is out of range: {value}")
+    profile = get_profile(args.profile)
+    return profile.scaled(**changes) if changes else profile
 
 
 def fault_config(args: argparse.Namespace) -> FaultConfig:
@@ -109,7 +132,7 @@ def fault_config(args: argparse.Namespace) -> FaultConfig:
 def cluster_from_args(args: argparse.Namespace) -> SimCluster:
     return SimCluster(
         args.replicas,
-        args.profile,
+        profile_from_args(args),
         model=args.model,
         flavor=args.flavor,
         seed=args.seed,
@@ -145,7 +168,7 @@ async def serve(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         asyncio.run(serve(args))
-    except (OSError, RuntimeError) as exc:
+    except (OSError, RuntimeError, ValueError) as exc:
         print(f"kvgate sim: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -299,7 +299,17 @@ class _StateCollector(Collector):
                 "engine",
             ],
         )
-        info.add_metric([str(p.block_size), "auto", "True", "0.9", str(p.num_gpu_blocks), "0"], 1.0)
+        info.add_metric(
+            [
+                str(p.block_size),
+                "auto",
+                "True",
+                f"{p.gpu_memory_utilization:g}",
+                str(p.num_gpu_blocks),
+                "0",
+            ],
+            1.0,
+        )
         yield info
 
     def _sglang(self) -> Iterator[Metric]:

@@ -39,6 +39,8 @@ class HardwareProfile:
     max_num_batched_tokens: int = 8192
     max_model_len: int = 131072
     step_overhead_s: float = 0.002
+    # Only reported (vLLM's cache_config_info): the blocks above are what the engine has.
+    gpu_memory_utilization: float = 0.9
     # vLLM's `long_prefill_token_threshold`: at most this many prompt tokens of one request
     # per step, so one long prefill cannot take the whole step budget. 0 (vLLM's default
     # unless partial prefills are enabled) means no per-request cap.

@@ -248,6 +248,7 @@ class SimEngine:
             Route("/v1/completions", self._completions, methods=["POST"]),
             Route("/v1/embeddings", self._embeddings, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
+            Route("/server_info", self._server_info, methods=["GET"]),
             Route("/health", self._health, methods=["GET"]),
             Route("/metrics", self._metrics, methods=["GET"]),
             Route("/admin/faults", self._faults, methods=["GET", "POST"]),
@@ -314,6 +315,25 @@ class SimEngine:
             "permission": [],
         }
         return _json({"object": "list", "data": [card]}, request)
+
+    async def _server_info(self, request: Request) -> Response:
+        """SGLang's server args (the few a diagnosis reads); vLLM has no such endpoint."""
+        if self.flavor != "sglang":
+            return _error(404, "Not Found")
+        p = self.profile
+        return _json(
+            {
+                "model_path": self.model_name,
+                "context_length": min(p.max_model_len, p.kv_capacity_tokens),
+                "max_running_requests": p.max_num_seqs,
+                "chunked_prefill_size": p.max_num_batched_tokens,
+                "max_total_num_tokens": p.kv_capacity_tokens,
+                "page_size": p.block_size,
+                "mem_fraction_static": p.gpu_memory_utilization,
+                "version": "sim",
+            },
+            request,
+        )
 
     async def _health(self, request: Request) -> Response:
         if self.faults.config.unhealthy or self.runner.error is not None:

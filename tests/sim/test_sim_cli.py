@@ -81,3 +81,42 @@ def test_clocks() -> None:
     assert fast.to_real(1.0) == pytest.approx(0.01)
     with pytest.raises(ValueError):
         RealClock(0)
+
+
+async def test_engine_arguments_override_the_profile_and_show_in_metrics() -> None:
+    args = parse(["sim", "--profile", "tiny", "--port", "0", "--num-gpu-blocks", "32",
+                  "--max-num-seqs", "3", "--max-num-batched-tokens", "256",
+                  "--max-model-len", "300", "--gpu-memory-utilization", "0.8",
+                  "--flavor", "sglang"])
+    profile = cli.profile_from_args(args)
+    assert (profile.num_gpu_blocks, profile.max_num_seqs, profile.max_num_batched_tokens,
+            profile.max_model_len, profile.gpu_memory_utilization) == (32, 3, 256, 300, 0.8)
+    async with (
+        cli.cluster_from_args(args) as cluster,
+        httpx.AsyncClient(base_url=cluster.urls[0]) as client,
+    ):
+        info = (await client.get("/server_info")).json()
+        models = (await client.get("/v1/models")).json()
+    assert info["max_running_requests"] == 3 and info["chunked_prefill_size"] == 256
+    assert info["max_total_num_tokens"] == 32 * 16 and info["mem_fraction_static"] == 0.8
+    assert models["data"][0]["max_model_len"] == 300
+
+
+async def test_vllm_flavour_reports_blocks_and_utilisation_and_no_server_info() -> None:
+    args = parse(["sim", "--profile", "tiny", "--port", "0", "--num-gpu-blocks", "48",
+                  "--gpu-memory-utilization", "0.75"])
+    async with (
+        cli.cluster_from_args(args) as cluster,
+        httpx.AsyncClient(base_url=cluster.urls[0]) as client,
+    ):
+        text = (await client.get("/metrics")).text
+        missing = await client.get("/server_info")
+    assert 'gpu_memory_utilization="0.75"' in text and 'num_gpu_blocks="48"' in text
+    assert missing.status_code == 404
+
+
+def test_engine_arguments_out_of_range() -> None:
+    with pytest.raises(ValueError, match="--max-num-seqs is out of range"):
+        cli.profile_from_args(parse(["sim", "--max-num-seqs", "0"]))
+    with pytest.raises(ValueError, match="--gpu-memory-utilization"):
+        cli.profile_from_args(parse(["sim", "--gpu-memory-utilization", "1.5"]))

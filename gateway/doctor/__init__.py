@@ -1,0 +1,1 @@
+"""`kvgate doctor`: read running engines (and the gateway) and explain what starves them."""

@@ -1,0 +1,364 @@
+"""The diagnoses: pure functions from snapshots to findings, each with its arithmetic.
+
+A finding names the replica, what was seen (evidence lines with the numbers), and the
+setting that would change it. `severe` ones make `kvgate doctor` exit non-zero.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.doctor.probe import EngineSnapshot, GatewaySnapshot
+from gateway.plan.memory import Budget
+
+KV_FULL = 0.9
+STARVED_SEQUENCES = 2  # fewer full-length sequences than this: one long request blocks all
+MNBT_SHARE = 0.5  # max_num_batched_tokens above this share of the KV tokens
+MNBT_CAP = 16384  # what to suggest at most: ~10K already keeps prefill efficient
+HOT_FACTOR = 2.0
+HOT_MIN = 4.0
+HIT_MIN_DECISIONS = 20
+STALE_AFTER_S = 10.0
+CONTINUATION_REASONS = frozenset({"sticky", "prefix"})
+VLLM_DEFAULT_MAX_NUM_SEQS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    code: str
+    severity: str  # severe | warning
+    replica: str
+    title: str
+    evidence: tuple[str, ...]
+    suggestion: str
+
+    @property
+    def severe(self) -> bool:
+        return self.severity == "severe"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "severity": self.severity, "replica": self.replica,
+                "title": self.title, "evidence": list(self.evidence),
+                "suggestion": self.suggestion}
+
+
+@dataclass(frozen=True, slots=True)
+class Hints:
+    """Engine arguments /metrics does not show (vLLM exposes no scheduler config)."""
+
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+    expected_hit_rate: float | None = None
+    stale_after_s: float = STALE_AFTER_S
+    # The replica's planned budget (--model/--card): activation arithmetic in GiB.
+    budget: Budget | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFacts:
+    """What is known about one engine's configuration, and where each value came from."""
+
+    capacity: int | None
+    max_model_len: int | None
+    max_num_seqs: int
+    seqs_source: str
+    mnbt: int | None
+    mnbt_source: str
+    block_size: int
+
+    @classmethod
+    def of(cls, snap: EngineSnapshot, hints: Hints) -> EngineFacts:
+        args = snap.server_args
+        seqs, seqs_source = VLLM_DEFAULT_MAX_NUM_SEQS, "vLLM default; pass --max-num-seqs"
+        if hints.max_num_seqs:
+            seqs, seqs_source = hints.max_num_seqs, "--max-num-seqs"
+        elif isinstance(args.get("max_running_requests"), int):
+            seqs, seqs_source = args["max_running_requests"], "server_info"
+        mnbt, mnbt_source = None, ""
+        if hints.max_num_batched_tokens:
+            mnbt, mnbt_source = hints.max_num_batched_tokens, "--max-num-batched-tokens"
+        elif isinstance(args.get("chunked_prefill_size"), int):
+            mnbt, mnbt_source = args["chunked_prefill_size"], "server_info chunked_prefill_size"
+        return cls(snap.kv_capacity_tokens, hints.max_model_len or snap.max_model_len, seqs,
+                   seqs_source, mnbt, mnbt_source, snap.block_size or 16)
+
+
+def _pow2_at_most(value: float, floor: int) -> int:
+    if value < floor:
+        return floor
+    return int(2 ** math.floor(math.log2(value)))
+
+
+def _delta(samples: Sequence[EngineSnapshot], key: str) -> float | None:
+    first, last = samples[0].counters.get(key), samples[-1].counters.get(key)
+    if first is None or last is None:
+        return None
+    return last - first if last >= first else last  # an engine restart resets counters
+
+
+def _max_usage(samples: Sequence[EngineSnapshot]) -> float:
+    return max((s.reading.kv_usage or 0.0) for s in samples if s.reading is not None)
+
+
+def check_engine(url: str, samples: Sequence[EngineSnapshot], hints: Hints) -> list[Finding]:
+    last = samples[-1]
+    if last.error is not None or last.reading is None:
+        return [Finding("unreachable", "severe", url, "engine did not answer",
+                        (f"GET {url}/metrics: {last.error}",),
+                        "check the engine process and its --port; nothing else can be read")]
+    ok = [s for s in samples if s.reading is not None]
+    facts = EngineFacts.of(last, hints)
+    out: list[Finding] = []
+    out += _kv_starved(url, facts, last)
+    out += _preempting(url, ok, facts)
+    out += _queue_growing(url, ok, facts)
+    out += _mnbt_too_big(url, facts, hints.budget)
+    out += _frozen(url, ok)
+    return out
+
+
+def _kv_starved(url: str, f: EngineFacts, snap: EngineSnapshot) -> list[Finding]:
+    if not f.capacity or not f.max_model_len:
+        return []
+    full = f.capacity // f.max_model_len
+    if full >= STARVED_SEQUENCES:
+        return []
+    blocks = f"{snap.num_gpu_blocks:,} blocks x {f.block_size}" if snap.num_gpu_blocks else "KV"
+    fit_len = f.capacity // STARVED_SEQUENCES // f.block_size * f.block_size
+    evidence = (
+        f"KV capacity {blocks} = {f.capacity:,} tokens",
+        (f"max_model_len {f.max_model_len:,}: {f.capacity:,} // {f.max_model_len:,} = {full}"
+        " full-length sequence(s) fit at once"),
+        (f"max_num_seqs {f.max_num_seqs} ({f.seqs_source}) x max_model_len would need"
+        f" {f.max_num_seqs * f.max_model_len:,} tokens"
+        f" ({f.capacity / (f.max_num_seqs * f.max_model_len):.1%} of that is there)"),
+    )
+    return [Finding(
+        "kv_starved", "severe" if full < 1 else "warning", url,
+        "KV cache too small for the configured max_model_len",
+        evidence,
+        f"give KV more memory (a smaller max_num_batched_tokens, a higher"
+        f" gpu_memory_utilization, kv_cache_dtype fp8, more tensor parallelism), or set"
+        f" max_model_len <= {fit_len:,} so {STARVED_SEQUENCES} full-length sequences fit",
+    )]
+
+
+def _preempting(url: str, samples: Sequence[EngineSnapshot], f: EngineFacts) -> list[Finding]:
+    delta = _delta(samples, "preemptions")
+    total = samples[-1].counters.get("preemptions", 0.0)
+    if not total:
+        return []
+    usage = _max_usage(samples)
+    running = max(s.reading.running for s in samples if s.reading is not None)
+    window = samples[-1].at - samples[0].at
+    now = delta is not None and delta > 0 and len(samples) > 1
+    evidence = [f"preemptions: {total:,.0f} since start"
+                + (f", {delta:,.0f} in the last {window:.1f} s" if len(samples) > 1 else ""),
+                f"KV usage peaked at {usage:.0%} with {running:.0f} requests running"]
+    per_seq = f.capacity / running if f.capacity and running else None
+    if per_seq is not None:
+        evidence.append(f"{f.capacity:,} KV tokens / {running:.0f} running ="
+                        f" {per_seq:,.0f} tokens per running request")
+    severe = now and usage >= KV_FULL
+    target = max(1, int(running * 0.75)) if running else 1
+    return [Finding(
+        "preemptions", "severe" if severe else "warning", url,
+        "requests are preempted (KV full: their KV is dropped and recomputed)"
+        if severe else "requests were preempted earlier",
+        tuple(evidence),
+        f"cap the batch at what KV holds: max_num_seqs ~{target} (now {f.max_num_seqs},"
+        f" {f.seqs_source}), or give KV more memory",
+    )]
+
+
+def _queue_growing(url: str, samples: Sequence[EngineSnapshot], f: EngineFacts) -> list[Finding]:
+    if len(samples) < 2:
+        return []
+    waits = [s.reading.waiting for s in samples if s.reading is not None]
+    usage = _max_usage(samples)  # usage swings as sequences finish: full at any sample counts
+    if waits[-1] <= waits[0] or waits[-1] < 1 or usage < KV_FULL:
+        return []
+    running = samples[-1].reading.running if samples[-1].reading is not None else 0.0
+    window = samples[-1].at - samples[0].at
+    return [Finding(
+        "queue_growing_kv_full", "warning", url,
+        "waiting queue grows while the KV cache is full",
+        (f"waiting {' -> '.join(f'{w:.0f}' for w in waits)} over {window:.1f} s",
+         (f"KV usage up to {usage:.0%}, {running:.0f} running of max_num_seqs {f.max_num_seqs}"
+         f" ({f.seqs_source}): KV, not max_num_seqs, limits the batch")),
+        "more KV per replica (see kv_starved / max_num_batched_tokens) or more replicas;"
+        " lowering max_num_seqs will not help while KV is the limit",
+    )]
+
+
+def _mnbt_too_big(url: str, f: EngineFacts, b: Budget | None) -> list[Finding]:
+    if not f.mnbt or not f.capacity or f.mnbt <= MNBT_SHARE * f.capacity:
+        return []
+    rec = min(f.mnbt // 2, MNBT_CAP, _pow2_at_most(f.capacity / 4, f.block_size))
+    evidence = [(f"max_num_batched_tokens {f.mnbt:,} ({f.mnbt_source}) vs KV capacity"
+                f" {f.capacity:,} tokens: one step may schedule {f.mnbt / f.capacity:.0%} of"
+                " everything the KV holds")]
+    if b is not None:
+        from gateway.plan.memory import activation_bytes
+
+        s = b.settings
+        now = activation_bytes(b.model, f.mnbt, s.max_num_seqs, s.tp, s.expert_parallel)
+        then = activation_bytes(b.model, rec, s.max_num_seqs, s.tp, s.expert_parallel)
+        freed = (now - then) / 2**30
+        gained = int((now - then) // b.kv_bytes_per_token) if b.kv_bytes_per_token else 0
+        evidence.append(f"activations for {f.mnbt:,} tokens ~{now / 2**30:.2f} GiB, for"
+                        f" {rec:,} ~{then / 2**30:.2f} GiB: {freed:.2f} GiB ="
+                        f" {gained:,} more KV tokens at {b.kv_bytes_per_token:,.0f} B/token")
+    return [Finding(
+        "max_num_batched_tokens_high", "warning", url,
+        "max_num_batched_tokens far above what the KV budget allows",
+        tuple(evidence),
+        f"set max_num_batched_tokens {rec:,}: the activation peak vLLM profiles shrinks"
+        " and its memory goes to KV (chunked prefill keeps long prompts working)",
+    )]
+
+
+def _frozen(url: str, samples: Sequence[EngineSnapshot]) -> list[Finding]:
+    if len(samples) < 2:
+        return []
+    busy = all(s.reading is not None and s.reading.running > 0 for s in samples)
+    moved = [_delta(samples, k) for k in ("prompt_tokens", "generation_tokens")]
+    if not busy or any(m is None or m > 0 for m in moved):
+        return []
+    window = samples[-1].at - samples[0].at
+    return [Finding(
+        "stale_metrics", "warning", url, "metrics do not move while requests run",
+        ((f"{samples[-1].reading.running if samples[-1].reading else 0:.0f} running, but the"
+         f" prompt and generation token counters did not change in {window:.1f} s"),),
+        "the engine is hung or /metrics is served from a cache: check the engine's log",
+    )]
+
+
+# ---- across replicas ------------------------------------------------------------------
+def check_cluster(latest: Mapping[str, EngineSnapshot], gateway: GatewaySnapshot | None,
+                  hints: Hints) -> list[Finding]:
+    out = _hot(latest)
+    if gateway is not None:
+        out += _gateway(gateway, hints)
+        out += _hit_vs_routing(latest, gateway, hints)
+    elif hints.expected_hit_rate is not None:
+        out += _hit_vs_expected(latest, hints.expected_hit_rate)
+    return out
+
+
+def _hot(latest: Mapping[str, EngineSnapshot]) -> list[Finding]:
+    loads = {u: s.reading.running + s.reading.waiting
+             for u, s in latest.items() if s.reading is not None}
+    if len(loads) < 2:
+        return []
+    url, top = max(loads.items(), key=lambda kv: kv[1])
+    others = [v for u, v in loads.items() if u != url]
+    mean = sum(others) / len(others)
+    if top < HOT_MIN or top < HOT_FACTOR * mean + 2:
+        return []
+    shown = ", ".join(f"{v:.0f}" for v in loads.values())
+    return [Finding(
+        "hot_replica", "warning", url, "one replica is much busier than the others",
+        (f"running + waiting per replica: {shown}",
+         f"{top:.0f} here vs a mean of {mean:.1f} on the others ({top / max(mean, 1):.1f}x)"),
+        "a few long sessions stuck to one replica (raise the lineage policy's load bound), a"
+        " replica missing from the gateway's list, or clients bypassing the gateway",
+    )]
+
+
+def _gateway(g: GatewaySnapshot, hints: Hints) -> list[Finding]:
+    if g.error is not None:
+        return [Finding("gateway_unreachable", "warning", g.url, "gateway did not answer",
+                        (f"GET {g.url}/metrics: {g.error}",), "check the gateway process")]
+    out: list[Finding] = []
+    for replica, age in sorted(g.scrape_age_s.items()):
+        if age > hints.stale_after_s:
+            errors = g.scrape_errors.get(replica, 0.0)
+            out.append(Finding(
+                "stale_metrics", "warning", replica, "the gateway's view of this replica is old",
+                (f"kvgate_scrape_age_seconds {age:.1f} > {hints.stale_after_s:g}",
+                 f"kvgate_scrape_errors_total {errors:.0f}"),
+                "the gateway routes on stale load (treated as saturated): check that the"
+                " replica's /metrics answers within scrape.timeout_s",
+            ))
+    return out
+
+
+def engine_hit_rate(latest: Mapping[str, EngineSnapshot]) -> float | None:
+    """Token-weighted over the engines with counters; else the mean of their rates."""
+    hits = queries = 0.0
+    rates = []
+    for snap in latest.values():
+        r = snap.reading
+        if r is None:
+            continue
+        if r.counters is not None and r.counters.queries > 0:
+            hits += r.counters.hits
+            queries += r.counters.queries
+        elif r.prefix_hit_rate is not None:
+            rates.append(r.prefix_hit_rate)
+    if queries:
+        return hits / queries
+    return sum(rates) / len(rates) if rates else None
+
+
+def _hit_vs_routing(latest: Mapping[str, EngineSnapshot], g: GatewaySnapshot,
+                    hints: Hints) -> list[Finding]:
+    total = sum(g.decisions.values())
+    hit = engine_hit_rate(latest)
+    if hit is None or total < HIT_MIN_DECISIONS:
+        return []
+    cont = sum(v for k, v in g.decisions.items() if k in CONTINUATION_REASONS)
+    share = cont / total
+    expected = hints.expected_hit_rate
+    if expected is None and share >= 0.5 and hit < 0.5 * share:
+        expected = 0.5 * share
+    elif expected is None or hit >= expected - 0.2:
+        return []
+    shares = ", ".join(f"{k} {v:.0f}" for k, v in sorted(g.decisions.items()))
+    return [Finding(
+        "hit_rate_low", "warning", "cluster",
+        "engine prefix hit rate far below what the gateway's routing predicts",
+        (f"gateway decisions: {shares}: {share:.0%} went to the replica holding their prefix",
+         f"engines' prefix hit rate {hit:.1%}, expected at least {expected:.0%}"),
+        "the engines evict what routing kept together (KV too small for the sessions' working"
+        " set: see KV capacity), or they hash blocks differently (block size, salt)",
+    )]
+
+
+def _hit_vs_expected(latest: Mapping[str, EngineSnapshot], expected: float) -> list[Finding]:
+    hit = engine_hit_rate(latest)
+    if hit is None or hit >= expected - 0.2:
+        return []
+    return [Finding(
+        "hit_rate_low", "warning", "cluster", "engine prefix hit rate far below the expected",
+        (f"engines' prefix hit rate {hit:.1%}, expected {expected:.0%} (--expected-hit-rate)",),
+        "a routing or eviction problem: route through kvgate, and check KV capacity",
+    )]
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    findings: tuple[Finding, ...]
+    engines: Mapping[str, EngineSnapshot] = field(default_factory=dict)
+    hints: Hints = field(default_factory=Hints)
+
+    @property
+    def severe(self) -> bool:
+        return any(f.severe for f in self.findings)
+
+
+def diagnose(samples: Mapping[str, Sequence[EngineSnapshot]], gateway: GatewaySnapshot | None,
+             hints: Hints) -> Diagnosis:
+    findings: list[Finding] = []
+    for url, series in samples.items():
+        findings += check_engine(url, series, hints)
+    latest = {u: s[-1] for u, s in samples.items()}
+    findings += check_cluster(latest, gateway, hints)
+    order = {"severe": 0, "warning": 1}
+    findings.sort(key=lambda f: order.get(f.severity, 2))
+    return Diagnosis(tuple(findings), latest, hints)

@@ -1,0 +1,1 @@
+"""`kvgate plan` and `kvgate doctor`: deployment sizing arithmetic, pure and shown."""
