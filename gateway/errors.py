@@ -152,12 +152,12 @@ class UpstreamTimeout(UpstreamError):
     code = "upstream_timeout"
 
 
-class UpstreamStalled(UpstreamError):
+class UpstreamStalled(UpstreamTimeout):
     """The request timed out and a canary showed the replica itself has stopped answering:
-    the request is innocent, so it may go to another replica (nothing was sent yet)."""
+    the request is innocent, so it may go to another replica (nothing was sent yet). To the
+    client it is still a timeout, if no other replica answers."""
 
     retryable = True
-    code = "upstream_stalled"
 
 
 class UpstreamResponseTooLarge(UpstreamError):

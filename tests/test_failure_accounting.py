@@ -139,6 +139,6 @@ async def test_a_stalled_last_replica_is_not_ejected() -> None:
         async with httpx.AsyncClient(base_url=gw.url, timeout=10) as http:
             body = {"model": "kvgate-sim", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
             r = await http.post(CHAT, json=body)
-        assert r.status_code in (502, 503), r.text
-        assert "stalled" in r.text or "no healthy" in r.text
+        # Still a timeout to the client (nowhere else to go), and the message says why.
+        assert r.status_code == 504 and "stalled" in r.text, r.text
         assert gw.state.health.state(ReplicaId("e0")) is Health.HEALTHY
