@@ -55,6 +55,8 @@ FEATURE_INSTALLERS: tuple[str, ...] = (
     "gateway.scrape.install:install",
     # Last: it detects the final router's abilities (e.g. a prefix index) once.
     "gateway.admission.install:install",
+    # Reads what the others installed (scraper, pools, admission); adds no request-path hook.
+    "gateway.console.install:install",
 )
 
 _UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")

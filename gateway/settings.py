@@ -30,6 +30,7 @@ from pydantic_settings import (
 )
 
 from gateway.admission.config import AdmissionSettings
+from gateway.console.config import ConsoleSettings
 from gateway.errors import ConfigError
 from gateway.pd.config import PDSettings
 from gateway.pools.config import PoolsSettings
@@ -288,6 +289,9 @@ class KvgateSettings(BaseSettings):
     )
     store: StoreSettings = Field(
         default_factory=StoreSettings, description="shared routing state (gateway.store)"
+    )
+    console: ConsoleSettings = Field(
+        default_factory=ConsoleSettings, description="the web console (gateway.console)"
     )
 
     @model_validator(mode="after")
