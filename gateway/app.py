@@ -57,6 +57,8 @@ FEATURE_INSTALLERS: tuple[str, ...] = (
     # Last: it detects the final router's abilities (e.g. a prefix index) once.
     "gateway.admission.install:install",
     "gateway.accounting:install",
+    # Reads what the others installed (scraper, pools, admission); adds no request-path hook.
+    "gateway.console.install:install",
     # Its service starts after every other one (they listen to membership changes).
     "gateway.discovery.install:install",
 )

@@ -44,6 +44,11 @@ def _serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
+    if settings.console.enabled:
+        from gateway.console.config import console_url
+
+        url = console_url(server.host, server.port, settings.console.path)
+        print(f"kvgate: console at {url}", file=sys.stderr, flush=True)
     options: dict[str, Any] = {
         "host": server.host,
         "port": server.port,

@@ -81,6 +81,23 @@ class HashRing:
     def members(self) -> Mapping[ReplicaId, float]:
         return self._weights
 
+    def shares(self) -> dict[ReplicaId, float]:
+        """Fraction of the key space each replica owns (its arcs of the ring); sums to 1.
+
+        O(V·N). A key hashes to the first position at or after it, so each position owns
+        the arc back to the previous one (the first wraps around from the last).
+        """
+        positions, owners = self._positions, self._owners
+        out = dict.fromkeys(self._weights, 0.0)
+        if not positions:
+            return out
+        span = float(1 << 64)
+        previous = positions[-1] - (1 << 64)
+        for position, owner in zip(positions, owners):
+            out[owner] += (position - previous) / span
+            previous = position
+        return out
+
     def clockwise(self, key: str | bytes) -> Iterator[ReplicaId]:
         """Ring owners clockwise from the key's position, lazily (repeats included)."""
         positions = self._positions

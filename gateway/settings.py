@@ -30,6 +30,7 @@ from pydantic_settings import (
 )
 
 from gateway.admission.config import AdmissionSettings
+from gateway.console.config import ConsoleSettings
 from gateway.discovery.config import DiscoverySettings
 from gateway.errors import ConfigError
 from gateway.kvevents.config import KVEventsSettings
@@ -309,6 +310,9 @@ class KvgateSettings(BaseSettings):
     )
     kv_events: KVEventsSettings = Field(
         default_factory=KVEventsSettings, description="engine KV cache events (gateway.kvevents)"
+    )
+    console: ConsoleSettings = Field(
+        default_factory=ConsoleSettings, description="the web console (gateway.console)"
     )
 
     @model_validator(mode="after")

@@ -63,6 +63,7 @@ def test_serve_on_embedded_engines_says_where_it_listens() -> None:
         proc.send_signal(signal.SIGINT)
         output = proc.communicate(timeout=10)[0].decode()
     assert f"http://127.0.0.1:{port}" in output, output
+    assert f"kvgate: console at http://127.0.0.1:{port}/console" in output, output
 
 
 async def _wait_ready(port: int, proc: asyncio.subprocess.Process) -> None:

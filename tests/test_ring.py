@@ -114,3 +114,19 @@ def test_head_lookup_matches_the_full_ranking_head() -> None:
         )
         # Deep enough, the head lookup is the full ranking.
         assert ring.lookup(k, in_flight=inflight, members=members, depth=40).ranked == full.ranked
+
+
+def test_shares_sum_to_one_and_match_where_keys_land() -> None:
+    ring = HashRing(nodes(4, r3=2.0))
+    shares = ring.shares()
+    assert set(shares) == {"r0", "r1", "r2", "r3"}
+    assert sum(shares.values()) == pytest.approx(1.0)
+    landed = Counter(owners(ring))
+    for rid, share in shares.items():
+        assert landed[rid] / len(KEYS) == pytest.approx(share, abs=0.01), rid
+    assert shares["r3"] > max(shares["r0"], shares["r1"], shares["r2"])
+
+
+def test_shares_of_an_empty_ring_and_a_zero_weight_replica() -> None:
+    assert HashRing([]).shares() == {}
+    assert HashRing(nodes(2, r1=0.0)).shares() == {"r0": pytest.approx(1.0), "r1": 0.0}

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from gateway.errors import GatewayError, UpstreamTimeout
 from gateway.scrape.adapters import CounterState, MetricsFormatError, read_engine
-from gateway.scrape.config import ScrapeSettings
+from gateway.scrape.config import EngineKind, ScrapeSettings
 from gateway.scrape.metrics import ScrapeMetrics
 from gateway.types import EngineLoad, ReplicaId
 from gateway.upstream import Timeouts, UpstreamClient, make_client
@@ -80,6 +80,9 @@ class MetricsScraper:
         self._clock = clock
         self._loads: dict[ReplicaId, EngineLoad] = {}
         self._loads_view: Mapping[ReplicaId, EngineLoad] = MappingProxyType(self._loads)
+        # The dialect each replica's last readable /metrics was read in (detected or set).
+        self._kinds: dict[ReplicaId, EngineKind] = {}
+        self.kinds: Mapping[ReplicaId, EngineKind] = MappingProxyType(self._kinds)
         self._counters: dict[ReplicaId, CounterState | None] = {}
         self._pending: dict[ReplicaId, EngineLoad] = {}
         self._tasks: dict[ReplicaId, asyncio.Task[None]] = {}
@@ -166,6 +169,7 @@ class MetricsScraper:
             scraped_at=now,
         )
         self._counters[target.id] = reading.counters
+        self._kinds[target.id] = reading.kind
         self._loads[target.id] = load
         if self.metrics is not None:
             self.metrics.scrapes.labels(target.id).inc()
@@ -203,6 +207,7 @@ class MetricsScraper:
                 self._loads.pop(replica, None)
                 self._pending.pop(replica, None)
                 self._counters.pop(replica, None)
+                self._kinds.pop(replica, None)
                 if self.metrics is not None:
                     self.metrics.forget(replica)
         for replica, target in current.items():

@@ -31,8 +31,10 @@ async def test_reads_sim_engines_of_both_flavours(flavor: str) -> None:
         scraper = MetricsScraper(ScrapeSettings(), list)
         await scraper.start()
         try:
+            assert dict(scraper.kinds) == {}
             idle = await scraper.scrape_once(targets[0])
             assert idle is not None
+            assert dict(scraper.kinds) == {"e0": EngineKind(flavor)}  # detected from /metrics
             assert (idle.waiting, idle.running) == (0.0, 0.0)
             assert idle.kv_capacity_tokens == profile.kv_capacity_tokens
             # Keep engine 0 busy: more requests than its max_num_seqs, long outputs.

@@ -1,0 +1,52 @@
+"""`ConsoleRuntime`: everything the console hangs on an app (built once by `install`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.console.config import ConsoleSettings
+from gateway.console.events import EventLog
+from gateway.console.fleet import Fleet
+from gateway.console.measure import Measurements
+from gateway.console.sampler import Sampler
+from gateway.console.sessions import SessionTable
+from gateway.console.watch import Watch
+from gateway.state import GatewayState
+
+
+@dataclass(eq=False)
+class ConsoleRuntime:
+    settings: ConsoleSettings
+    state: GatewayState
+    fleet: Fleet
+    measurements: Measurements
+    watch: Watch
+    sampler: Sampler
+
+    @classmethod
+    def build(cls, state: GatewayState, settings: ConsoleSettings) -> ConsoleRuntime:
+        events = EventLog(settings.history_s)
+        fleet = Fleet(state, events)
+        measurements = Measurements(state.cluster, SessionTable(settings.max_sessions))
+        watch = Watch(
+            state.observers,
+            measurements.observe,
+            settings.measure,
+            settings.watch_idle_s,
+            on_attach=measurements.reset,
+        )
+        sampler = Sampler(
+            fleet,
+            measurements,
+            watch,
+            interval_s=settings.sample_interval_s,
+            history_s=settings.history_s,
+            live_session_s=settings.live_session_s,
+        )
+        return cls(settings, state, fleet, measurements, watch, sampler)
+
+    async def start(self) -> None:
+        await self.sampler.start()
+
+    async def stop(self) -> None:
+        await self.sampler.stop()

@@ -1,0 +1,156 @@
+"""The sampler: every `sample_interval_s`, one snapshot of the gateway into the history.
+
+It runs in the lifespan, off the request path. It reads the cluster (health, in-flight,
+scraped engine loads), the gateway's own Prometheus series (requests, errors, decisions,
+admission, PD), the pools' weights and the per-request measurements when they are on. Each
+sample is stored serialised (orjson bytes), so the history costs a few kilobytes per
+sample and serving it is a join.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from gateway.console.counters import Rates, Samples, by_label, read_series
+from gateway.console.fleet import Fleet
+from gateway.console.measure import Measurements
+from gateway.console.watch import Watch
+
+log = logging.getLogger("kvgate.console")
+
+
+class Sampler:
+    def __init__(
+        self,
+        fleet: Fleet,
+        measurements: Measurements,
+        watch: Watch,
+        *,
+        interval_s: float,
+        history_s: float,
+        live_session_s: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.fleet = fleet
+        self.measurements = measurements
+        self.watch = watch
+        self.interval_s = interval_s
+        self._live_session_s = live_session_s
+        self._clock = clock
+        self._history: deque[tuple[float, bytes]] = deque(
+            maxlen=max(1, round(history_s / interval_s))
+        )
+        self._rates = Rates()
+        self.rates: dict[str, float] = {}
+        self.series: Samples = {}
+        self._task: asyncio.Task[None] | None = None
+
+    # -- lifespan ---------------------------------------------------------------------
+    async def start(self) -> None:
+        self.sample_once()
+        self._task = asyncio.create_task(self._run(), name="kvgate-console-sampler")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self.watch.close()
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                self.sample_once()
+            except Exception:  # the sampler must outlive one bad round; say so
+                log.exception("console sample failed")
+
+    # -- sampling ---------------------------------------------------------------------
+    def sample_once(self) -> dict[str, Any]:
+        now = self._clock()
+        self.watch.tick()
+        self.series = series = read_series(self.fleet.registry)
+        self.rates = rates = self._rates.update(now, self._totals(series))
+        sample = self._sample(now, series, rates)
+        self._history.append((now, orjson.dumps(sample, option=orjson.OPT_NON_STR_KEYS)))
+        self.measurements.forget(list(self.fleet.cluster.in_flight))
+        return sample
+
+    def _totals(self, series: Samples) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        requests = series["kvgate_requests_total"]
+        totals["requests"] = sum(requests.values())
+        for replica, value in by_label(requests, "replica").items():
+            totals[f"requests:{replica}"] = value
+        totals["errors"] = 0.0
+        for status, value in by_label(requests, "status").items():
+            if status.startswith(("4", "5")):
+                totals["errors"] += value
+        totals["rejected"] = sum(series["kvgate_admission_rejected_total"].values())
+        for reason, value in by_label(series["kvgate_routing_decisions_total"], "reason").items():
+            totals[f"decision:{reason}"] = value
+        for name, value in by_label(
+            series["kvgate_pd_decisions_total"], "decision", "reason"
+        ).items():
+            totals[f"pd:{name}"] = value
+        if self.watch.measuring:
+            m = self.measurements
+            for key, value in m.totals().items():
+                totals[f"tokens:{key}"] = value
+            for replica, tally in m.tallies.items():
+                totals[f"tokens:{replica}"] = float(tally.prompt + tally.completion)
+        return totals
+
+    def _sample(self, now: float, series: Samples, rates: dict[str, float]) -> dict[str, Any]:
+        fleet = self.fleet
+        measuring = self.watch.measuring
+        replicas: dict[str, Any] = {}
+        for row in fleet.rows():
+            rid = row["id"]
+            p50 = None
+            if measuring and (q := self.measurements.ttft(rid, (0.5,))) is not None:
+                p50 = q[0]
+            replicas[rid] = {
+                "health": row["health"],
+                "in_flight": row["in_flight"],
+                "waiting": row["waiting"],
+                "kv": row["kv_usage"],
+                "hit": row["prefix_hit_rate"],
+                "rps": rates.get(f"requests:{rid}", 0.0) if rates else None,
+                "tps": rates.get(f"tokens:{rid}", 0.0) if measuring and rates else None,
+                "ttft_p50": p50,
+            }
+        prompt, output = rates.get("tokens:prompt"), rates.get("tokens:completion")
+        cached = rates.get("tokens:cached")
+        return {
+            "t": now,
+            "measuring": measuring,
+            "requests_per_s": rates.get("requests"),
+            "errors_per_s": rates.get("errors"),
+            "rejected_per_s": rates.get("rejected"),
+            "tokens_per_s": None if prompt is None or output is None else prompt + output,
+            "output_tokens_per_s": output,
+            "cached_share": cached / prompt if prompt and cached is not None else None,
+            "live_sessions": self.measurements.live_sessions(self._live_session_s)
+            if measuring else None,
+            "queued": by_label(series["kvgate_admission_queue_depth"], "priority_class"),
+            "weights": fleet.pool_weights(),
+            "pd_per_s": {k[3:]: v for k, v in rates.items() if k.startswith("pd:")},
+            "replicas": replicas,
+        }
+
+    def since(self, t: float) -> bytes:
+        """The samples after wall time `t`, as one JSON array."""
+        return b"[" + b",".join(raw for at, raw in self._history if at > t) + b"]"
+
+    def __len__(self) -> int:
+        return len(self._history)
