@@ -38,8 +38,9 @@ async def chat(http: httpx.AsyncClient, n: int, **extra: Any) -> None:
 
 
 async def test_nobody_watching_means_no_observer_and_the_first_read_starts_measuring() -> None:
+    # With the token metrics off (metrics.tokens), the console is the only observer there is.
     async with sim_engines(2, "instant") as engines, gateway(
-        engines, console={"sample_interval_s": 0.05, "watch_idle_s": 0.3}
+        engines, console={"sample_interval_s": 0.05, "watch_idle_s": 0.3}, metrics={"tokens": False}
     ) as gw, httpx.AsyncClient(base_url=gw.url, timeout=10) as http:
         rt = runtime(gw)
         await chat(http, 4)
@@ -74,11 +75,11 @@ async def test_nobody_watching_means_no_observer_and_the_first_read_starts_measu
 
 async def test_measure_off_never_attaches_and_always_attaches_at_once() -> None:
     async with sim_engines(1, "instant") as engines:
-        async with gateway(engines, console={"measure": "off"}) as gw:
+        async with gateway(engines, console={"measure": "off"}, metrics={"tokens": False}) as gw:
             async with httpx.AsyncClient(base_url=gw.url, timeout=10) as http:
                 assert (await http.get("/admin/fleet")).json()["measuring"] is False
             assert gw.state.observers == []
-        async with gateway(engines, console={"measure": "always"}) as gw:
+        async with gateway(engines, console={"measure": "always"}, metrics={"tokens": False}) as gw:
             assert gw.state.observers == [runtime(gw).measurements.observe]
         assert gw.state.observers == []  # stopped with the app
 
