@@ -18,7 +18,7 @@ from typing import Any
 
 from gateway.errors import ConfigError
 
-FEATURE_CLIS: tuple[str, ...] = ("gateway.sim.cli", "gateway.trace.cli")
+FEATURE_CLIS: tuple[str, ...] = ("gateway.sim.cli", "gateway.trace.cli", "gateway.auth.cli")
 
 Handler = Callable[[argparse.Namespace], int]
 

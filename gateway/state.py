@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from starlette.middleware import Middleware
 from starlette.routing import BaseRoute
 
 from gateway.cluster import Cluster
@@ -49,6 +50,9 @@ class GatewayState:
     extras: dict[str, Any] = field(default_factory=dict)
     # Extra routes a feature serves (e.g. GET /admin/pools); build_app mounts them.
     routes: list[BaseRoute] = field(default_factory=list)
+    # Pure ASGI middlewares a feature adds after the request id (e.g. auth); every route,
+    # fast or not, runs them (gateway.fastpath).
+    middleware: list[Middleware] = field(default_factory=list)
     # Public model name -> name sent upstream (aliases); None: names pass unchanged.
     resolve_model: Callable[[str], str] | None = None
     # Router abilities, detected once (see set_router), never probed per request.

@@ -47,10 +47,18 @@ class Attempts:
                 reraise=True,
             )
 
-    def _candidate(self, choice: Choice, tried: list[ReplicaId]) -> ReplicaId | None:
+    def _candidate(
+        self, choice: Choice, tried: list[ReplicaId], pools: frozenset[str] | None = None
+    ) -> ReplicaId | None:
         cluster = self._state.cluster
+        members = cluster.members
         for replica in choice.ranked:
-            if replica not in tried and cluster.is_healthy(replica) and replica in cluster.members:
+            if (
+                replica not in tried
+                and cluster.is_healthy(replica)
+                and replica in members
+                and (pools is None or members[replica].pool in pools)
+            ):
                 return replica
         return None
 
@@ -58,13 +66,13 @@ class Attempts:
         """Choose and open a leg to `ex.path` (the route plus the client's query string)."""
         state = self._state
         cluster = state.cluster
-        body, raw, headers, path = ex.body or {}, ex.raw, ex.headers, ex.path
+        body, raw, headers, path, pools = ex.body or {}, ex.raw, ex.headers, ex.path, ex.pools
         view = cluster.view()
         choice = state.router.choose(request, view)
         state.metrics.decision(choice.policy or type(state.router).__name__, choice.reason)
         gate = state.admission
         if gate is not None:
-            target = self._candidate(choice, [])
+            target = self._candidate(choice, [], pools)
             if target is not None and gate.must_wait(request, target, view):
                 await gate.wait(request, target)
                 view = cluster.view()
@@ -81,11 +89,11 @@ class Attempts:
 
         async def attempt() -> Leg:
             nonlocal choice, last_error
-            replica = self._candidate(choice, tried)
+            replica = self._candidate(choice, tried, pools)
             if replica is None and tried:
                 # The ranking is used up: ask again, health may have changed.
                 choice = state.router.choose(request, cluster.view())
-                replica = self._candidate(choice, tried)
+                replica = self._candidate(choice, tried, pools)
             if replica is None:
                 if last_error is not None:
                     raise _Exhausted()

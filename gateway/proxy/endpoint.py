@@ -27,6 +27,7 @@ from gateway.errors import GatewayError, error_response_parts
 from gateway.middleware.request_id import SCOPE_KEY, RequestIds
 from gateway.proxy.attempts import Attempts
 from gateway.proxy.exchange import Exchange, Receive, Scope, Send
+from gateway.proxy.identity import Identity
 from gateway.proxy.inbound import Inbound
 from gateway.proxy.outcome import Outcome
 from gateway.proxy.relay import relay
@@ -45,6 +46,7 @@ class ProxyEndpoint:
         self.endpoint = endpoint
         self.path = path
         self._inbound = Inbound(state, endpoint, path)
+        self._identity = Identity(state)
         self._attempts = Attempts(state)
         self._outcome = Outcome(state, endpoint)
         # Only for a scope that did not come through the front chain (a bare mount).
@@ -104,7 +106,10 @@ class ProxyEndpoint:
                 request = dataclasses.replace(request, sticky_replica=sticky)
                 ex.request = request
         if state.admission is not None:
-            request = ex.request = state.admission.classify(request, ex.body, ex.headers)
+            request = ex.request = state.admission.classify(request, ex.body or {}, ex.headers)
+        principal = self._identity.principal(ex)
+        if principal is not None:
+            request = ex.request = self._identity.narrow(ex, principal, request)
         return request
 
     async def _route_and_relay(self, ex: Exchange) -> None:

@@ -36,8 +36,10 @@ class Exchange:
         "error_code",
         "headers",
         "leg",
+        "named_class",
         "ok",
         "path",
+        "pools",
         "raw",
         "receive",
         "request",
@@ -76,6 +78,9 @@ class Exchange:
         self.headers: RawHeaders = []
         self.path = ""
         self.strip_usage = False
+        self.named_class = False  # the client asked for a priority class itself
+        # Pools the caller's key may land on (None: any).
+        self.pools: frozenset[str] | None = None
         # Attempts and relay.
         self.leg: Leg | None = None
         self.retries = 0

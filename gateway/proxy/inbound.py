@@ -11,8 +11,10 @@ from typing import Any
 
 import orjson
 
+from gateway.auth.principal import SCOPE_KEY as PRINCIPAL_KEY
+from gateway.auth.principal import Principal
 from gateway.body import check_content_type, parse_json, read_body, validate
-from gateway.errors import BadRequest, ModelNotFound
+from gateway.errors import BadRequest, Forbidden, ModelNotFound
 from gateway.keys import route_request
 from gateway.pd.decision import without_client_pd_fields
 from gateway.proxy.exchange import Exchange
@@ -36,6 +38,7 @@ class Inbound:
 
     __slots__ = (
         "_endpoint",
+        "_engine_auth",
         "_lineage_key",
         "_may_inject_usage",
         "_path",
@@ -56,6 +59,10 @@ class Inbound:
         self._tenant_header = s.session.tenant_header.lower().encode("latin-1")
         self._lineage_key = state.lineage.key_for if state.lineage is not None else None
         self._strip_pd = not s.pd.allow_client_fields
+        # None: the client's Authorization goes to the engine as it is.
+        self._engine_auth: tuple[tuple[bytes, bytes], ...] | None = None
+        if not s.upstream.passes_client_authorization(s.auth.enabled):
+            self._engine_auth = s.upstream.auth_headers()
         # Only these endpoints stream tokens with an optional usage event.
         self._may_inject_usage = endpoint in (Endpoint.CHAT, Endpoint.COMPLETIONS)
 
@@ -80,6 +87,11 @@ class Inbound:
         raw = await read_body(ex.receive, limits.max_body_bytes, declared_length(content_length))
         body: dict[str, Any] = parse_json(raw, limits.max_json_depth)
         model = validate(body, self._endpoint)
+        principal: Principal | None = scope.get(PRINCIPAL_KEY)
+        if principal is not None and principal.models and model not in principal.models:
+            raise Forbidden(
+                f"API key {principal.name!r} may not use the model `{model}`.", param="model"
+            )
         rewritten = False
         if state.resolve_model is not None and (served := state.resolve_model(model)) != model:
             # An alias: the engines only know the served name.
@@ -115,7 +127,13 @@ class Inbound:
         if rewritten:
             raw = orjson.dumps(body)
         ex.body, ex.raw, ex.request = body, raw, request
-        ex.headers = request_headers(scope["headers"])
+        ex.named_class = priority is not None or "priority" in body
+        headers = request_headers(scope["headers"])
+        if self._engine_auth is not None:
+            # The client's credentials are for the gateway; the engine gets its own.
+            headers = [h for h in headers if h[0] != b"authorization"]
+            headers.extend(self._engine_auth)
+        ex.headers = headers
         # The query string goes along unchanged (vLLM ignores it; a proxy must not eat it).
         query: bytes = scope.get("query_string", b"")
         ex.path = self._path + "?" + query.decode("latin-1") if query else self._path

@@ -1,0 +1,33 @@
+"""Usage per key and tenant, and refusals, as Prometheus series."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter
+
+from gateway.auth.principal import Principal
+
+
+class AuthMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "kvgate_key_requests", "Proxied requests per API key, tenant and status class.",
+            ["key", "tenant", "status"], registry=registry,
+        )
+        self.tokens = Counter(
+            "kvgate_key_tokens", "Tokens per API key and tenant, from the engines' usage.",
+            ["key", "tenant", "kind"], registry=registry,
+        )
+        self.refusals = Counter(
+            "kvgate_auth_refusals", "Requests refused by the front door, by reason.",
+            ["reason"], registry=registry,
+        )
+
+    def record(
+        self, principal: Principal, status: int, prompt: int | None, completion: int | None
+    ) -> None:
+        key, tenant = principal.name, principal.tenant
+        self.requests.labels(key, tenant, f"{status // 100}xx").inc()
+        if prompt:
+            self.tokens.labels(key, tenant, "input").inc(prompt)
+        if completion:
+            self.tokens.labels(key, tenant, "output").inc(completion)
