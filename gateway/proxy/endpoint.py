@@ -16,7 +16,6 @@ every route shares. Per request, on one `Exchange`:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -27,7 +26,7 @@ from gateway.errors import GatewayError, error_response_parts
 from gateway.middleware.request_id import SCOPE_KEY, RequestIds
 from gateway.proxy.attempts import Attempts
 from gateway.proxy.exchange import Exchange, Receive, Scope, Send
-from gateway.proxy.identity import Identity
+from gateway.proxy.identity import Identity, with_sticky
 from gateway.proxy.inbound import Inbound
 from gateway.proxy.outcome import Outcome
 from gateway.proxy.relay import relay
@@ -103,7 +102,7 @@ class ProxyEndpoint:
         if placements is not None:
             sticky = await placements.lookup(request.session_key)
             if sticky is not None:
-                request = dataclasses.replace(request, sticky_replica=sticky)
+                request = with_sticky(request, sticky)
                 ex.request = request
         if state.admission is not None:
             request = ex.request = state.admission.classify(request, ex.body or {}, ex.headers)

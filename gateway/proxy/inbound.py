@@ -88,10 +88,18 @@ class Inbound:
         body: dict[str, Any] = parse_json(raw, limits.max_json_depth)
         model = validate(body, self._endpoint)
         principal: Principal | None = scope.get(PRINCIPAL_KEY)
-        if principal is not None and principal.models and model not in principal.models:
-            raise Forbidden(
-                f"API key {principal.name!r} may not use the model `{model}`.", param="model"
-            )
+        tenant_name = tenant.decode("latin-1") if tenant else None
+        if principal is not None:
+            if principal.models and model not in principal.models:
+                raise Forbidden(
+                    f"API key {principal.name!r} may not use the model `{model}`.", param="model"
+                )
+            if tenant_name is not None and tenant_name != principal.tenant:
+                raise Forbidden(
+                    f"API key {principal.name!r} acts for tenant {principal.tenant!r}, "
+                    f"not {tenant_name!r}."
+                )
+            tenant_name = principal.tenant
         rewritten = False
         if state.resolve_model is not None and (served := state.resolve_model(model)) != model:
             # An alias: the engines only know the served name.
@@ -113,7 +121,7 @@ class Inbound:
             max_prefix_blocks=session_cfg.max_prefix_blocks,
             completion_key_chars=session_cfg.completion_key_chars,
             priority_class=priority.decode("latin-1") if priority else None,
-            tenant=tenant.decode("latin-1") if tenant else None,
+            tenant=tenant_name,
             user_is_session=session_cfg.user_is_session,
             lineage=self._lineage_key,
         )
