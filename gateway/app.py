@@ -50,6 +50,8 @@ FEATURE_INSTALLERS: tuple[str, ...] = (
     # store's sticky wrapper then sits around (it only reorders the pool-safe ranking).
     "gateway.pools.install:install",
     "gateway.store.install:install",
+    # After the store: shared keys and quotas use its Redis.
+    "gateway.auth.install:install",
     "gateway.pd.install:install",
     "gateway.trace.install:install",
     "gateway.scrape.install:install",
@@ -243,7 +245,7 @@ def build_app(settings: KvgateSettings | None = None) -> Starlette:
     app = GatewayApp(
         fast_posts=proxies,
         routes=routes,
-        middleware=[Middleware(RequestIdMiddleware)],
+        middleware=[Middleware(RequestIdMiddleware), *state.middleware],
         exception_handlers={HTTPException: http_error},
         lifespan=_lifespan(state),
     )

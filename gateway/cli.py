@@ -23,6 +23,7 @@ FEATURE_CLIS: tuple[str, ...] = (
     "gateway.trace.cli",
     "gateway.plan.cli",
     "gateway.doctor.cli",
+    "gateway.auth.cli",
 )
 
 Handler = Callable[[argparse.Namespace], int]

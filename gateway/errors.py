@@ -77,6 +77,14 @@ class Unauthorized(GatewayError):
     code = "invalid_api_key"
 
 
+class Forbidden(GatewayError):
+    """A valid key asked for something it is not granted (class, model, pool, admin)."""
+
+    status = 403
+    error_type = "permission_error"
+    code = "permission_denied"
+
+
 class NotFound(GatewayError):
     status = 404
     error_type = "invalid_request_error"

@@ -30,6 +30,7 @@ from pydantic_settings import (
 )
 
 from gateway.admission.config import AdmissionSettings
+from gateway.auth.config import AuthSettings
 from gateway.console.config import ConsoleSettings
 from gateway.discovery.config import DiscoverySettings
 from gateway.errors import ConfigError
@@ -250,9 +251,20 @@ class UpstreamSettings(Section):
     engine_api_key: SecretStr | None = Field(
         None, description="for engines started with --api-key: sent as 'Authorization: Bearer' "
         "on the gateway's own requests (health probes, metric scrapes, model discovery, prefix "
-        "warm-ups); client requests keep the client's own Authorization. Prefer the "
-        "KVGATE_UPSTREAM__ENGINE_API_KEY environment variable to writing it in a file"
+        "warm-ups) and, unless pass_client_authorization, on proxied requests instead of the "
+        "client's. Prefer the KVGATE_UPSTREAM__ENGINE_API_KEY environment variable to "
+        "writing it in a file"
     )
+    pass_client_authorization: bool | None = Field(
+        None, description="send the client's own Authorization to the engines; default: only "
+        "while API keys are off and no engine_api_key is set (then clients may hold the "
+        "engines' key themselves, as before)"
+    )
+
+    def passes_client_authorization(self, keys_on: bool) -> bool:
+        if self.pass_client_authorization is not None:
+            return self.pass_client_authorization
+        return not keys_on and self.engine_api_key is None
 
     def auth_headers(self) -> tuple[tuple[bytes, bytes], ...]:
         """The header the gateway's own requests to engines carry (none without a key)."""
@@ -314,6 +326,9 @@ class KvgateSettings(BaseSettings):
     console: ConsoleSettings = Field(
         default_factory=ConsoleSettings, description="the web console (gateway.console)"
     )
+    auth: AuthSettings = Field(
+        default_factory=AuthSettings, description="API keys, tenants, quotas (gateway.auth)"
+    )
 
     @model_validator(mode="after")
     def _unique_ids(self) -> KvgateSettings:
@@ -342,6 +357,20 @@ class KvgateSettings(BaseSettings):
     def has_replicas(self) -> bool:
         """Replicas are configured or discovered (else `kvgate serve` embeds simulated ones)."""
         return bool(self.replicas or self.discovery.dns)
+
+    @model_validator(mode="after")
+    def _auth_refers_to_known_names(self) -> KvgateSettings:
+        classes = {c.name for c in self.admission.classes}
+        grants = [*self.auth.keys, *self.auth.tenants.values()]
+        for grant in grants:
+            if grant.max_priority is not None and grant.max_priority not in classes:
+                raise ValueError(
+                    f"auth: max_priority {grant.max_priority!r} is not a class "
+                    f"(admission.classes: {sorted(classes)})"
+                )
+        if self.auth.redis_keys and self.store.backend != "redis":
+            raise ValueError("auth.redis_keys needs store.backend: redis")
+        return self
 
     @classmethod
     def settings_customise_sources(

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+from starlette.middleware import Middleware
 from starlette.routing import BaseRoute
 
 from gateway.cluster import Cluster
+from gateway.errors import ConfigError
 from gateway.health import HealthMonitor
 from gateway.hooks import (
     AdmissionGate,
@@ -25,6 +27,9 @@ from gateway.policy import ObservesOutcome, ObservesPlacement, Policy, TracksPre
 from gateway.settings import KvgateSettings
 from gateway.types import ReplicaId, RouteRequest
 from gateway.upstream import UpstreamClient
+from gateway.wrappers import ROUTER_LAYERS
+
+_P = TypeVar("_P", bound=Policy)
 
 
 @dataclass(eq=False)
@@ -45,6 +50,9 @@ class GatewayState:
     extras: dict[str, Any] = field(default_factory=dict)
     # Extra routes a feature serves (e.g. GET /admin/pools); build_app mounts them.
     routes: list[BaseRoute] = field(default_factory=list)
+    # Pure ASGI middlewares a feature adds after the request id (e.g. auth); every route,
+    # fast or not, runs them (gateway.fastpath).
+    middleware: list[Middleware] = field(default_factory=list)
     # Public model name -> name sent upstream (aliases); None: names pass unchanged.
     resolve_model: Callable[[str], str] | None = None
     # Router abilities, detected once (see set_router), never probed per request.
@@ -53,9 +61,30 @@ class GatewayState:
     router_prefill: TracksPrefill | None = None
     # Conversation lineage for requests without a client session id (gateway.lineage).
     lineage: Conversations | None = None
+    # Router layers applied so far (gateway.wrappers.ROUTER_LAYERS names), innermost first.
+    router_layers: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.set_router(self.router)
+
+    def wrap_router(self, layer: str, wrap: Callable[[Policy], _P]) -> _P:
+        """Put layer `layer` around the router (`wrap(inner) -> router`), in the one order
+        `gateway.wrappers.ROUTER_LAYERS` declares; returns the new router."""
+        if layer not in ROUTER_LAYERS:
+            raise ConfigError(
+                f"unknown router layer {layer!r}; declared layers: {', '.join(ROUTER_LAYERS)}"
+            )
+        rank = ROUTER_LAYERS.index(layer)
+        outer = [name for name in self.router_layers if ROUTER_LAYERS.index(name) >= rank]
+        if outer:
+            raise ConfigError(
+                f"router layer {layer!r} must go inside {outer} (declared order, innermost "
+                f"first: {', '.join(ROUTER_LAYERS)}); check the order of FEATURE_INSTALLERS"
+            )
+        router = wrap(self.router)
+        self.router_layers.append(layer)
+        self.set_router(router)
+        return router
 
     def set_router(self, router: Policy) -> None:
         """Replace the router (e.g. a wrapper policy) and re-detect its abilities."""

@@ -10,6 +10,7 @@ CPU per request. Direct and gateway runs alternate (`--repeat` rounds, medians p
     python loadtests/bench_overhead.py                # full matrix, 3 rounds of ~5 s per cell
     python loadtests/bench_overhead.py --duration 2 --repeat 1 --clients h1
     python loadtests/bench_overhead.py --clients h1 --levels 1 --context-tokens 100000
+    python loadtests/bench_overhead.py --clients h1 --keys       # API keys and quotas on
 
 `--context-tokens N` sends an agent-shaped conversation of about N tokens (system prompt,
 then user / assistant / tool turns) instead of one short question: real agent traffic carries
@@ -38,6 +39,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "kvgate-sim"
 ADDED_P50_TARGET_MS = 0.5
+BENCH_KEY = "sk-bench"
+# sha256 of BENCH_KEY; limits far above what one run sends, so every request is counted.
+BENCH_AUTH_YAML = (
+    "auth:\n  keys:\n    - name: bench\n"
+    "      key_sha256: c00397de4384b5bbaf14c02fe1ec7020d28d1eeab6a722c576c84b6678c41c29\n"
+    "      tenant: bench\n"
+    "      limits: {requests_per_minute: 100000000, input_tokens_per_minute: 1000000000,\n"
+    "               output_tokens_per_minute: 1000000000, concurrent_requests: 10000}\n"
+)
 
 
 def free_port() -> int:
@@ -87,7 +97,8 @@ def agent_messages(context_tokens: int) -> list[dict[str, Any]]:
 
 
 async def _loadgen(
-    url: str, concurrency: int, duration: float, stream: bool, warmup: float, context_tokens: int = 0
+    url: str, concurrency: int, duration: float, stream: bool, warmup: float, context_tokens: int = 0,
+    api_key: str = "",
 ) -> dict[str, Any]:
     import aiohttp
 
@@ -95,6 +106,8 @@ async def _loadgen(
         {"model": MODEL, "messages": agent_messages(context_tokens), "max_tokens": 8, "stream": stream}
     ).encode()
     headers = {"content-type": "application/json"}
+    if api_key:
+        headers["authorization"] = f"Bearer {api_key}"
     latencies: list[float] = []
     ttfbs: list[float] = []
     errors = 0
@@ -149,12 +162,13 @@ async def _loadgen(
 
 
 def run_loadgen(
-    url: str, concurrency: int, duration: float, stream: bool, warmup: float, context_tokens: int = 0
+    url: str, concurrency: int, duration: float, stream: bool, warmup: float, context_tokens: int = 0,
+    api_key: str = "",
 ) -> dict[str, Any]:
     cmd = [
         sys.executable, __file__, "--loadgen", url, "--concurrency", str(concurrency),
         "--duration", str(duration), "--warmup", str(warmup), "--context-tokens", str(context_tokens),
-    ] + (["--stream"] if stream else [])
+    ] + (["--stream"] if stream else []) + (["--api-key", api_key] if api_key else [])
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
@@ -232,6 +246,12 @@ def main() -> int:
         "--context-tokens", type=int, default=0,
         help="send an agent conversation of about this many tokens (0: one short question)",
     )
+    parser.add_argument(
+        "--keys", action="store_true",
+        help="turn API keys on, with a key whose quotas (requests and tokens per minute, "
+        "concurrency) are counted on every request but never reached",
+    )
+    parser.add_argument("--api-key", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.loadgen:
@@ -242,7 +262,8 @@ def main() -> int:
         except ImportError:
             pass
         result = asyncio.run(
-            _loadgen(args.loadgen, args.concurrency, args.duration, args.stream, args.warmup, args.context_tokens)
+            _loadgen(args.loadgen, args.concurrency, args.duration, args.stream, args.warmup,
+                     args.context_tokens, args.api_key)
         )
         print(json.dumps(result))
         return 0
@@ -257,7 +278,7 @@ def main() -> int:
     try:
         wait_ready(engine_url + "/health")
         for client in clients:
-            gateways[client] = start_gateway(engine_url, client)
+            gateways[client] = start_gateway(engine_url, client, BENCH_AUTH_YAML if args.keys else "")
         for stream in (False, True):
             for c in levels:
                 # Direct and gateway runs alternate, `--repeat` rounds, and each figure is the
@@ -270,7 +291,8 @@ def main() -> int:
                     for client, (gw, gw_url) in gateways.items():
                         cpu0 = cpu_seconds(gw.p.pid)
                         r = run_loadgen(
-                            gw_url + "/v1/chat/completions", c, args.duration, stream, args.warmup, args.context_tokens
+                            gw_url + "/v1/chat/completions", c, args.duration, stream, args.warmup,
+                            args.context_tokens, BENCH_KEY if args.keys else "",
                         )
                         cpu1 = cpu_seconds(gw.p.pid)
                         if cpu0 is not None and cpu1 is not None:

@@ -55,13 +55,30 @@ async def test_engines_behind_an_api_key_are_discovered_with_the_gateways_own_ke
             listed = (await http.get("/v1/models")).json()["data"]
             assert [m["id"] for m in listed] == ["alpha"]
             chat = {"model": "alpha", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
-            # Client requests keep the client's own Authorization: the engine decides.
-            ok = await http.post(
-                "/v1/chat/completions", json=chat, headers={"authorization": "Bearer sk-engine"}
+            # Proxied requests carry the gateway's engine key, never the client's.
+            bare = await http.post("/v1/chat/completions", json=chat)
+            other = await http.post(
+                "/v1/chat/completions", json=chat, headers={"authorization": "Bearer sk-client"}
             )
-            refused = await http.post("/v1/chat/completions", json=chat)
-        assert ok.status_code == 200
-        assert refused.status_code == 401 and refused.json() == {"error": "Unauthorized"}
+        assert bare.status_code == 200 and other.status_code == 200
+
+
+async def test_the_client_authorization_passes_when_configured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KVGATE_UPSTREAM__ENGINE_API_KEY", "sk-engine")
+    async with (
+        sim_engines(1, "instant", model_name="alpha", api_key="sk-engine") as engines,
+        gateway(engines, upstream={"pass_client_authorization": True}) as gw,
+        httpx.AsyncClient(base_url=gw.url) as http,
+    ):
+        chat = {"model": "alpha", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
+        ok = await http.post(
+            "/v1/chat/completions", json=chat, headers={"authorization": "Bearer sk-engine"}
+        )
+        refused = await http.post("/v1/chat/completions", json=chat)
+    assert ok.status_code == 200
+    assert refused.status_code == 401 and refused.json() == {"error": "Unauthorized"}
 
 
 async def test_without_the_key_keyed_engines_serve_no_discovered_model() -> None:

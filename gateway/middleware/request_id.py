@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -24,11 +25,30 @@ def accepted_request_id(value: bytes | None) -> str | None:
     return None
 
 
+class RequestIds:
+    """Ids unique across processes without a syscall per request: a random prefix (8 bytes
+    from the OS, once) and a counter; 24 hex characters."""
+
+    __slots__ = ("_next", "_prefix")
+
+    def __init__(self) -> None:
+        self._prefix = os.urandom(8).hex()
+        self._next = itertools.count(1).__next__
+
+    def __call__(self) -> str:
+        return f"{self._prefix}{self._next():08x}"
+
+
 class RequestIdMiddleware:
-    """Stores the id in ``scope["kvgate.request_id"]`` for the handlers that forward it."""
+    """Stores the id in ``scope["kvgate.request_id"]`` for the handlers that forward it.
+
+    A minted id replaces the client's header in the scope, so handlers forwarding the
+    request headers pass it on to the engine; every response carries the id once.
+    """
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        self._new_id = RequestIds()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -40,7 +60,7 @@ class RequestIdMiddleware:
                 request_id = accepted_request_id(value)
                 break
         if request_id is None:
-            request_id = os.urandom(12).hex()
+            request_id = self._new_id()
             scope["headers"] = [(n, v) for n, v in scope["headers"] if n != HEADER] + [
                 (HEADER, request_id.encode())
             ]

@@ -14,13 +14,14 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import ClassVar
 
-from gateway.policy import ObservesOutcome, ObservesPlacement, Policy
+from gateway.policy import Policy
 from gateway.types import Choice, ClusterView, ReplicaId, ReplicaState, Role, RouteRequest
+from gateway.wrappers import RouterWrapper
 
 _Narrowed = tuple[tuple[ReplicaState, ...], Mapping[ReplicaId, ReplicaState]]
 
 
-class ColocatedFirst:
+class ColocatedFirst(RouterWrapper):
     name: ClassVar[str] = "pd_colocated"
 
     def __init__(
@@ -28,12 +29,10 @@ class ColocatedFirst:
         inner: Policy,
         serves_whole: Callable[[ReplicaState], bool] = lambda r: r.role is Role.BOTH,
     ) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self._serves_whole = serves_whole
         self._source: tuple[ReplicaState, ...] | None = None
         self._by_model: dict[str, _Narrowed | None] = {}
-        self._placed = inner.placed if isinstance(inner, ObservesPlacement) else None
-        self._finished = inner.finished if isinstance(inner, ObservesOutcome) else None
 
     def choose(self, request: RouteRequest, view: ClusterView) -> Choice:
         narrowed = self._narrow(request.model, view)
@@ -59,13 +58,3 @@ class ColocatedFirst:
             result = (both, MappingProxyType({r.id: r for r in both}))
         self._by_model[model] = result
         return result
-
-    def placed(self, request: RouteRequest, replica: ReplicaId) -> None:
-        if self._placed is not None:
-            self._placed(request, replica)
-
-    def finished(
-        self, request: RouteRequest, replica: ReplicaId, ok: bool, latency_s: float
-    ) -> None:
-        if self._finished is not None:
-            self._finished(request, replica, ok, latency_s)

@@ -34,7 +34,7 @@ def install(state: GatewayState) -> None:
 
     selector = runtime.wrap(per_pool_router, replicas)
     state.cluster.on_membership_change(runtime.membership_changed)
-    state.set_router(selector)
+    state.wrap_router("pools", lambda _configured: selector)
     if settings.warm_moves.enabled:
         runtime.warmer = PrefixWarmer(
             settings.warm_moves, selector, state, runtime.charge_warmup

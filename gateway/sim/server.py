@@ -437,16 +437,20 @@ class EchoRequestId:
         await self.app(scope, receive, send_with_id)
 
 
+_KEYED_PATHS = ("/v1", "/admin/", "/reset_prefix_cache")
+
+
 class RequireApiKey:
     """Pure ASGI middleware: like vLLM's `--api-key`, every `/v1` path needs
-    `Authorization: Bearer <key>` (401 otherwise); health and metrics stay open."""
+    `Authorization: Bearer <key>` (401 otherwise), and so do the fault and reset endpoints
+    (anyone could break the engine through them); health and metrics stay open."""
 
     def __init__(self, app: ASGIApp, key: str) -> None:
         self.app = app
         self.expected = b"Bearer " + key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+        if scope["type"] == "http" and scope["path"].startswith(_KEYED_PATHS):
             given = next((v for k, v in scope["headers"] if k == b"authorization"), None)
             if given is None or not hmac.compare_digest(given, self.expected):
                 await Response(

@@ -120,13 +120,15 @@ def install(state: GatewayState) -> None:
     state.services.append(service)
     if not shared:
         return
-    router = StickyFirst(
-        state.router,
-        store,
-        load_factor=settings.sticky_load_factor,
-        saturation=state.settings.routing.saturation,
+    router = state.wrap_router(
+        "sticky",
+        lambda inner: StickyFirst(
+            inner,
+            store,
+            load_factor=settings.sticky_load_factor,
+            saturation=state.settings.routing.saturation,
+        ),
     )
-    state.set_router(router)
     state.placements = StorePlacements(store)
     store.subscribe_prefixes(router.place_remote)
     previous = state.health.on_change

@@ -42,6 +42,19 @@ class StoreKeys:
         """Counter of one fixed window; expires two windows after it closed."""
         return f"{self.prefix}:win:{key}:{index}"
 
+    def quota(self, scope: str, kind: str, index: int) -> str:
+        """Counter of one quota minute (`scope`: "key:<name>" or "tenant:<name>"); expires
+        two minutes after it closed."""
+        return f"{self.prefix}:quota:{scope}:{kind}:{index}"
+
+    def inflight(self, scope: str) -> str:
+        """Sorted set: request ticket -> lease expiry (epoch ms) of requests in flight."""
+        return f"{self.prefix}:inflight:{scope}"
+
+    def api_keys(self) -> str:
+        """Hash: sha256 hex of an API key -> JSON key record (`kvgate keys`). No expiry."""
+        return f"{self.prefix}:apikeys"
+
     def events(self) -> str:
         """Pub/sub channel: session moves, forgotten replicas, ejections (pushed at once)."""
         return f"{self.prefix}:events"

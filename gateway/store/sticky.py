@@ -17,23 +17,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from gateway.policy import (
-    ObservesOutcome,
-    ObservesPlacement,
-    Policy,
-    ReactsToMembership,
-    TracksPrefill,
-)
+from gateway.policy import ObservesPlacement, Policy
 from gateway.routing import SaturationLimits, is_saturated
 from gateway.store.base import PrefixPlacement, Store
-from gateway.types import Choice, ClusterView, ReplicaId, ReplicaState, RouteRequest
+from gateway.types import Choice, ClusterView, ReplicaId, RouteRequest
+from gateway.wrappers import RouterWrapper
 
 # In-flight requests a sticky replica may carry above the bound: at light load a bound of
 # the mean alone would move a session off its cache for one extra request.
 OVERLOAD_SLACK = 2.0
 
 
-class StickyFirst:
+class StickyFirst(RouterWrapper):
     name: ClassVar[str] = "sticky"
 
     def __init__(
@@ -44,24 +39,14 @@ class StickyFirst:
         load_factor: float | None = 1.25,
         saturation: SaturationLimits | None = None,
     ) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.store = store
         self.load_factor = load_factor
         self.saturation = saturation or SaturationLimits()
         self._placed = inner.placed if isinstance(inner, ObservesPlacement) else None
-        self._finished = inner.finished if isinstance(inner, ObservesOutcome) else None
-        self._membership = (
-            inner.membership_changed if isinstance(inner, ReactsToMembership) else None
-        )
-        self._prefill = inner if isinstance(inner, TracksPrefill) else None
         # A scorer that honours `sticky_replica` itself, with its own load bound, keeps
         # its ranking: reordering here would apply a second, different bound.
         self._scorer_sticks = bool(getattr(self.scorer, "handles_saturation", False))
-
-    @property
-    def scorer(self) -> Any:
-        # Feature packages look one level into a router for abilities (e.g. a prefix index).
-        return getattr(self.inner, "scorer", self.inner)
 
     def choose(self, request: RouteRequest, view: ClusterView) -> Choice:
         choice = self.inner.choose(request, view)
@@ -113,22 +98,6 @@ class StickyFirst:
             prompt_tokens=len(hashes) * placement.block_tokens,
         )
         self._placed(request, placement.replica)
-
-    def finished(self, request: RouteRequest, replica: ReplicaId, ok: bool, latency_s: float) -> None:
-        if self._finished is not None:
-            self._finished(request, replica, ok, latency_s)
-
-    def membership_changed(self, replicas: Sequence[ReplicaState]) -> None:
-        if self._membership is not None:
-            self._membership(replicas)
-
-    def dispatched(self, request: RouteRequest, replica: ReplicaId) -> None:
-        if self._prefill is not None:
-            self._prefill.dispatched(request, replica)
-
-    def prefilled(self, request: RouteRequest) -> None:
-        if self._prefill is not None:
-            self._prefill.prefilled(request)
 
 
 _REMOTE_SESSION: Any = "kvgate-remote-placement"

@@ -1,0 +1,52 @@
+"""Wires API keys and quotas into a gateway (listed in `gateway.app.FEATURE_INSTALLERS`).
+
+Nothing is installed while no key is configured: the embedded demo stays open and the
+request path pays nothing. Otherwise the auth and rate-limit middlewares join the chain
+every route runs (gateway.fastpath), after the request id.
+"""
+
+from __future__ import annotations
+
+from starlette.middleware import Middleware
+
+from gateway.auth.limiter import Limiter, LocalLimiter
+from gateway.auth.metrics import AuthMetrics
+from gateway.auth.principal import KeyRing
+from gateway.auth.redis_limiter import RedisLimiter
+from gateway.auth.sources import RedisKeys, static_keys
+from gateway.middleware.auth import AuthMiddleware
+from gateway.middleware.rate_limit import RateLimitMiddleware
+from gateway.state import GatewayState
+from gateway.store.redis import RedisStore
+
+EXTRAS_KEY = "auth"
+
+
+def install(state: GatewayState) -> None:
+    settings = state.settings.auth
+    if not settings.enabled:
+        return
+    classes = [c.name for c in state.settings.admission.classes]
+    ring = KeyRing(static_keys(settings), settings.tenants, classes)
+    store = state.extras.get("store")
+    limiter: Limiter
+    if isinstance(store, RedisStore):
+        shared = RedisLimiter(store, settings.quota_timeout_s)
+        state.services.append(shared)
+        limiter = shared
+        if settings.redis_keys:
+            state.services.append(RedisKeys(store, ring, settings.redis_refresh_s))
+    else:
+        limiter = LocalLimiter()
+    metrics = AuthMetrics(state.metrics.registry)
+    metrics_need_admin = settings.metrics_need_admin
+
+    def needs_admin(path: str) -> bool:
+        return path.startswith("/admin") or (metrics_need_admin and path == "/metrics")
+
+    state.middleware += [
+        Middleware(AuthMiddleware, ring=ring, needs_admin=needs_admin, metrics=metrics),
+        Middleware(RateLimitMiddleware, limiter=limiter, metrics=metrics),
+    ]
+    state.extras[EXTRAS_KEY] = metrics
+    state.extras["auth_ring"] = ring

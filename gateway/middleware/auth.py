@@ -1,0 +1,79 @@
+"""API keys on every route: 401 without a valid key, 403 on admin routes without admin.
+
+Installed only when keys are on (gateway.auth.install). The key comes from
+`Authorization: Bearer <key>` (what the OpenAI SDKs send) or `api-key` / `x-api-key`. The
+principal goes into ``scope["kvgate.principal"]``; the key itself is never stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gateway.auth.metrics import AuthMetrics
+from gateway.auth.principal import SCOPE_KEY, KeyRing
+from gateway.errors import Forbidden, GatewayError, Unauthorized, error_response_parts
+from gateway.middleware.request_id import ASGIApp, Receive, Scope, Send
+
+PUBLIC_PATHS = frozenset({"/health", "/ready"})
+_KEY_HEADERS = (b"api-key", b"x-api-key")
+
+
+def presented_key(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    for name, value in headers:
+        if name == b"authorization":
+            scheme, _, token = value.partition(b" ")
+            if scheme.lower() == b"bearer" and token.strip():
+                return token.strip()
+        elif name in _KEY_HEADERS and value:
+            return value.strip()
+    return None
+
+
+async def send_gateway_error(send: Send, err: GatewayError) -> None:
+    status, headers, body = error_response_parts(err)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class AuthMiddleware:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        ring: KeyRing,
+        needs_admin: Callable[[str], bool],
+        metrics: AuthMetrics | None = None,
+    ) -> None:
+        self.app = app
+        self.ring = ring
+        self.needs_admin = needs_admin
+        self.metrics = metrics
+
+    async def _refuse(self, send: Send, err: GatewayError, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.refusals.labels(reason).inc()
+        await send_gateway_error(send, err)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
+            await self.app(scope, receive, send)
+            return
+        key = presented_key(scope["headers"])
+        if key is None:
+            await self._refuse(send, Unauthorized(
+                "You didn't provide an API key. Send it as 'Authorization: Bearer YOUR_KEY'."
+            ), "no_key")
+            return
+        principal = self.ring.lookup(key)
+        if principal is None:
+            await self._refuse(
+                send, Unauthorized("Incorrect or revoked API key provided."), "unknown_key"
+            )
+            return
+        if not principal.admin and self.needs_admin(scope["path"]):
+            await self._refuse(send, Forbidden(
+                f"API key {principal.name!r} may not call {scope['path']} (admin keys only)."
+            ), "not_admin")
+            return
+        scope[SCOPE_KEY] = principal
+        await self.app(scope, receive, send)

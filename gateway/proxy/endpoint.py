@@ -1,0 +1,180 @@
+"""`ProxyEndpoint`: one OpenAI route, a raw ASGI callable running the request pipeline.
+
+It runs behind the front chain (gateway.fastpath: request id, auth, rate limit), which
+every route shares. Per request, on one `Exchange`:
+
+1. inbound (gateway.proxy.inbound): body limits, JSON, model -> `RouteRequest`;
+2. start watching for the client's `http.disconnect` (cancels the work at once);
+3. identity: the session's sticky replica (`state.placements`), the priority class
+   (`state.admission.classify`);
+4. routing, admission and attempts (gateway.proxy.attempts) until response headers arrive;
+5. relay (gateway.proxy.relay): never retried once a byte went out;
+6. in `finally`: close the leg, release admission's slot and the prefill signals, then the
+   outcome (gateway.proxy.outcome): metrics, the router, the observers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from gateway.body import ClientGone
+from gateway.disconnect import CallState
+from gateway.errors import GatewayError, error_response_parts
+from gateway.middleware.request_id import SCOPE_KEY, RequestIds
+from gateway.proxy.attempts import Attempts
+from gateway.proxy.exchange import Exchange, Receive, Scope, Send
+from gateway.proxy.identity import Identity, with_sticky
+from gateway.proxy.inbound import Inbound
+from gateway.proxy.outcome import Outcome
+from gateway.proxy.relay import relay
+from gateway.proxy.respond import send_error
+from gateway.state import GatewayState
+from gateway.types import Endpoint, ReplicaId, RouteRequest
+
+log = logging.getLogger("kvgate.proxy")
+
+
+class ProxyEndpoint:
+    """ASGI app forwarding one OpenAI route (`path`) to the replicas."""
+
+    def __init__(self, state: GatewayState, endpoint: Endpoint, path: str) -> None:
+        self.state = state
+        self.endpoint = endpoint
+        self.path = path
+        self._inbound = Inbound(state, endpoint, path)
+        self._identity = Identity(state)
+        self._attempts = Attempts(state)
+        self._outcome = Outcome(state, endpoint)
+        # Only for a scope that did not come through the front chain (a bare mount).
+        self._new_id = RequestIds()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        call = CallState(asyncio.current_task())
+        request_id: str = scope.get(SCOPE_KEY) or self._new_id()
+        ex = Exchange(scope, receive, send, call, request_id, time.perf_counter(), time.time())
+        try:
+            await self._handle(ex)
+        except Exception as exc:
+            # The outermost boundary: a bug must still answer in OpenAI's shape, not 500 text.
+            log.exception("unhandled error in %s", self.path)
+            self.state.metrics.error("internal_error")
+            if not call.started:
+                err = GatewayError(f"internal gateway error ({type(exc).__name__})")
+                status, headers, body = error_response_parts(err)
+                await send({"type": "http.response.start", "status": status, "headers": headers})
+                await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _handle(self, ex: Exchange) -> None:
+        state = self.state
+        try:
+            await self._inbound.read(ex)
+        except ClientGone:
+            state.metrics.disconnect("before_response")
+            ex.status, ex.error_code = 499, "client_gone"
+            self._outcome.finish(ex, None)
+            return
+        except GatewayError as err:
+            await send_error(ex, err, state.metrics)
+            ex.status, ex.error_code = err.status, err.code
+            self._outcome.finish(ex, None)
+            return
+        call = ex.call
+        call.watch(ex.receive)
+        try:
+            await self._route_and_relay(ex)
+        except asyncio.CancelledError:
+            if not call.disconnected:
+                raise
+            # Our own cancellation (the client left): absorb it, everything is closed.
+            task = call.task
+            if task is not None:
+                task.uncancel()
+        finally:
+            call.active = False
+            call.close_watcher()
+
+    async def _identify(self, ex: Exchange, request: RouteRequest) -> RouteRequest:
+        state = self.state
+        placements = state.placements
+        if placements is not None:
+            sticky = await placements.lookup(request.session_key)
+            if sticky is not None:
+                request = with_sticky(request, sticky)
+                ex.request = request
+        if state.admission is not None:
+            request = ex.request = state.admission.classify(request, ex.body or {}, ex.headers)
+        principal = self._identity.principal(ex)
+        if principal is not None:
+            request = ex.request = self._identity.narrow(ex, principal, request)
+        return request
+
+    async def _route_and_relay(self, ex: Exchange) -> None:
+        state = self.state
+        assert ex.request is not None
+        request = ex.request
+        # Admission's and the router's prefill signals: once, at the first byte or at the end.
+        notify: Callable[[RouteRequest, ReplicaId | None], None] | None = getattr(
+            state.admission, "first_byte", None
+        )
+        tracker = state.router_prefill
+        prefilling = notify is not None or tracker is not None
+
+        def first_byte() -> None:
+            nonlocal prefilling
+            if prefilling:
+                prefilling = False
+                if notify is not None:
+                    notify(request, ex.leg.replica if ex.leg is not None else None)
+                if tracker is not None:
+                    tracker.prefilled(request)
+
+        try:
+            try:
+                request = await self._identify(ex, request)
+                leg = ex.leg = await self._attempts.open(ex, request)
+            except GatewayError as err:
+                ex.status, ex.error_code = err.status, err.code
+                await send_error(ex, err, state.metrics)
+                return
+            await self._placed(request, leg.replica)
+            await relay(ex, leg, state.metrics, bool(state.observers), first_byte if prefilling else None)
+        except OSError:
+            # The ASGI server refused a send: the client is gone (transport errors of the
+            # upstream arrive as GatewayError, never as OSError).
+            ex.call.disconnected = True
+        finally:
+            await self._settle(ex, request, first_byte)
+
+    async def _placed(self, request: RouteRequest, replica: ReplicaId) -> None:
+        state = self.state
+        placements = state.placements
+        if placements is not None and request.sticky_replica != replica:
+            await placements.record(request.session_key, replica)
+        if state.router_placed is not None:
+            state.router_placed(request, replica)
+        if state.lineage is not None and request.key_source == "lineage":
+            state.lineage.fit(state.cluster.view().replicas)
+            state.lineage.record(request.lineage_hashes, request.session_key, request.lineage_tail)
+
+    async def _settle(
+        self, ex: Exchange, request: RouteRequest, first_byte: Callable[[], None]
+    ) -> None:
+        state, call, leg = self.state, ex.call, ex.leg
+        replica = leg.replica if leg is not None else None
+        try:
+            if leg is not None:
+                await leg.aclose()
+        finally:
+            first_byte()
+            if state.admission is not None:
+                state.admission.finished(request, replica)
+        if call.disconnected:
+            state.metrics.disconnect("mid_stream" if call.started else "before_response")
+            ex.ok = False
+            ex.error_code = ex.error_code or "client_gone"
+            if not ex.status:
+                ex.status = 499
+        self._outcome.finish(ex, replica)

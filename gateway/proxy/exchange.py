@@ -1,0 +1,90 @@
+"""`Exchange`: everything one proxied request carries from arrival to its outcome.
+
+Each stage of the pipeline (gateway.proxy.endpoint) reads what the earlier ones wrote and
+fills its own part, so no stage needs more than the exchange as its argument:
+
+* inbound: `body`, `raw`, `request`, `headers`, `path`, `strip_usage`;
+* identity: `request` gets its session's sticky replica and its priority class;
+* attempts: `leg`, `retries`;
+* relay and outcome: `status`, `ok`, `error_code`, `usage`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import TYPE_CHECKING, Any
+
+from gateway.disconnect import CallState
+from gateway.types import RouteRequest
+
+if TYPE_CHECKING:
+    from gateway.forward import Leg
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+RawHeaders = list[tuple[bytes, bytes]]
+
+
+class Exchange:
+    """One request's state (a slotted plain class: one is built per request)."""
+
+    __slots__ = (
+        "body",
+        "call",
+        "error_code",
+        "headers",
+        "leg",
+        "named_class",
+        "ok",
+        "path",
+        "pools",
+        "raw",
+        "receive",
+        "request",
+        "request_id",
+        "retries",
+        "scope",
+        "send",
+        "started_at",
+        "status",
+        "strip_usage",
+        "t0",
+        "usage",
+    )
+
+    def __init__(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        call: CallState,
+        request_id: str,
+        t0: float,
+        started_at: float,
+    ) -> None:
+        self.scope = scope
+        self.receive = receive
+        self.send = send
+        self.call = call
+        self.request_id = request_id
+        self.t0 = t0
+        self.started_at = started_at  # wall clock, for observers
+        # Inbound: set together once the request is understood (None before that).
+        self.request: RouteRequest | None = None
+        self.body: dict[str, Any] | None = None
+        self.raw = b""
+        self.headers: RawHeaders = []
+        self.path = ""
+        self.strip_usage = False
+        self.named_class = False  # the client asked for a priority class itself
+        # Pools the caller's key may land on (None: any).
+        self.pools: frozenset[str] | None = None
+        # Attempts and relay.
+        self.leg: Leg | None = None
+        self.retries = 0
+        self.status = 0
+        self.ok = False
+        self.error_code: str | None = None
+        self.usage: dict[str, Any] | None = None

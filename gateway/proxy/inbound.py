@@ -1,0 +1,147 @@
+"""Inbound stage: headers, body limits, JSON, model, and the `RouteRequest` built from them.
+
+Raises `ClientGone` or a `GatewayError` (400/404/413/415); on success the exchange holds
+the body to forward (`body`/`raw`, rewritten at most once), the request the router sees,
+the filtered headers and the upstream path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from gateway.auth.principal import SCOPE_KEY as PRINCIPAL_KEY
+from gateway.auth.principal import Principal
+from gateway.body import check_content_type, parse_json, read_body, validate
+from gateway.errors import BadRequest, Forbidden, ModelNotFound
+from gateway.keys import route_request
+from gateway.pd.decision import without_client_pd_fields
+from gateway.proxy.exchange import Exchange
+from gateway.state import GatewayState
+from gateway.stream_usage import inject_usage
+from gateway.types import Endpoint
+from gateway.upstream import request_headers
+
+
+def declared_length(value: bytes | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise BadRequest("invalid Content-Length header") from None
+
+
+class Inbound:
+    """Configured once per route from the settings; `read(ex)` per request."""
+
+    __slots__ = (
+        "_endpoint",
+        "_engine_auth",
+        "_lineage_key",
+        "_may_inject_usage",
+        "_path",
+        "_priority_header",
+        "_session_header",
+        "_state",
+        "_strip_pd",
+        "_tenant_header",
+    )
+
+    def __init__(self, state: GatewayState, endpoint: Endpoint, path: str) -> None:
+        self._state = state
+        self._endpoint = endpoint
+        self._path = path
+        s = state.settings
+        self._session_header = s.session.header.lower().encode("latin-1")
+        self._priority_header = s.session.priority_header.lower().encode("latin-1")
+        self._tenant_header = s.session.tenant_header.lower().encode("latin-1")
+        self._lineage_key = state.lineage.key_for if state.lineage is not None else None
+        self._strip_pd = not s.pd.allow_client_fields
+        # None: the client's Authorization goes to the engine as it is.
+        self._engine_auth: tuple[tuple[bytes, bytes], ...] | None = None
+        if not s.upstream.passes_client_authorization(s.auth.enabled):
+            self._engine_auth = s.upstream.auth_headers()
+        # Only these endpoints stream tokens with an optional usage event.
+        self._may_inject_usage = endpoint in (Endpoint.CHAT, Endpoint.COMPLETIONS)
+
+    async def read(self, ex: Exchange) -> None:
+        state = self._state
+        scope = ex.scope
+        content_type = content_length = session = priority = tenant = None
+        sh, ph, th = self._session_header, self._priority_header, self._tenant_header
+        for name, value in scope["headers"]:
+            if name == b"content-type":
+                content_type = value
+            elif name == b"content-length":
+                content_length = value
+            elif name == sh:
+                session = value
+            elif name == ph:
+                priority = value
+            elif name == th:
+                tenant = value
+        check_content_type(content_type)
+        limits = state.settings.limits
+        raw = await read_body(ex.receive, limits.max_body_bytes, declared_length(content_length))
+        body: dict[str, Any] = parse_json(raw, limits.max_json_depth)
+        model = validate(body, self._endpoint)
+        principal: Principal | None = scope.get(PRINCIPAL_KEY)
+        tenant_name = tenant.decode("latin-1") if tenant else None
+        if principal is not None:
+            if principal.models and model not in principal.models:
+                raise Forbidden(
+                    f"API key {principal.name!r} may not use the model `{model}`.", param="model"
+                )
+            if tenant_name is not None and tenant_name != principal.tenant:
+                raise Forbidden(
+                    f"API key {principal.name!r} acts for tenant {principal.tenant!r}, "
+                    f"not {tenant_name!r}."
+                )
+            tenant_name = principal.tenant
+        rewritten = False
+        if state.resolve_model is not None and (served := state.resolve_model(model)) != model:
+            # An alias: the engines only know the served name.
+            body = {**body, "model": served}
+            rewritten = True
+            model = served
+        if self._strip_pd and (stripped := without_client_pd_fields(body)) is not None:
+            body, rewritten = stripped, True
+        known = state.cluster.known_models()
+        if known is not None and model not in known:
+            raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
+        session_cfg = state.settings.session
+        request = route_request(
+            body,
+            self._endpoint,
+            ex.request_id,
+            session_header=session.decode("latin-1") if session else None,
+            block_tokens=session_cfg.block_tokens,
+            max_prefix_blocks=session_cfg.max_prefix_blocks,
+            completion_key_chars=session_cfg.completion_key_chars,
+            priority_class=priority.decode("latin-1") if priority else None,
+            tenant=tenant_name,
+            user_is_session=session_cfg.user_is_session,
+            lineage=self._lineage_key,
+        )
+        # The one place the forwarded body changes: every later rewrite (admission's
+        # payload, the PD legs) starts from this body/raw pair (gateway.stream_usage).
+        if state.observers and self._may_inject_usage:
+            injected = inject_usage(body)
+            if injected is not None:
+                body, ex.strip_usage = injected
+                rewritten = True
+        if rewritten:
+            raw = orjson.dumps(body)
+        ex.body, ex.raw, ex.request = body, raw, request
+        ex.named_class = priority is not None or "priority" in body
+        headers = request_headers(scope["headers"])
+        if self._engine_auth is not None:
+            # The client's credentials are for the gateway; the engine gets its own.
+            headers = [h for h in headers if h[0] != b"authorization"]
+            headers.extend(self._engine_auth)
+        ex.headers = headers
+        # The query string goes along unchanged (vLLM ignores it; a proxy must not eat it).
+        query: bytes = scope.get("query_string", b"")
+        ex.path = self._path + "?" + query.decode("latin-1") if query else self._path

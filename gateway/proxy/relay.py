@@ -1,0 +1,122 @@
+"""Relay stage: the leg's status, end-to-end headers and body to the client.
+
+Streams go chunk by chunk, unbuffered; other bodies in one message. Nothing is retried
+once a byte went out: a failure mid-stream is told in-band, the way vLLM does. The result
+(status, ok, error code, usage) is written to the exchange for the outcome stage.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from gateway.errors import GatewayError
+from gateway.forward import Leg, name_replica
+from gateway.metrics import GatewayMetrics
+from gateway.proxy.exchange import Exchange
+from gateway.proxy.respond import send_error
+from gateway.stream_usage import UsageStripper
+from gateway.upstream import response_headers
+from gateway.usage import USAGE_TAIL_BYTES, usage_from_json, usage_from_sse
+
+log = logging.getLogger("kvgate.proxy")
+
+REPLICA_HEADER = b"x-kvgate-replica"
+_SSE = b"text/event-stream"
+
+
+async def relay(
+    ex: Exchange,
+    leg: Leg,
+    metrics: GatewayMetrics,
+    want_usage: bool,
+    first_byte: Callable[[], None] | None = None,
+) -> None:
+    """Send `leg`'s response. `want_usage`: read `usage` for the observers; with
+    `ex.strip_usage` the gateway asked for a usage event the client did not want, so it is
+    taken out of the stream (and is where the usage comes from)."""
+    response = leg.response
+    send, call = ex.send, ex.call
+    status = ex.status = response.status
+    out_headers = response_headers(response.headers)
+    out_headers.append((REPLICA_HEADER, leg.replica.encode()))
+    streaming = any(n == b"content-type" and v.startswith(_SSE) for n, v in out_headers)
+    if not streaming:
+        try:
+            payload = await response.read()
+        except GatewayError as err:
+            name_replica(err, leg.replica)
+            await send_error(ex, err, metrics)
+            ex.status, ex.ok, ex.error_code = err.status, False, err.code
+            return
+        call.stop_watching()
+        call.ttfb = time.perf_counter()
+        call.started = True
+        if first_byte is not None:
+            first_byte()
+        out_headers.append((b"content-length", b"%d" % len(payload)))
+        await send({"type": "http.response.start", "status": status, "headers": out_headers})
+        await send({"type": "http.response.body", "body": payload, "more_body": False})
+        ex.ok = status < 400
+        ex.usage = usage_from_json(payload) if want_usage and ex.ok else None
+        return
+
+    iterator = response.iter_bytes()
+    # The last chunk goes out with the end of the response (one write) when the client
+    # can tell the body is complete without another read.
+    body_done: Callable[[], bool] | None = getattr(response, "body_done", None)
+    tail = b""
+    stripper = UsageStripper() if ex.strip_usage else None
+    error_code: str | None = None
+    try:
+        chunk = await anext(iterator, b"")
+    except GatewayError as err:
+        name_replica(err, leg.replica)
+        await send_error(ex, err, metrics)
+        ex.status, ex.ok, ex.error_code = err.status, False, err.code
+        return
+    call.ttfb = time.perf_counter()
+    call.started = True
+    if first_byte is not None:
+        first_byte()
+    await send({"type": "http.response.start", "status": status, "headers": out_headers})
+    ended = False
+    try:
+        while True:
+            if chunk:
+                if stripper is not None:
+                    chunk = stripper.feed(chunk)
+                elif want_usage:
+                    tail = (tail + chunk)[-USAGE_TAIL_BYTES:]
+            if body_done is not None and body_done():
+                if stripper is not None:
+                    chunk += stripper.flush()
+                call.stop_watching()
+                ended = True
+                await send({"type": "http.response.body", "body": chunk, "more_body": False})
+                break
+            if chunk:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            chunk = await anext(iterator, b"")
+            if not chunk and (body_done is None or body_done()):
+                break
+    except GatewayError as err:
+        error_code = err.code or "upstream_error"
+        name_replica(err, leg.replica)
+        log.warning("upstream %s failed mid-stream: %s", leg.replica, err.message)
+        if stripper is not None and (held := stripper.flush()):
+            await send({"type": "http.response.body", "body": held, "more_body": True})
+        event = b"data: " + err.body() + b"\n\n"
+        await send({"type": "http.response.body", "body": event, "more_body": True})
+    if not ended:
+        if stripper is not None and (held := stripper.flush()):
+            await send({"type": "http.response.body", "body": held, "more_body": True})
+        call.stop_watching()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    if stripper is not None:
+        ex.usage = stripper.usage
+    else:
+        ex.usage = usage_from_sse(tail) if want_usage else None
+    ex.ok = error_code is None and status < 400
+    ex.error_code = error_code

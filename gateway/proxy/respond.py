@@ -1,0 +1,20 @@
+"""The gateway's own answers on the proxy path: an error in OpenAI's shape, sent once."""
+
+from __future__ import annotations
+
+import time
+
+from gateway.errors import GatewayError, error_response_parts
+from gateway.metrics import GatewayMetrics
+from gateway.proxy.exchange import Exchange
+
+
+async def send_error(ex: Exchange, err: GatewayError, metrics: GatewayMetrics) -> None:
+    status, headers, body = error_response_parts(err)
+    metrics.error(err.code or "error")
+    call = ex.call
+    call.stop_watching()
+    call.ttfb = time.perf_counter()
+    call.started = True
+    await ex.send({"type": "http.response.start", "status": status, "headers": headers})
+    await ex.send({"type": "http.response.body", "body": body, "more_body": False})
