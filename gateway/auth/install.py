@@ -14,6 +14,7 @@ from gateway.auth.metrics import AuthMetrics
 from gateway.auth.principal import KeyRing
 from gateway.auth.redis_limiter import RedisLimiter
 from gateway.auth.sources import RedisKeys, static_keys
+from gateway.console.api import console_asset_paths
 from gateway.middleware.auth import AuthMiddleware
 from gateway.middleware.rate_limit import RateLimitMiddleware
 from gateway.state import GatewayState
@@ -44,8 +45,12 @@ def install(state: GatewayState) -> None:
     def needs_admin(path: str) -> bool:
         return path.startswith("/admin") or (metrics_need_admin and path == "/metrics")
 
+    console = state.settings.console
+    public = console_asset_paths(console.path) if console.enabled else frozenset()
     state.middleware += [
-        Middleware(AuthMiddleware, ring=ring, needs_admin=needs_admin, metrics=metrics),
+        Middleware(
+            AuthMiddleware, ring=ring, needs_admin=needs_admin, metrics=metrics, public=public
+        ),
         Middleware(RateLimitMiddleware, limiter=limiter, metrics=metrics),
     ]
     state.extras[EXTRAS_KEY] = metrics

@@ -30,6 +30,15 @@ ASSETS = {
     "console.js": "text/javascript; charset=utf-8",
     "console.css": "text/css; charset=utf-8",
 }
+
+
+def console_asset_paths(base: str) -> frozenset[str]:
+    """The page and its assets: static, no data of their own, so they need no key (the
+    page reads /admin/* with the admin key it is given as `#key=...`)."""
+    base = base.rstrip("/") or "/console"
+    return frozenset({base, *(f"{base}/{name}" for name in ASSETS if name != "index.html")})
+
+
 PANELS: dict[str, Callable[[ConsoleRuntime], dict[str, Any]]] = {
     "fleet": panels.fleet,
     "sessions": panels.sessions,

@@ -1,7 +1,8 @@
-"""The one check every console admin endpoint passes through.
+"""The one check every console admin endpoint passes through, besides the front door.
 
-Swapping in the gateway's admin credentials means changing `admin_guard` only: each
-endpoint calls it first and returns its answer when it is not None.
+With API keys configured, the auth middleware (gateway.middleware.auth) already admits
+only admin keys to /admin/*, while the page itself is open (it holds no data). This guard
+adds what keys cannot say: `console.local_only`, loopback clients only.
 """
 
 from __future__ import annotations

@@ -43,9 +43,13 @@ class AuthMiddleware:
         ring: KeyRing,
         needs_admin: Callable[[str], bool],
         metrics: AuthMetrics | None = None,
+        public: frozenset[str] = frozenset(),
     ) -> None:
         self.app = app
         self.ring = ring
+        # Paths that carry no data of their own (probes, the console's static page, whose
+        # data comes from /admin/* with the admin key the page is given).
+        self.public = PUBLIC_PATHS | public
         self.needs_admin = needs_admin
         self.metrics = metrics
 
@@ -55,7 +59,7 @@ class AuthMiddleware:
         await send_gateway_error(send, err)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
+        if scope["type"] != "http" or scope["path"] in self.public:
             await self.app(scope, receive, send)
             return
         key = presented_key(scope["headers"])

@@ -18,7 +18,7 @@ from gateway.proxy.exchange import Exchange
 from gateway.proxy.respond import send_error
 from gateway.stream_usage import UsageStripper
 from gateway.upstream import response_headers
-from gateway.usage import USAGE_TAIL_BYTES, usage_from_json, usage_from_sse
+from gateway.usage import USAGE_TAIL_BYTES, usage_from_json, usage_from_sse, usage_tokens
 
 log = logging.getLogger("kvgate.proxy")
 
@@ -80,11 +80,16 @@ async def relay(
     call.started = True
     if first_byte is not None:
         first_byte()
+    # Time to first *token* (not byte), inter-token latency and TPOT: on the raw chunks,
+    # before any usage event is stripped.
+    request = ex.request
+    timer = metrics.stream_timer(request.model if request else "", leg.replica, ex.t0)
     await send({"type": "http.response.start", "status": status, "headers": out_headers})
     ended = False
     try:
         while True:
             if chunk:
+                timer.feed(chunk)
                 if stripper is not None:
                     chunk = stripper.feed(chunk)
                 elif want_usage:
@@ -118,5 +123,6 @@ async def relay(
         ex.usage = stripper.usage
     else:
         ex.usage = usage_from_sse(tail) if want_usage else None
+    timer.finish(usage_tokens(ex.usage)[2])
     ex.ok = error_code is None and status < 400
     ex.error_code = error_code

@@ -11,6 +11,7 @@ import pytest
 from starlette.routing import Route
 
 from gateway.auth.principal import hash_key
+from gateway.console.api import console_asset_paths
 from gateway.sim.server import SimEngine
 from gateway.testing.servers import RunningGateway, gateway, sim_engines
 
@@ -106,7 +107,8 @@ async def test_no_route_but_health_and_ready_answers_without_credentials(gw: Run
     async with httpx.AsyncClient(base_url=gw.url) as http:
         for method, path in paths:
             r = await http.request(method, path, json={} if method == "POST" else None)
-            if path in ("/health", "/ready"):
+            if path in ("/health", "/ready") or path in console_asset_paths("/console"):
+                # Probes, and the console's static page (its data is under /admin).
                 assert r.status_code == 200, path
             else:
                 assert r.status_code == 401, (method, path, r.status_code)
@@ -123,6 +125,17 @@ async def test_admin_endpoints_need_an_admin_key(gw: RunningGateway) -> None:
         assert admin.status_code == 200 and "kvgate_auth_refusals_total" in admin.text
         models = await http.get("/v1/models", headers={"authorization": "Bearer sk-alice"})
         assert models.status_code == 200
+
+
+async def test_the_console_page_is_open_and_its_data_needs_an_admin_key(gw: RunningGateway) -> None:
+    async with httpx.AsyncClient(base_url=gw.url) as http:
+        page = await http.get("/console")
+        assert page.status_code == 200 and "<html" in page.text.lower()
+        assert (await http.get("/admin/fleet")).status_code == 401
+        user = await http.get("/admin/fleet", headers={"authorization": "Bearer sk-alice"})
+        assert user.status_code == 403
+        admin = await http.get("/admin/fleet", headers={"authorization": "Bearer sk-ops"})
+        assert admin.status_code == 200 and admin.json()["replicas"]
 
 
 async def test_usage_is_exported_per_key_and_tenant(gw: RunningGateway) -> None:
