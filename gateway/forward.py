@@ -6,6 +6,8 @@ is released exactly once whatever happens (error, cancellation, double close).
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 from gateway.cluster import Cluster
 from gateway.errors import GatewayError, UpstreamStalled, UpstreamStatusError, UpstreamTimeout
 from gateway.health import HealthMonitor
@@ -16,13 +18,19 @@ RETRYABLE_STATUSES = frozenset({502, 503, 504})
 
 
 class Leg:
-    __slots__ = ("_cluster", "_released", "replica", "response")
+    """`first` and `chunks`: for a stream, its first body chunk (already read, so that an
+    engine that sends headers and then nothing can still be failed over) and the iterator
+    the rest comes from."""
+
+    __slots__ = ("_cluster", "_released", "chunks", "first", "replica", "response")
 
     def __init__(self, cluster: Cluster, replica: ReplicaId, response: UpstreamResponse) -> None:
         self.replica = replica
         self.response = response
         self._cluster = cluster
         self._released = False
+        self.first: bytes | None = None
+        self.chunks: AsyncIterator[bytes] | None = None
 
     async def aclose(self) -> None:
         if not self._released:
@@ -79,4 +87,30 @@ async def open_leg(
         )
     if status < 500:
         health.passive_success(replica)
-    return Leg(cluster, replica, response)
+    leg = Leg(cluster, replica, response)
+    if not _is_stream(response.headers):
+        return leg
+    # A stream's headers come before its prefill; read up to its first chunk here, still
+    # inside the attempt, so a replica that stalled after its headers can be failed over.
+    chunks = leg.chunks = response.iter_bytes()
+    try:
+        leg.first = await anext(chunks, b"")
+    except GatewayError as err:
+        await leg.aclose()
+        name_replica(err, replica)
+        if isinstance(err, UpstreamTimeout) and await health.stalled(replica, body):
+            raise UpstreamStalled(
+                f"{err.message}, and a one-token canary timed out too: the replica stalled"
+            ) from err
+        raise
+    except BaseException:
+        await leg.aclose()
+        raise
+    return leg
+
+
+def _is_stream(headers: RawHeaders) -> bool:
+    for name, value in headers:
+        if len(name) == 12 and name.lower() == b"content-type":
+            return value.startswith(b"text/event-stream")
+    return False

@@ -628,8 +628,9 @@ async def scenario_stall(o: Options) -> list[Row]:
             row.inflight_end = await watch.settle()
             row.rss_peak_mb, row.rss_end_mb, _ = watch.rss_figures(t0)
         tally.into(row)
-        row.notes.append("stall: /health stays 200; the first requests that time out (504, not "
-                         "retried: their own deadline) send a canary, whose timeout ejects e0")
+        row.notes.append("stall: /health stays 200; a request that times out (headers, or a "
+                         "stream's first chunk) sends a canary: its timeout ejects e0 and the "
+                         "request fails over")
         row.checks["ejected"] = row.eject_s is not None
         row.checks["no_gw5xx"] = row.gw5xx == 0
         row.checks["inflight_0"] = row.inflight_end == 0

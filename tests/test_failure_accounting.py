@@ -142,3 +142,26 @@ async def test_a_stalled_last_replica_is_not_ejected() -> None:
         # Still a timeout to the client (nowhere else to go), and the message says why.
         assert r.status_code == 504 and "stalled" in r.text, r.text
         assert gw.state.health.state(ReplicaId("e0")) is Health.HEALTHY
+
+
+async def test_a_stream_whose_replica_stalls_after_its_headers_fails_over() -> None:
+    """Streams get their headers before the prefill: a stalled engine sends them and then
+    nothing. The first chunk is read inside the attempt, so that case fails over too."""
+    async with sim_engines(2, "tiny") as engines, gateway(
+        engines,
+        timeouts={"read_s": 0.3, "response_headers_s": 0.3},
+        health={"interval_s": 60, "canary_timeout_s": 0.3},
+        models={"discover": False},
+        routing={"policy": "round_robin"},
+    ) as gw:
+        engines[0].faults.config = FaultConfig(stall=0)
+        async with httpx.AsyncClient(base_url=gw.url, timeout=10) as http:
+            body = {"model": "kvgate-sim", "stream": True, "max_tokens": 3,
+                    "messages": [{"role": "user", "content": "x"}]}
+            got = [await http.post(CHAT, json=body) for _ in range(3)]
+        assert [r.status_code for r in got] == [200] * 3
+        assert all(r.text.rstrip().endswith("data: [DONE]") for r in got)
+        assert {r.headers["x-kvgate-replica"] for r in got} == {"e1"}
+        assert gw.state.health.state(ReplicaId("e0")) is Health.EJECTED
+        view = gw.state.cluster.view()
+        assert all(view.inflight(ReplicaId(f"e{i}")) == 0 for i in range(2))

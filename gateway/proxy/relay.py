@@ -62,7 +62,7 @@ async def relay(
         ex.usage = usage_from_json(payload) if want_usage and ex.ok else None
         return
 
-    iterator = response.iter_bytes()
+    iterator = leg.chunks if leg.chunks is not None else response.iter_bytes()
     # The last chunk goes out with the end of the response (one write) when the client
     # can tell the body is complete without another read.
     body_done: Callable[[], bool] | None = getattr(response, "body_done", None)
@@ -70,7 +70,8 @@ async def relay(
     stripper = UsageStripper() if ex.strip_usage else None
     error_code: str | None = None
     try:
-        chunk = await anext(iterator, b"")
+        # open_leg read the first chunk of the streams it opened (PD legs may not have).
+        chunk = leg.first if leg.first is not None else await anext(iterator, b"")
     except GatewayError as err:
         name_replica(err, leg.replica)
         await send_error(ex, err, metrics)
