@@ -70,10 +70,7 @@ async def open_leg(
         cluster.release(replica)
         health.passive_failure(replica, err)
         name_replica(err, replica)
-        if isinstance(err, UpstreamTimeout) and await health.stalled(replica, body):
-            raise UpstreamStalled(
-                f"{err.message}, and a one-token canary timed out too: the replica stalled"
-            ) from err
+        await _blame(health, replica, body, err)
         raise
     except BaseException:
         cluster.release(replica)
@@ -98,15 +95,20 @@ async def open_leg(
     except GatewayError as err:
         await leg.aclose()
         name_replica(err, replica)
-        if isinstance(err, UpstreamTimeout) and await health.stalled(replica, body):
-            raise UpstreamStalled(
-                f"{err.message}, and a one-token canary timed out too: the replica stalled"
-            ) from err
+        await _blame(health, replica, body, err)
         raise
     except BaseException:
         await leg.aclose()
         raise
     return leg
+
+
+async def _blame(health: HealthMonitor, replica: ReplicaId, body: bytes, err: GatewayError) -> None:
+    """A timed-out request whose canary timed out too was innocent: raise it retryable."""
+    if isinstance(err, UpstreamTimeout) and await health.stalled(replica, body):
+        raise UpstreamStalled(
+            f"{err.message}, and a one-token canary timed out too: the replica stalled"
+        ) from err
 
 
 def _is_stream(headers: RawHeaders) -> bool:

@@ -24,8 +24,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
+
+from bench_overhead import wait_ready  # this folder is on sys.path when run as a script
 
 from gateway.plan.cards import get_card
 from gateway.plan.fromtrace import Pool, SimSettings, plan_pool
@@ -67,18 +68,6 @@ def free_base(count: int) -> int:
             continue
         return base
     raise RuntimeError(f"no {count} consecutive free ports")
-
-
-def wait_ready(url: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{url} did not become ready")
 
 
 def spawn(args: list[str]) -> subprocess.Popen[bytes]:
