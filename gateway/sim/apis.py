@@ -256,13 +256,15 @@ def message_delta(text: str) -> bytes:
     })
 
 
-def message_closing(finish_reason: str | None, output: int) -> bytes:
+def message_closing(finish_reason: str | None, prompt: int, output: int, cached: int) -> bytes:
     return b"".join((
         event("content_block_stop", {"type": "content_block_stop", "index": 0}),
         event("message_delta", {
             "type": "message_delta",
             "delta": {"stop_reason": _stop_reason(finish_reason), "stop_sequence": None},
-            "usage": {"output_tokens": output},
+            # Cumulative, as the API sends it: a client reading only this event has it all.
+            "usage": {"input_tokens": prompt - cached, "cache_read_input_tokens": cached,
+                      "output_tokens": output},
         }),
         event("message_stop", {"type": "message_stop"}),
     ))

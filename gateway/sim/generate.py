@@ -345,7 +345,10 @@ class Generation(Response):
                         "more_body": False})
             return
         if p.kind == "messages":
-            closing = message_closing(handle.finish_reason, handle.output_tokens)
+            closing = message_closing(
+                handle.finish_reason, handle.prompt_tokens, handle.output_tokens,
+                handle.cached_tokens or 0,
+            )
         else:
             closing = responses.closing(handle.finish_reason, handle.prompt_tokens,
                                         handle.output_tokens, handle.cached_tokens or 0)
