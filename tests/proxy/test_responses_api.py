@@ -11,6 +11,7 @@ import pytest
 
 from gateway.sim.server import SimEngine
 from gateway.testing.servers import RunningGateway, gateway, sim_engines
+from gateway.types import EngineLoad
 
 MODEL = "kvgate-sim"
 
@@ -126,3 +127,27 @@ async def test_codex_session_header_is_a_session_id(gw: RunningGateway, engines:
             by_session.setdefault(session, set()).add(raw.headers["x-kvgate-replica"])
     assert all(len(r) == 1 for r in by_session.values()), by_session
     assert len(set().union(*by_session.values())) >= 2
+
+
+async def test_a_continuation_stays_even_when_its_replica_is_saturated(
+    client: openai.AsyncOpenAI, gw: RunningGateway
+) -> None:
+    """A saturated replica sheds its ordinary sessions; a continuation cannot move (no other
+    replica has its answer), so it is pinned there."""
+    first, replica = await _turn(client, "a conversation under load", None, False)
+    cluster = gw.state.cluster
+    busy = cluster.members[replica].id
+
+    def saturate() -> None:
+        cluster.publish_load(busy, EngineLoad(waiting=10_000, running=64, kv_usage=0.99, scraped_at=cluster.clock()))
+
+    saturate()
+    # The same conversation's next turn by content alone (no previous_response_id) moves...
+    moved = await client.responses.with_raw_response.create(
+        model=MODEL, input="a conversation under load", max_output_tokens=1
+    )
+    assert moved.headers["x-kvgate-replica"] != replica
+    saturate()
+    # ...a continuation does not.
+    second, again = await _turn(client, "next", first, False)
+    assert again == replica and second != first
