@@ -26,7 +26,13 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from gateway.cluster import Cluster
-from gateway.errors import GatewayError, MethodNotAllowed, NotFound, error_response_parts
+from gateway.errors import (
+    GatewayError,
+    MethodNotAllowed,
+    ModelNotFound,
+    NotFound,
+    error_response_parts,
+)
 from gateway.fastpath import GatewayApp
 from gateway.health import HealthMonitor
 from gateway.lineage import Conversations
@@ -38,7 +44,7 @@ from gateway.proxy import ProxyEndpoint
 from gateway.routing import build_router
 from gateway.settings import KvgateSettings, ReplicaSettings
 from gateway.state import GatewayState
-from gateway.types import ENDPOINT_PATHS, ReplicaId, ReplicaState
+from gateway.types import ENDPOINT_PATHS, EXTRA_PATHS, ReplicaId, ReplicaState
 from gateway.upstream import Timeouts, make_client
 
 log = logging.getLogger("kvgate")
@@ -67,7 +73,10 @@ FEATURE_INSTALLERS: tuple[str, ...] = (
 
 _UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")
 
-ROUTES = tuple((path, endpoint) for endpoint, path in ENDPOINT_PATHS.items())
+ROUTES = (
+    *((path, endpoint) for endpoint, path in ENDPOINT_PATHS.items()),
+    *EXTRA_PATHS.items(),
+)
 
 
 def replica_state(r: ReplicaSettings) -> ReplicaState:
@@ -223,6 +232,14 @@ def build_app(settings: KvgateSettings | None = None) -> Starlette:
     async def models(request: Request) -> Response:
         return Response(await state.models.body(), media_type="application/json")
 
+    async def model(request: Request) -> Response:
+        # The SDKs' `models.retrieve`: one card of the merged list, or OpenAI's 404.
+        card = await state.models.card(request.path_params["model_id"])
+        if card is None:
+            name = request.path_params["model_id"]
+            return _error_response(ModelNotFound(f"The model `{name}` does not exist.", param="model"))
+        return Response(card, media_type="application/json")
+
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         if exc.status_code == 405:
@@ -237,6 +254,7 @@ def build_app(settings: KvgateSettings | None = None) -> Starlette:
     ]
     routes += [
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/ready", ready, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 from gateway.errors import BadRequest, InvalidJSON, PayloadTooLarge, UnsupportedMediaType
-from gateway.types import Endpoint
+from gateway.types import ROUTE_SPECS, Endpoint
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
@@ -57,6 +57,33 @@ def check_content_type(value: bytes | None) -> None:
         raise UnsupportedMediaType(
             f"Content-Type must be application/json, got {value.decode('latin-1')!r}"
         )
+
+
+def check_multipart(value: bytes | None) -> None:
+    if value is None or not value.lower().startswith(b"multipart/form-data") or b"boundary=" not in value:
+        raise UnsupportedMediaType("Content-Type must be multipart/form-data with a boundary")
+
+
+# How far into a form the gateway looks for a small field (the SDKs send `model` before
+# the file; one placed after a large file is not found, and the request goes anywhere).
+_FORM_SCAN_BYTES = 64 * 1024
+
+
+def form_field(raw: bytes, name: bytes) -> str | None:
+    """A small text field of a multipart form, read without parsing the rest of it."""
+    head = raw[:_FORM_SCAN_BYTES]
+    marker = b'name="' + name + b'"'
+    at = head.find(marker)
+    if at < 0:
+        return None
+    start = head.find(b"\r\n\r\n", at)
+    if start < 0:
+        return None
+    end = head.find(b"\r\n--", start + 4)
+    if end < 0:
+        return None
+    value = head[start + 4 : end]
+    return value.decode("utf-8", "replace").strip() if len(value) < 512 else None
 
 
 def _depth_exceeds(value: Any, limit: int) -> bool:
@@ -174,17 +201,66 @@ def _check_messages(value: Any) -> None:
 _NUMERIC_FIELDS = ("max_tokens", "max_completion_tokens", "n")
 
 
+def _check_items(value: Any, field: str) -> None:
+    """A Responses `input`: a string or a non-empty list of item objects."""
+    if isinstance(value, str) and value:
+        return
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        return
+    raise BadRequest(f"'{field}' must be a string or a non-empty array of input items", param=field)
+
+
+def _check_pair(body: dict[str, Any], endpoint: Endpoint) -> None:
+    if endpoint is Endpoint.RERANK:
+        if not isinstance(body.get("query"), str):
+            raise BadRequest("'query' is required and must be a string", param="query")
+        documents = body.get("documents")
+        if not isinstance(documents, list) or not documents:
+            raise BadRequest("'documents' must be a non-empty array", param="documents")
+        return
+    for a, b in (("text_1", "text_2"), ("queries", "documents"), ("queries", "items")):
+        if body.get(a) is not None and body.get(b) is not None:
+            return
+    raise BadRequest("'text_1' and 'text_2' (or 'queries' and 'documents') are required", param="text_1")
+
+
+def _check_body(body: dict[str, Any], endpoint: Endpoint) -> None:
+    kind = ROUTE_SPECS[endpoint].prompt
+    if kind == "messages":
+        _check_messages(body.get("messages"))
+    elif kind == "prompt":
+        _check_prompt(body.get("prompt"), "prompt")
+    elif kind == "input":
+        _check_prompt(body.get("input"), "input")
+    elif kind == "responses":
+        if body.get("input") is not None or body.get("previous_response_id") is None:
+            _check_items(body.get("input"), "input")
+        if (p := body.get("previous_response_id")) is not None and not isinstance(p, str):
+            raise BadRequest("'previous_response_id' must be a string", param="previous_response_id")
+    elif kind == "anthropic":
+        _check_messages(body.get("messages"))
+        if not _is_int(body.get("max_tokens")):
+            raise BadRequest("'max_tokens' is required and must be an integer", param="max_tokens")
+    elif kind == "either":
+        if "messages" in body:
+            _check_messages(body.get("messages"))
+        else:
+            field = "prompt" if endpoint is Endpoint.TOKENIZE else "input"
+            _check_prompt(body.get(field), field)
+    elif kind == "tokens":
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not _all_ints(tokens):
+            raise BadRequest("'tokens' must be a non-empty array of token ids", param="tokens")
+    elif kind == "pair":
+        _check_pair(body, endpoint)
+
+
 def validate(body: dict[str, Any], endpoint: Endpoint) -> str:
     """Check the fields the gateway relies on; return the model name."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("'model' is required and must be a non-empty string", param="model")
-    if endpoint is Endpoint.CHAT:
-        _check_messages(body.get("messages"))
-    elif endpoint is Endpoint.COMPLETIONS:
-        _check_prompt(body.get("prompt"), "prompt")
-    else:
-        _check_prompt(body.get("input"), "input")
+    _check_body(body, endpoint)
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise BadRequest("'stream' must be a boolean", param="stream")

@@ -175,9 +175,39 @@ class UpstreamResponseTooLarge(UpstreamError):
     code = "upstream_response_too_large"
 
 
-def error_response_parts(err: GatewayError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    """Status, raw ASGI headers and body for a gateway-made error."""
-    body = err.body()
+# Anthropic's error `type` for each status its API documents (others: "api_error").
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_body(err: GatewayError) -> bytes:
+    """`err` in the Anthropic Messages API's error shape."""
+    kind = _ANTHROPIC_TYPES.get(err.status, "api_error")
+    return orjson.dumps({"type": "error", "error": {"type": kind, "message": err.message}})
+
+
+def stream_error_event(err: GatewayError, shape: str = "openai") -> bytes:
+    """A failure told in-band, once a stream has started (vLLM's way, or Anthropic's)."""
+    if shape == "anthropic":
+        return b"event: error\ndata: " + anthropic_body(err) + b"\n\n"
+    return b"data: " + err.body() + b"\n\n"
+
+
+def error_response_parts(
+    err: GatewayError, shape: str = "openai"
+) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """Status, raw ASGI headers and body for a gateway-made error, in the route's shape."""
+    body = anthropic_body(err) if shape == "anthropic" else err.body()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),

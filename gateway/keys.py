@@ -55,7 +55,7 @@ from gateway.hashing import (
     stream_block_hashes,
 )
 from gateway.lineage import TailProbe
-from gateway.types import Endpoint, RouteRequest, SessionKey
+from gateway.types import ROUTE_SPECS, Endpoint, RouteRequest, SessionKey
 
 # Separators that cannot occur inside JSON-decoded text boundaries in a confusing way:
 # they keep ("ab", "c") and ("a", "bc") apart in the hashed stream.
@@ -66,6 +66,11 @@ _HEADERS: Mapping[str, bytes] = MappingProxyType({
     role: _MSG_SEP + role.encode() + _ROLE_SEP
     for role in ("system", "developer", "user", "assistant", "tool", "function")
 })
+_USER = _HEADERS["user"]
+
+
+# Content parts whose text is hashed as text: chat's, Responses' and Anthropic's.
+_TEXT_PARTS = frozenset(("text", "input_text", "output_text"))
 
 
 def _part_bytes(content: Any) -> bytes:
@@ -76,7 +81,7 @@ def _part_bytes(content: Any) -> bytes:
     if isinstance(content, list):
         out: list[bytes] = []
         for part in content:
-            if isinstance(part, Mapping) and part.get("type") == "text" and isinstance(
+            if isinstance(part, Mapping) and part.get("type") in _TEXT_PARTS and isinstance(
                 part.get("text"), str
             ):
                 out.append(part["text"].encode())
@@ -176,9 +181,55 @@ def session_key(
     elif endpoint is Endpoint.COMPLETIONS:
         data = encoded[0][0] if encoded else _prompt_bytes(body.get("prompt"))
         hasher.update(memoryview(data)[:completion_key_chars])
-    else:
+    elif endpoint is Endpoint.EMBEDDINGS:
         hasher.update(encoded[0][0] if encoded else _prompt_bytes(body.get("input")))
+    else:
+        # The other routes: their messages as chat's (up to the first user turn).
+        parts = encoded if encoded is not None else prompt_pieces(body, endpoint)
+        n = _conversation_head(_roles(parts)) if _is_chatlike(endpoint) else len(parts)
+        for pieces in parts[:n]:
+            for piece in pieces:
+                hasher.update(piece)
     return SessionKey("c:" + hasher.hexdigest()), "conversation"
+
+
+def _is_chatlike(endpoint: Endpoint) -> bool:
+    return ROUTE_SPECS[endpoint].prompt in ("messages", "responses", "anthropic", "either")
+
+
+def _roles(parts: Sequence[Sequence[bytes]]) -> list[Mapping[str, Any]]:
+    """Each encoded message's role again, read off its header (for `_conversation_head`)."""
+    return [{"role": "user"} if p and p[0] == _USER else {} for p in parts]
+
+
+def _items_pieces(items: Any) -> list[list[bytes]]:
+    """Responses `input` items: messages as chat's, other items (tool calls, their outputs)
+    as their JSON under a header naming their type."""
+    if isinstance(items, str):
+        return [[_USER, items.encode()]]
+    out: list[list[bytes]] = []
+    for item in items if isinstance(items, list) else ():
+        if not isinstance(item, Mapping):
+            continue
+        if "role" in item:
+            out.append(message_pieces(item))
+        else:
+            out.append([_role_header(item.get("type")), orjson.dumps(item)])
+    return out
+
+
+def _system_pieces(system: Any) -> list[list[bytes]]:
+    return [[_HEADERS["system"], _part_bytes(system)]] if system else []
+
+
+def _pair_pieces(body: Mapping[str, Any]) -> list[list[bytes]]:
+    # The query (or first text) leads: it is what repeats across a reranking session.
+    out: list[list[bytes]] = []
+    for field in ("query", "text_1", "queries", "documents", "text_2", "items"):
+        value = body.get(field)
+        if value is not None:
+            out.append([_MSG_SEP, _prompt_bytes(value)])
+    return out
 
 
 def prompt_pieces(body: Mapping[str, Any], endpoint: Endpoint) -> list[list[bytes]]:
@@ -187,7 +238,26 @@ def prompt_pieces(body: Mapping[str, Any], endpoint: Endpoint) -> list[list[byte
         return [message_pieces(m) for m in body.get("messages") or ()]
     if endpoint is Endpoint.COMPLETIONS:
         return [[_prompt_bytes(body.get("prompt"))]]
-    return [[_prompt_bytes(body.get("input"))]]
+    if endpoint is Endpoint.EMBEDDINGS:
+        return [[_prompt_bytes(body.get("input"))]]
+    kind = ROUTE_SPECS[endpoint].prompt
+    if kind == "anthropic":
+        return _system_pieces(body.get("system")) + [
+            message_pieces(m) for m in body.get("messages") or ()
+        ]
+    if kind == "responses":
+        return _system_pieces(body.get("instructions")) + _items_pieces(body.get("input"))
+    if kind == "either" and "messages" in body:
+        return [message_pieces(m) for m in body.get("messages") or ()]
+    if kind in ("prompt", "input", "either", "tokens"):
+        field = {"prompt": "prompt", "tokens": "tokens"}.get(kind, "input")
+        if kind == "either":
+            field = "prompt" if endpoint is Endpoint.TOKENIZE else "input"
+        value = body.get(field)
+        return [[_prompt_bytes(value)]] if value is not None else []
+    if kind == "pair":
+        return _pair_pieces(body)
+    return []
 
 
 def _leading(parts: Sequence[bytes], limit: int) -> bytes:
@@ -240,7 +310,7 @@ class _Stream:
 
 
 def _max_tokens(body: Mapping[str, Any]) -> int | None:
-    for field in ("max_completion_tokens", "max_tokens"):
+    for field in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
         value = body.get(field)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
@@ -271,6 +341,7 @@ def route_request(
     """
     model = body["model"]
     parts = prompt_pieces(body, endpoint)
+    chatlike = endpoint is Endpoint.CHAT or _is_chatlike(endpoint)
     key, source = session_key(
         body, endpoint, session_header, completion_key_chars, parts, user_is_session
     )
@@ -299,7 +370,7 @@ def route_request(
                 return _xxh3(stream.slice(at, at + length), chain[count - 1])
 
             if lineage is not None and source == "conversation":
-                named = lineage(chain, key if endpoint is Endpoint.CHAT else None, probe)
+                named = lineage(chain, key if chatlike else None, probe)
                 if named is not None:
                     key, source = named, "lineage"
     return RouteRequest(

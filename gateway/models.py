@@ -92,3 +92,11 @@ class ModelsCache:
             if self._body is not None and self.cluster.clock() - self._fetched_at < self.ttl_s:
                 return self._body
             return await self.refresh()
+
+    async def card(self, model_id: str) -> bytes | None:
+        """One model's card (`GET /v1/models/{id}`), None when no replica serves it."""
+        listing = orjson.loads(await self.body())
+        for card in listing.get("data", ()):
+            if card.get("id") == model_id:
+                return orjson.dumps(card)
+        return None

@@ -154,6 +154,11 @@ class EmbeddedSimSettings(Section):
 
 class SessionSettings(Section):
     header: str = Field("X-Session-Id", description="request header carrying a session id")
+    agent_headers: list[str] = Field(
+        ["X-Claude-Code-Session-Id", "session-id", "session_id", "x-opencode-session"],
+        description="session headers agent tools send on their own (Claude Code, Codex, "
+        "OpenCode), read as session ids when `header` is absent; [] turns them off",
+    )
     priority_header: str = Field("X-Priority", description="header naming a priority class")
     tenant_header: str = Field("X-Tenant-Id", description="header naming the tenant")
     block_tokens: int = Field(

@@ -3,7 +3,9 @@
 The relay calls `StreamTimer.feed(chunk)` with every upstream chunk as it arrives and
 `finish(completion_tokens)` once at the end. A chunk carries a token when one of its SSE
 events has content: a non-empty `delta.content`, `delta.reasoning_content` /
-`delta.reasoning`, a `delta.tool_calls` entry (chat) or a non-empty `text` (completions).
+`delta.reasoning`, a `delta.tool_calls` entry (chat), a non-empty `text` (completions, and
+Anthropic's `text_delta`) or a string `delta` (Responses). The closing events of a Responses
+stream repeat the whole text and count as one token more each.
 The role-only first event vLLM sends, keep-alive comments, usage-only and `[DONE]` events
 carry none, so time to first token is not time to first byte.
 
@@ -21,8 +23,9 @@ from collections.abc import Callable
 
 MAX_HELD_BYTES = 65536
 
+# `"delta":"x` is the Responses API's text delta (chat's and Anthropic's deltas are objects).
 _HAS_TOKEN = re.compile(
-    rb'"(?:content|reasoning_content|reasoning|text)"\s*:\s*"(?!")'
+    rb'"(?:content|reasoning_content|reasoning|text|delta)"\s*:\s*"(?!")'
     rb'|"tool_calls"\s*:\s*\[\s*\{'
 )
 _BOUNDARY = re.compile(rb"\r?\n\r?\n")

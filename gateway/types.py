@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
-from typing import NewType, Protocol
+from typing import Literal, NewType, Protocol
 
 ReplicaId = NewType("ReplicaId", str)
 SessionKey = NewType("SessionKey", str)
@@ -31,14 +31,86 @@ class Endpoint(str, Enum):
     CHAT = "chat"
     COMPLETIONS = "completions"
     EMBEDDINGS = "embeddings"
+    RESPONSES = "responses"
+    MESSAGES = "messages"  # Anthropic's Messages API, as vLLM and SGLang serve it
+    TOKENIZE = "tokenize"
+    DETOKENIZE = "detokenize"
+    RERANK = "rerank"
+    SCORE = "score"
+    CLASSIFY = "classify"
+    POOLING = "pooling"
+    TRANSCRIPTIONS = "transcriptions"
+    TRANSLATIONS = "translations"
+    SPEECH = "speech"
 
 
-# Where each endpoint is served: OpenAI's paths, as vLLM serves them.
-ENDPOINT_PATHS: Mapping[Endpoint, str] = MappingProxyType({
-    Endpoint.CHAT: "/v1/chat/completions",
-    Endpoint.COMPLETIONS: "/v1/completions",
-    Endpoint.EMBEDDINGS: "/v1/embeddings",
+# How a route's body names its prompt (gateway.keys reads it; gateway.body validates it):
+# "messages": chat messages; "prompt" / "input": a completions-style prompt in that field;
+# "responses": `instructions` + `input` items; "anthropic": `system` + messages;
+# "either": `messages` when present, else `prompt` (tokenize) or `input` (pooling);
+# "tokens": token ids (detokenize); "pair": rerank's query + documents, score's two texts;
+# "none": no prompt the gateway reads (multipart audio: forwarded unparsed).
+PromptKind = Literal[
+    "messages", "prompt", "input", "responses", "anthropic", "either", "tokens", "pair", "none"
+]
+
+
+@dataclass(frozen=True, slots=True)
+class RouteSpec:
+    """One proxied route: where it is served and how its body is read.
+
+    `generates`: the engine decodes tokens for it (admission's output estimate, PD, the KV
+    it leaves behind); `errors`: the shape of the gateway's own error bodies on it;
+    `multipart`: the body is streamed through unparsed.
+    """
+
+    path: str
+    prompt: PromptKind
+    generates: bool = False
+    errors: Literal["openai", "anthropic"] = "openai"
+    multipart: bool = False
+    # The body field that names an earlier answer stored on one replica (Responses API).
+    continues: str | None = None
+
+
+ROUTE_SPECS: Mapping[Endpoint, RouteSpec] = MappingProxyType({
+    Endpoint.CHAT: RouteSpec("/v1/chat/completions", "messages", generates=True),
+    Endpoint.COMPLETIONS: RouteSpec("/v1/completions", "prompt", generates=True),
+    Endpoint.EMBEDDINGS: RouteSpec("/v1/embeddings", "input"),
+    Endpoint.RESPONSES: RouteSpec(
+        "/v1/responses", "responses", generates=True, continues="previous_response_id"
+    ),
+    Endpoint.MESSAGES: RouteSpec("/v1/messages", "anthropic", generates=True, errors="anthropic"),
+    Endpoint.TOKENIZE: RouteSpec("/tokenize", "either"),
+    Endpoint.DETOKENIZE: RouteSpec("/detokenize", "tokens"),
+    Endpoint.RERANK: RouteSpec("/v1/rerank", "pair"),
+    Endpoint.SCORE: RouteSpec("/v1/score", "pair"),
+    Endpoint.CLASSIFY: RouteSpec("/v1/classify", "input"),
+    Endpoint.POOLING: RouteSpec("/pooling", "either"),
+    Endpoint.TRANSCRIPTIONS: RouteSpec("/v1/audio/transcriptions", "none", multipart=True),
+    Endpoint.TRANSLATIONS: RouteSpec("/v1/audio/translations", "none", multipart=True),
+    Endpoint.SPEECH: RouteSpec("/v1/audio/speech", "input"),
 })
+
+# Where each endpoint is served: OpenAI's paths (and Anthropic's), as vLLM serves them.
+ENDPOINT_PATHS: Mapping[Endpoint, str] = MappingProxyType(
+    {endpoint: spec.path for endpoint, spec in ROUTE_SPECS.items()}
+)
+
+# Aliases vLLM also serves for some of them.
+EXTRA_PATHS: Mapping[str, Endpoint] = MappingProxyType({
+    "/rerank": Endpoint.RERANK,
+    "/v2/rerank": Endpoint.RERANK,
+    "/score": Endpoint.SCORE,
+    "/classify": Endpoint.CLASSIFY,
+})
+
+_ANTHROPIC_PATHS = frozenset(s.path for s in ROUTE_SPECS.values() if s.errors == "anthropic")
+
+
+def error_shape(path: str) -> Literal["openai", "anthropic"]:
+    """The error body shape of the API served at `path`."""
+    return "anthropic" if path in _ANTHROPIC_PATHS else "openai"
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,11 @@ def usage_from_json(raw: bytes) -> dict[str, Any] | None:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
-    usage = data.get("usage") if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        return None
+    usage = data.get("usage")
+    if usage is None and isinstance(data.get("response"), dict):
+        usage = data["response"].get("usage")  # a Responses stream's closing event
     return usage if isinstance(usage, dict) else None
 
 
@@ -29,6 +33,8 @@ def usage_from_sse(tail: bytes) -> dict[str, Any] | None:
         return None
     for event in reversed(tail.split(b"\n\n")):
         line = event.strip()
+        if line.startswith(b"event:"):  # a named event (Responses, Anthropic): its data line
+            line = line.partition(b"\n")[2].strip()
         if line.startswith(b"data:") and b'"usage"' in line:
             usage = usage_from_json(line[5:].strip())
             if usage is not None:
@@ -40,10 +46,21 @@ def usage_tokens(usage: dict[str, Any] | None) -> tuple[int | None, int | None, 
     """(prompt, cached, completion) tokens; None where the engine did not say."""
     if usage is None:
         return None, None, None
-    details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
 
     def count(value: Any) -> int | None:
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
-    return count(usage.get("prompt_tokens")), count(cached), count(usage.get("completion_tokens"))
+    if "prompt_tokens" in usage or "input_tokens" not in usage:
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        return count(usage.get("prompt_tokens")), count(cached), count(usage.get("completion_tokens"))
+    # Responses (`input_tokens_details`) and Anthropic (`cache_read_input_tokens`, which
+    # its `input_tokens` leave out).
+    prompt = count(usage.get("input_tokens"))
+    details = usage.get("input_tokens_details")
+    cached = count(details.get("cached_tokens")) if isinstance(details, dict) else None
+    read = count(usage.get("cache_read_input_tokens"))
+    if read is not None:
+        cached = read
+        prompt = None if prompt is None else prompt + read
+    return prompt, cached, count(usage.get("output_tokens"))

@@ -140,3 +140,39 @@ def test_validate_prompt_errors(prompt: Any) -> None:
 
 def test_validate_ok() -> None:
     assert validate({**GOOD_CHAT, "stream": True, "max_tokens": 5}, Endpoint.CHAT) == "m"
+
+
+def test_form_field_reads_a_small_field_only() -> None:
+    from gateway.body import check_multipart, form_field
+
+    form = (b'--b\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper\r\n'
+            b'--b\r\nContent-Disposition: form-data; name="file"; filename="a"\r\n\r\n' + b"\0" * 100 + b"\r\n--b--\r\n")
+    assert form_field(form, b"model") == "whisper"
+    assert form_field(form, b"language") is None
+    check_multipart(b"multipart/form-data; boundary=b")
+    with pytest.raises(UnsupportedMediaType):
+        check_multipart(b"application/json")
+
+
+def test_new_routes_validate_their_own_fields() -> None:
+    from gateway.types import Endpoint as E
+
+    good = [
+        (E.RESPONSES, {"model": "m", "input": "hi"}),
+        (E.RESPONSES, {"model": "m", "previous_response_id": "resp_1", "input": [{"role": "user", "content": "x"}]}),
+        (E.MESSAGES, {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}),
+        (E.SCORE, {"model": "m", "queries": "a", "documents": ["b"]}),
+    ]
+    for endpoint, body in good:
+        assert validate(body, endpoint) == "m"
+    bad = [
+        (E.RESPONSES, {"model": "m", "input": []}, "input"),
+        (E.RESPONSES, {"model": "m", "input": "x", "previous_response_id": 3}, "previous_response_id"),
+        (E.MESSAGES, {"model": "m", "messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
+        (E.DETOKENIZE, {"model": "m", "tokens": [1, "a"]}, "tokens"),
+        (E.TOKENIZE, {"model": "m"}, "prompt"),
+    ]
+    for endpoint, body, param in bad:
+        with pytest.raises(BadRequest) as info:
+            validate(body, endpoint)
+        assert info.value.param == param, endpoint

@@ -109,3 +109,43 @@ def test_max_completion_tokens_and_embeddings() -> None:
     assert req.max_tokens == 3
     emb = route_request({"model": "m", "input": ["a", "b"]}, Endpoint.EMBEDDINGS, "r")
     assert emb.endpoint is Endpoint.EMBEDDINGS and emb.key_source == "conversation"
+
+
+def test_messages_and_responses_conversations_keep_their_key_across_turns() -> None:
+    from gateway.types import Endpoint as E
+
+    first = {"model": "m", "system": "sys", "messages": [{"role": "user", "content": [{"type": "text", "text": "q1"}]}]}
+    later = {**first, "messages": [*first["messages"], {"role": "assistant", "content": "a"},  # type: ignore[list-item]
+                                   {"role": "user", "content": "q2"}]}
+    other = {**first, "messages": [{"role": "user", "content": "another"}]}
+    k1, k2, k3 = (route_request(b, E.MESSAGES, "r").session_key for b in (first, later, other))
+    assert k1 == k2 != k3
+    r1 = route_request({"model": "m", "instructions": "i", "input": "q1"}, E.RESPONSES, "r")
+    r2 = route_request(
+        {"model": "m", "instructions": "i", "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "q1"}]},
+            {"type": "function_call_output", "call_id": "c", "output": "42"},
+        ]},
+        E.RESPONSES, "r",
+    )
+    assert r1.session_key == r2.session_key and r2.prompt_tokens > r1.prompt_tokens
+    # The same prompt as Anthropic's body and as chat's hashes alike (the same KV on an engine).
+    chat = {"model": "m", "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "q1"}]}
+    as_chat = route_request(chat, E.CHAT, "r", max_prefix_blocks=8, block_tokens=1)
+    as_messages = route_request(first, E.MESSAGES, "r", max_prefix_blocks=8, block_tokens=1)
+    assert as_chat.prefix_hashes and as_chat.prefix_hashes == as_messages.prefix_hashes
+
+
+def test_non_chat_routes_have_a_prompt_size() -> None:
+    from gateway.types import Endpoint as E
+
+    cases = [
+        (E.RERANK, {"model": "m", "query": "q" * 40, "documents": ["d" * 40]}),
+        (E.SCORE, {"model": "m", "text_1": "a" * 40, "text_2": "b" * 40}),
+        (E.TOKENIZE, {"model": "m", "prompt": "p" * 80}),
+        (E.POOLING, {"model": "m", "messages": [{"role": "user", "content": "x" * 80}]}),
+        (E.DETOKENIZE, {"model": "m", "tokens": list(range(20))}),
+    ]
+    for endpoint, body in cases:
+        request = route_request(body, endpoint, "r")
+        assert request.prompt_tokens >= 20 and request.endpoint is endpoint, endpoint

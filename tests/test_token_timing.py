@@ -172,3 +172,18 @@ async def test_timing_of_a_real_simulated_stream_matches_the_profile_within_10_p
     assert seen["tpot"][0] == pytest.approx(DECODE_STEP_S, rel=0.10)
     assert sum(seen["itl"]) / len(seen["itl"]) == pytest.approx(DECODE_STEP_S, rel=0.10)
     assert t.token_events == usage["completion_tokens"] == 16
+
+
+def test_responses_and_anthropic_deltas_are_tokens() -> None:
+    responses = (
+        b'event: response.created\ndata: {"type":"response.created","response":{"output":[]}}\n\n'
+        b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":"a"}\n\n'
+        b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":" b"}\n\n'
+    )
+    anthropic = (
+        b'event: message_start\ndata: {"type":"message_start","message":{"content":[]}}\n\n'
+        b'event: content_block_start\ndata: {"content_block":{"type":"text","text":""}}\n\n'
+        b'event: content_block_delta\ndata: {"delta":{"type":"text_delta","text":"a"}}\n\n'
+    )
+    assert TokenEvents().feed(responses) == 2
+    assert TokenEvents().feed(anthropic) == 1

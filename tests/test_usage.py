@@ -28,3 +28,21 @@ def test_json_body() -> None:
     assert usage_from_json(b"not json") is None and usage_from_json(b"[1]") is None
     assert usage_tokens({"prompt_tokens": "5", "completion_tokens": True}) == (None, None, None)
     assert usage_tokens(None) == (None, None, None)
+
+
+def test_responses_and_anthropic_usage() -> None:
+    responses_tail = (
+        b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":"x"}\n\n'
+        b'event: response.completed\ndata: {"type":"response.completed","response":{"id":"resp_1",'
+        b'"usage":{"input_tokens":120,"input_tokens_details":{"cached_tokens":64},"output_tokens":7}}}\n\n'
+    )
+    assert usage_tokens(usage_from_sse(responses_tail)) == (120, 64, 7)
+    anthropic_tail = (
+        b'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n'
+        b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},'
+        b'"usage":{"input_tokens":20,"cache_read_input_tokens":100,"output_tokens":9}}\n\n'
+        b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+    )
+    assert usage_tokens(usage_from_sse(anthropic_tail)) == (120, 100, 9)
+    message = b'{"type":"message","usage":{"input_tokens":5,"output_tokens":2}}'
+    assert usage_tokens(usage_from_json(message)) == (5, None, 2)

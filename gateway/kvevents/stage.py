@@ -96,7 +96,7 @@ class TokenStage:
         if not outcome.ok or request is None or body is None or pool is None:
             return
         hashes = request.prefix_hashes
-        if not hashes or request.endpoint is Endpoint.EMBEDDINGS:
+        if not hashes or request.endpoint not in (Endpoint.CHAT, Endpoint.COMPLETIONS):
             return
         if self.bridge.knows(hashes[-1]):
             self._count("known")

@@ -13,6 +13,7 @@ from gateway.auth.metrics import AuthMetrics
 from gateway.auth.principal import SCOPE_KEY, KeyRing
 from gateway.errors import Forbidden, GatewayError, Unauthorized, error_response_parts
 from gateway.middleware.request_id import ASGIApp, Receive, Scope, Send
+from gateway.types import error_shape
 
 PUBLIC_PATHS = frozenset({"/health", "/ready"})
 _KEY_HEADERS = (b"api-key", b"x-api-key")
@@ -29,8 +30,9 @@ def presented_key(headers: list[tuple[bytes, bytes]]) -> bytes | None:
     return None
 
 
-async def send_gateway_error(send: Send, err: GatewayError) -> None:
-    status, headers, body = error_response_parts(err)
+async def send_gateway_error(send: Send, err: GatewayError, path: str = "") -> None:
+    """`err` in the shape of the API served at `path` (Anthropic's on its routes)."""
+    status, headers, body = error_response_parts(err, error_shape(path))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
@@ -53,10 +55,10 @@ class AuthMiddleware:
         self.needs_admin = needs_admin
         self.metrics = metrics
 
-    async def _refuse(self, send: Send, err: GatewayError, reason: str) -> None:
+    async def _refuse(self, scope: Scope, send: Send, err: GatewayError, reason: str) -> None:
         if self.metrics is not None:
             self.metrics.refusals.labels(reason).inc()
-        await send_gateway_error(send, err)
+        await send_gateway_error(send, err, scope["path"])
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in self.public:
@@ -64,18 +66,18 @@ class AuthMiddleware:
             return
         key = presented_key(scope["headers"])
         if key is None:
-            await self._refuse(send, Unauthorized(
+            await self._refuse(scope, send, Unauthorized(
                 "You didn't provide an API key. Send it as 'Authorization: Bearer YOUR_KEY'."
             ), "no_key")
             return
         principal = self.ring.lookup(key)
         if principal is None:
             await self._refuse(
-                send, Unauthorized("Incorrect or revoked API key provided."), "unknown_key"
+                scope, send, Unauthorized("Incorrect or revoked API key provided."), "unknown_key"
             )
             return
         if not principal.admin and self.needs_admin(scope["path"]):
-            await self._refuse(send, Forbidden(
+            await self._refuse(scope, send, Forbidden(
                 f"API key {principal.name!r} may not call {scope['path']} (admin keys only)."
             ), "not_admin")
             return

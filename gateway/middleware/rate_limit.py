@@ -46,7 +46,7 @@ class RateLimitMiddleware:
             err.headers.update({k.decode(): v.decode() for k, v in outcome.headers})
             if self.metrics is not None:
                 self.metrics.refusals.labels(f"quota_{outcome.kind}").inc()
-            await send_gateway_error(send, err)
+            await send_gateway_error(send, err, scope["path"])
             return
         ticket = outcome
         scope[TICKET_KEY] = ticket

@@ -75,15 +75,18 @@ def without_client_pd_fields(body: dict[str, Any]) -> dict[str, Any] | None:
         return {k: v for k, v in body.items() if k not in CLIENT_PD_FIELDS}
     return None
 
+_SPLITTABLE = frozenset((Endpoint.CHAT, Endpoint.COMPLETIONS))
+
 
 def body_blocker(body: Mapping[str, Any], endpoint: Endpoint) -> str | None:
     """Why this request body cannot be split, or None.
 
-    Embeddings have no decode; several choices per request and bodies that already carry
-    hand-off fields (a client doing its own PD) are passed through untouched.
+    Only chat and completions are split (the hand-off fields are theirs; embeddings,
+    pooling and the like have no decode); several choices per request and bodies that
+    already carry hand-off fields (a client doing its own PD) are passed through untouched.
     """
-    if endpoint is Endpoint.EMBEDDINGS:
-        return "embeddings"
+    if endpoint not in _SPLITTABLE:
+        return endpoint.value
     for key in ("n", "best_of"):
         value = body.get(key)
         if isinstance(value, int) and value > 1:
@@ -112,7 +115,7 @@ def decide(
         return PDDecision(False, NOT_CONFIGURED)
     if cfg.mode is PDMode.NEVER:
         return PDDecision(False, MODE_NEVER)
-    if blocker is not None or request.endpoint is Endpoint.EMBEDDINGS:
+    if blocker is not None or request.endpoint not in _SPLITTABLE:
         return PDDecision(False, UNSUPPORTED)
     prompt = prompt_tokens_of(request)
     if prompt < request.block_tokens:

@@ -16,6 +16,7 @@ from tenacity.wait import wait_fixed, wait_none
 from gateway.errors import GatewayError, NoHealthyReplica
 from gateway.forward import Leg, open_leg
 from gateway.hooks import ForwardContext
+from gateway.proxy.continuation import KEY_SOURCE
 from gateway.proxy.exchange import Exchange, RawHeaders
 from gateway.state import GatewayState
 from gateway.types import Choice, ReplicaId, RouteRequest
@@ -69,6 +70,11 @@ class Attempts:
         body, raw, headers, path, pools = ex.body or {}, ex.raw, ex.headers, ex.path, ex.pools
         view = cluster.view()
         choice = state.router.choose(request, view)
+        pinned = request.sticky_replica
+        if request.key_source == KEY_SOURCE and pinned is not None and pinned in cluster.members:
+            # The answer it continues is stored on that replica only: no other may serve it
+            # (a missing replica leaves the router's choice, and the engine's own 404).
+            choice = Choice((pinned,), "previous_response_id", choice.policy)
         state.metrics.decision(choice.policy or type(state.router).__name__, choice.reason)
         gate = state.admission
         if gate is not None:

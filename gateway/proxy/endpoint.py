@@ -25,6 +25,7 @@ from gateway.disconnect import CallState
 from gateway.errors import GatewayError, error_response_parts
 from gateway.middleware.request_id import SCOPE_KEY, RequestIds
 from gateway.proxy.attempts import Attempts
+from gateway.proxy.continuation import response_key
 from gateway.proxy.exchange import Exchange, Receive, Scope, Send
 from gateway.proxy.identity import Identity, with_sticky
 from gateway.proxy.inbound import Inbound
@@ -32,7 +33,7 @@ from gateway.proxy.outcome import Outcome
 from gateway.proxy.relay import relay
 from gateway.proxy.respond import send_error
 from gateway.state import GatewayState
-from gateway.types import Endpoint, ReplicaId, RouteRequest
+from gateway.types import ROUTE_SPECS, Endpoint, ReplicaId, RouteRequest
 
 log = logging.getLogger("kvgate.proxy")
 
@@ -45,6 +46,7 @@ class ProxyEndpoint:
         self.endpoint = endpoint
         self.path = path
         self._inbound = Inbound(state, endpoint, path)
+        self._errors = ROUTE_SPECS[endpoint].errors
         self._identity = Identity(state)
         self._attempts = Attempts(state)
         self._outcome = Outcome(state, endpoint)
@@ -55,6 +57,7 @@ class ProxyEndpoint:
         call = CallState(asyncio.current_task())
         request_id: str = scope.get(SCOPE_KEY) or self._new_id()
         ex = Exchange(scope, receive, send, call, request_id, time.perf_counter(), time.time())
+        ex.errors = self._errors
         try:
             await self._handle(ex)
         except Exception as exc:
@@ -63,7 +66,7 @@ class ProxyEndpoint:
             self.state.metrics.error("internal_error")
             if not call.started:
                 err = GatewayError(f"internal gateway error ({type(exc).__name__})")
-                status, headers, body = error_response_parts(err)
+                status, headers, body = error_response_parts(err, self._errors)
                 await send({"type": "http.response.start", "status": status, "headers": headers})
                 await send({"type": "http.response.body", "body": body, "more_body": False})
 
@@ -141,6 +144,8 @@ class ProxyEndpoint:
                 return
             await self._placed(request, leg.replica)
             await relay(ex, leg, state.metrics, bool(state.observers), first_byte if prefilling else None)
+            if ex.response_id is not None and state.placements is not None:
+                await state.placements.record(response_key(ex.response_id), leg.replica)
         except OSError:
             # The ASGI server refused a send: the client is gone (transport errors of the
             # upstream arrive as GatewayError, never as OSError).

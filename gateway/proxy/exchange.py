@@ -34,6 +34,8 @@ class Exchange:
         "body",
         "call",
         "error_code",
+        "errors",
+        "find_response_id",
         "headers",
         "leg",
         "named_class",
@@ -44,6 +46,7 @@ class Exchange:
         "receive",
         "request",
         "request_id",
+        "response_id",
         "retries",
         "scope",
         "send",
@@ -88,3 +91,8 @@ class Exchange:
         self.ok = False
         self.error_code: str | None = None
         self.usage: dict[str, Any] | None = None
+        # The shape of the gateway's own error bodies on this route ("openai", "anthropic").
+        self.errors = "openai"
+        # Responses API: read the answer's id, so a continuation finds its replica.
+        self.find_response_id = False
+        self.response_id: str | None = None

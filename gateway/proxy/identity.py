@@ -17,7 +17,7 @@ from gateway.errors import Forbidden
 from gateway.middleware.rate_limit import TICKET_KEY
 from gateway.proxy.exchange import Exchange
 from gateway.state import GatewayState
-from gateway.types import ReplicaId, RouteRequest
+from gateway.types import ReplicaId, RouteRequest, SessionKey
 
 
 def with_sticky(r: RouteRequest, sticky: ReplicaId) -> RouteRequest:
@@ -42,6 +42,10 @@ def with_sticky(r: RouteRequest, sticky: ReplicaId) -> RouteRequest:
         lineage_hashes=r.lineage_hashes,
         lineage_tail=r.lineage_tail,
     )
+
+
+def with_key(r: RouteRequest, key: SessionKey, source: str) -> RouteRequest:
+    return dataclasses.replace(r, session_key=key, key_source=source)
 
 
 class Identity:

@@ -13,14 +13,22 @@ import orjson
 
 from gateway.auth.principal import SCOPE_KEY as PRINCIPAL_KEY
 from gateway.auth.principal import Principal
-from gateway.body import check_content_type, parse_json, read_body, validate
+from gateway.body import (
+    check_content_type,
+    check_multipart,
+    form_field,
+    parse_json,
+    read_body,
+    validate,
+)
 from gateway.errors import BadRequest, Forbidden, ModelNotFound
-from gateway.keys import route_request
+from gateway.keys import route_request, session_key
 from gateway.pd.decision import without_client_pd_fields
-from gateway.proxy.exchange import Exchange
+from gateway.proxy.continuation import continuing
+from gateway.proxy.exchange import Exchange, Scope
 from gateway.state import GatewayState
 from gateway.stream_usage import inject_usage
-from gateway.types import Endpoint
+from gateway.types import ROUTE_SPECS, Endpoint, RouteRequest, SessionKey
 from gateway.upstream import request_headers
 
 
@@ -37,10 +45,13 @@ class Inbound:
     """Configured once per route from the settings; `read(ex)` per request."""
 
     __slots__ = (
+        "_agent_headers",
+        "_continues",
         "_endpoint",
         "_engine_auth",
         "_lineage_key",
         "_may_inject_usage",
+        "_multipart",
         "_path",
         "_priority_header",
         "_session_header",
@@ -57,6 +68,13 @@ class Inbound:
         self._session_header = s.session.header.lower().encode("latin-1")
         self._priority_header = s.session.priority_header.lower().encode("latin-1")
         self._tenant_header = s.session.tenant_header.lower().encode("latin-1")
+        # Session ids agent tools send unasked; the configured header wins over them.
+        self._agent_headers = frozenset(
+            h.lower().encode("latin-1") for h in s.session.agent_headers
+        ) - {self._session_header}
+        spec = ROUTE_SPECS[endpoint]
+        self._continues = spec.continues
+        self._multipart = spec.multipart
         self._lineage_key = state.lineage.key_for if state.lineage is not None else None
         self._strip_pd = not s.pd.allow_client_fields
         # None: the client's Authorization goes to the engine as it is.
@@ -69,8 +87,9 @@ class Inbound:
     async def read(self, ex: Exchange) -> None:
         state = self._state
         scope = ex.scope
-        content_type = content_length = session = priority = tenant = None
+        content_type = content_length = session = priority = tenant = agent = None
         sh, ph, th = self._session_header, self._priority_header, self._tenant_header
+        agents = self._agent_headers
         for name, value in scope["headers"]:
             if name == b"content-type":
                 content_type = value
@@ -82,24 +101,38 @@ class Inbound:
                 priority = value
             elif name == th:
                 tenant = value
-        check_content_type(content_type)
+            elif name in agents:
+                agent = value
+        if session is None:
+            session = agent
         limits = state.settings.limits
+        if self._multipart:
+            check_multipart(content_type)
+            raw = await read_body(ex.receive, limits.max_body_bytes, declared_length(content_length))
+            model = form_field(raw, b"model") or ""
+            tenant_name = self._authorize(scope, model, tenant.decode("latin-1") if tenant else None)
+            known = state.cluster.known_models()
+            if model and known is not None and model not in known:
+                raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
+            ex.body, ex.raw = None, raw
+            ex.request = RouteRequest(
+                request_id=ex.request_id,
+                model=model,
+                session_key=session_key({}, self._endpoint, session.decode("latin-1"))[0]
+                if session else SessionKey("x:" + ex.request_id),
+                key_source="header" if session else "request",
+                endpoint=self._endpoint,
+                priority_class=priority.decode("latin-1") if priority else "default",
+                tenant=tenant_name,
+            )
+            ex.named_class = priority is not None
+            self._forward_headers(ex, scope)
+            return
+        check_content_type(content_type)
         raw = await read_body(ex.receive, limits.max_body_bytes, declared_length(content_length))
         body: dict[str, Any] = parse_json(raw, limits.max_json_depth)
         model = validate(body, self._endpoint)
-        principal: Principal | None = scope.get(PRINCIPAL_KEY)
-        tenant_name = tenant.decode("latin-1") if tenant else None
-        if principal is not None:
-            if principal.models and model not in principal.models:
-                raise Forbidden(
-                    f"API key {principal.name!r} may not use the model `{model}`.", param="model"
-                )
-            if tenant_name is not None and tenant_name != principal.tenant:
-                raise Forbidden(
-                    f"API key {principal.name!r} acts for tenant {principal.tenant!r}, "
-                    f"not {tenant_name!r}."
-                )
-            tenant_name = principal.tenant
+        tenant_name = self._authorize(scope, model, tenant.decode("latin-1") if tenant else None)
         rewritten = False
         if state.resolve_model is not None and (served := state.resolve_model(model)) != model:
             # An alias: the engines only know the served name.
@@ -125,6 +158,12 @@ class Inbound:
             user_is_session=session_cfg.user_is_session,
             lineage=self._lineage_key,
         )
+        if self._continues is not None:
+            ex.find_response_id = True
+            earlier = body.get(self._continues)
+            if isinstance(earlier, str) and earlier:
+                # Stored on one replica only: its placement pins the request (attempts).
+                request = continuing(request, earlier)
         # The one place the forwarded body changes: every later rewrite (admission's
         # payload, the PD legs) starts from this body/raw pair (gateway.stream_usage).
         if state.observers and self._may_inject_usage:
@@ -136,6 +175,25 @@ class Inbound:
             raw = orjson.dumps(body)
         ex.body, ex.raw, ex.request = body, raw, request
         ex.named_class = priority is not None or "priority" in body
+        self._forward_headers(ex, scope)
+
+    def _authorize(self, scope: Scope, model: str, tenant_name: str | None) -> str | None:
+        """The caller's key may use `model` and acts for its own tenant; returns the tenant."""
+        principal: Principal | None = scope.get(PRINCIPAL_KEY)
+        if principal is None:
+            return tenant_name
+        if principal.models and model not in principal.models:
+            raise Forbidden(
+                f"API key {principal.name!r} may not use the model `{model}`.", param="model"
+            )
+        if tenant_name is not None and tenant_name != principal.tenant:
+            raise Forbidden(
+                f"API key {principal.name!r} acts for tenant {principal.tenant!r}, "
+                f"not {tenant_name!r}."
+            )
+        return principal.tenant
+
+    def _forward_headers(self, ex: Exchange, scope: Scope) -> None:
         headers = request_headers(scope["headers"])
         if self._engine_auth is not None:
             # The client's credentials are for the gateway; the engine gets its own.

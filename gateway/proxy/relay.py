@@ -11,9 +11,10 @@ import logging
 import time
 from collections.abc import Callable
 
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, stream_error_event
 from gateway.forward import Leg, name_replica
 from gateway.metrics import GatewayMetrics
+from gateway.proxy.continuation import id_in_json, id_in_stream
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.respond import send_error
 from gateway.stream_usage import UsageStripper
@@ -60,6 +61,8 @@ async def relay(
         await send({"type": "http.response.body", "body": payload, "more_body": False})
         ex.ok = status < 400
         ex.usage = usage_from_json(payload) if want_usage and ex.ok else None
+        if ex.find_response_id and ex.ok:
+            ex.response_id = id_in_json(payload)
         return
 
     iterator = leg.chunks if leg.chunks is not None else response.iter_bytes()
@@ -87,10 +90,13 @@ async def relay(
     timer = metrics.stream_timer(request.model if request else "", leg.replica, ex.t0)
     await send({"type": "http.response.start", "status": status, "headers": out_headers})
     ended = False
+    seek_id = ex.find_response_id and status < 400
     try:
         while True:
             if chunk:
                 timer.feed(chunk)
+                if seek_id and (found := id_in_stream(chunk)) is not None:
+                    ex.response_id, seek_id = found, False
                 if stripper is not None:
                     chunk = stripper.feed(chunk)
                 elif want_usage:
@@ -113,7 +119,7 @@ async def relay(
         log.warning("upstream %s failed mid-stream: %s", leg.replica, err.message)
         if stripper is not None and (held := stripper.flush()):
             await send({"type": "http.response.body", "body": held, "more_body": True})
-        event = b"data: " + err.body() + b"\n\n"
+        event = stream_error_event(err, ex.errors)
         await send({"type": "http.response.body", "body": event, "more_body": True})
     if not ended:
         if stripper is not None and (held := stripper.flush()):

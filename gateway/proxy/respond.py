@@ -1,4 +1,4 @@
-"""The gateway's own answers on the proxy path: an error in OpenAI's shape, sent once."""
+"""The gateway's own answers on the proxy path: an error in the route's API shape, sent once."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from gateway.proxy.exchange import Exchange
 
 
 async def send_error(ex: Exchange, err: GatewayError, metrics: GatewayMetrics) -> None:
-    status, headers, body = error_response_parts(err)
+    status, headers, body = error_response_parts(err, ex.errors)
     metrics.error(err.code or "error")
     call = ex.call
     call.stop_watching()

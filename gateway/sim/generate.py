@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,16 @@ import xxhash
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from gateway.sim.apis import (
+    ResponsesStream,
+    anthropic_error,
+    event,
+    message_closing,
+    message_delta,
+    message_object,
+    message_opening,
+    response_object,
+)
 from gateway.sim.engine import RequestHandle, RequestRejected, SimRequest
 from gateway.sim.runner import EngineStopped
 from gateway.sim.wire import (
@@ -68,6 +79,7 @@ class Generation(Response):
         self.started = False
         self.record: RequestRecord | None = None
         self.query = ""
+        self.uid = uuid.uuid4().hex  # the Responses / Messages object id
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.query = scope.get("query_string", b"").decode("latin-1")
@@ -236,7 +248,9 @@ class Generation(Response):
         )
 
     async def _send_error(self, send: Send, status: int, message: str) -> None:
-        body = error_body(status, message)
+        body = anthropic_error(status, message) if self.parsed.kind == "messages" else error_body(
+            status, message
+        )
         await send(
             {
                 "type": "http.response.start",
@@ -266,11 +280,14 @@ class Generation(Response):
         use = usage(handle.prompt_tokens, handle.output_tokens, handle.cached_tokens or 0)
         if kv_out is not None:
             kv_out["remote_block_ids"] = list(handle.held_blocks)
-        body = orjson.dumps(
-            full_response(
-                p.kind, self.rid, engine.model_name, text, handle.finish_reason, use, kv_out
+        if p.kind in ("responses", "messages"):
+            body = orjson.dumps(self._api_object(text))
+        else:
+            body = orjson.dumps(
+                full_response(
+                    p.kind, self.rid, engine.model_name, text, handle.finish_reason, use, kv_out
+                )
             )
-        )
         await send(
             {
                 "type": "http.response.start",
@@ -283,7 +300,65 @@ class Generation(Response):
         )
         await send({"type": "http.response.body", "body": body})
 
+    def _api_object(self, text: str) -> dict[str, Any]:
+        engine, p, handle = self.engine, self.parsed, self.handle
+        assert handle is not None and p.echo is not None
+        counts = (handle.prompt_tokens, handle.output_tokens, handle.cached_tokens or 0)
+        if p.kind == "messages":
+            return message_object(self.api_id, engine.model_name, text, handle.finish_reason, *counts)
+        engine.store_response(self.api_id, p, text)
+        return response_object(
+            self.api_id, engine.model_name, p.echo, text=text, finish_reason=handle.finish_reason,
+            prompt_tokens=counts[0], output_tokens=counts[1], cached_tokens=counts[2],
+        )
+
+    @property
+    def api_id(self) -> str:
+        return ("msg_" if self.parsed.kind == "messages" else "resp_") + self.uid
+
+    async def _stream_api(self, send: Send, request: SimRequest) -> None:
+        """Responses / Messages events: the opening ones with the first token (as for chat's
+        role chunk, the first byte then marks the TTFT), one delta per token, the closing."""
+        engine, p, handle = self.engine, self.parsed, self.handle
+        assert handle is not None and p.echo is not None
+        out = OutputText(engine.seed, request.output_seed)
+        responses = ResponsesStream(self.api_id, engine.model_name, p.echo)
+        await self._start(send, b"text/event-stream")
+        sent = 0
+        try:
+            async for n in engine.runner.stream(handle):
+                events: list[bytes] = []
+                if sent == 0:
+                    events.append(
+                        message_opening(self.api_id, engine.model_name, handle.prompt_tokens,
+                                        handle.cached_tokens or 0)
+                        if p.kind == "messages" else responses.opening()
+                    )
+                for _ in range(n):
+                    sent += 1
+                    text = out.take(1)
+                    events.append(message_delta(text) if p.kind == "messages" else responses.delta(text))
+                await send({"type": "http.response.body", "body": b"".join(events), "more_body": True})
+        except EngineStopped as exc:
+            error = anthropic_error(500, str(exc)) if p.kind == "messages" else error_body(500, str(exc))
+            await send({"type": "http.response.body", "body": event("error", orjson.loads(error)),
+                        "more_body": False})
+            return
+        if p.kind == "messages":
+            closing = message_closing(
+                handle.finish_reason, handle.prompt_tokens, handle.output_tokens,
+                handle.cached_tokens or 0,
+            )
+        else:
+            closing = responses.closing(handle.finish_reason, handle.prompt_tokens,
+                                        handle.output_tokens, handle.cached_tokens or 0)
+            engine.store_response(self.api_id, p, "".join(responses.text))
+        await send({"type": "http.response.body", "body": closing, "more_body": False})
+
     async def _stream(self, send: Send, request: SimRequest) -> None:
+        if self.parsed.kind in ("responses", "messages"):
+            await self._stream_api(send, request)
+            return
         engine, p, handle = self.engine, self.parsed, self.handle
         assert handle is not None
         kind, rid, model = p.kind, self.rid, engine.model_name

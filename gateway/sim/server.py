@@ -17,7 +17,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.kvevents.wire import EventBatch, Layout
 from gateway.serving import RunningServer, start_server
+from gateway.sim import extras
+from gateway.sim.apis import anthropic_error, anthropic_messages, responses_messages
 from gateway.sim.clock import RealClock
 from gateway.sim.engine import EngineModel
 from gateway.sim.faults import NO_FAULTS, FaultConfig, FaultState
@@ -41,7 +43,14 @@ from gateway.sim.metrics import CONTENT_TYPE, Flavor, SimMetrics
 from gateway.sim.profiles import HardwareProfile
 from gateway.sim.runner import EngineRunner
 from gateway.sim.tokenizer import Tokenizer
-from gateway.sim.wire import Kind, WireError, embeddings, error_body, parse_generation
+from gateway.sim.wire import (
+    Kind,
+    ParsedRequest,
+    WireError,
+    embeddings,
+    error_body,
+    parse_generation,
+)
 from gateway.types import Role
 
 log = logging.getLogger(__name__)
@@ -122,6 +131,10 @@ class SimEngine:
         self.faults = FaultState(faults, seed=seed + index)
         self.bootstrap_timeout_s = bootstrap_timeout_s
         self.request_log: deque[RequestRecord] = deque(maxlen=request_log_size)
+        # Responses kept for `previous_response_id` (id -> conversation, oldest first).
+        self.responses: dict[str, tuple[Mapping[str, Any], ...]] = {}
+        # (sha256, size) of each audio file received, for the pass-through tests.
+        self.uploads: deque[tuple[str, int]] = deque(maxlen=request_log_size)
         self.kv_pull_failures = 0
         self.rooms: dict[int, str] = {}
         self.closing = asyncio.Event()
@@ -247,7 +260,13 @@ class SimEngine:
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
             Route("/v1/completions", self._completions, methods=["POST"]),
             Route("/v1/embeddings", self._embeddings, methods=["POST"]),
+            Route("/v1/responses", self._responses, methods=["POST"]),
+            Route("/v1/messages", self._messages, methods=["POST"]),
+            *(Route(path, self._extra, methods=["POST"]) for path in _EXTRA_PATHS),
+            Route("/v1/audio/transcriptions", self._transcription, methods=["POST"]),
+            Route("/v1/audio/translations", self._transcription, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
+            Route("/v1/models/{model_id:path}", self._model, methods=["GET"]),
             Route("/server_info", self._server_info, methods=["GET"]),
             Route("/health", self._health, methods=["GET"]),
             Route("/metrics", self._metrics, methods=["GET"]),
@@ -268,7 +287,80 @@ class SimEngine:
     async def _completions(self, request: Request) -> Response:
         return await self._generate(request, "completions")
 
-    async def _generate(self, request: Request, kind: Kind) -> Response:
+    async def _responses(self, request: Request) -> Response:
+        return await self._generate(
+            request, "responses", lambda body: responses_messages(body, self.responses.get)
+        )
+
+    async def _messages(self, request: Request) -> Response:
+        return await self._generate(request, "messages", anthropic_messages)
+
+    def store_response(self, response_id: str, parsed: ParsedRequest, text: str) -> None:
+        """Keep a Responses answer with its conversation, for `previous_response_id`
+        (vLLM keeps them in the memory of the process that made them)."""
+        if parsed.echo is not None and parsed.echo.get("store", True) is False:
+            return
+        self.responses[response_id] = (*parsed.conversation, {"role": "assistant", "content": text})
+        while len(self.responses) > DEFAULT_REQUEST_LOG_SIZE:
+            self.responses.pop(next(iter(self.responses)))
+
+    async def _extra(self, request: Request) -> Response:
+        status = self.faults.should_error()
+        if status is not None:
+            return _error(status, f"simulated fault: replica {self.index} answers {status}")
+        raw, path, model = await request.body(), request.url.path, self.model_name
+        try:
+            name = orjson.loads(raw).get("model") if raw else None
+        except (orjson.JSONDecodeError, AttributeError):
+            name = None
+        if name is not None and name != model:
+            return _error(404, f"The model `{name}` does not exist.", "model")
+        try:
+            if path == "/v1/audio/speech":
+                return Response(extras.speech(raw), media_type="audio/wav")
+            body: Any
+            if path == "/tokenize":
+                max_len = min(self.profile.max_model_len, self.profile.kv_capacity_tokens)
+                body = extras.tokenize(raw, self.model.tokenizer.ids, max_len)
+            elif path == "/detokenize":
+                body = extras.detokenize(raw)
+            elif path in ("/v1/rerank", "/rerank", "/v2/rerank"):
+                body = extras.rerank(raw, model)
+            elif path in ("/v1/score", "/score"):
+                body = extras.score(raw, model)
+            elif path in ("/v1/classify", "/classify"):
+                body = extras.classify(raw, model)
+            else:
+                body = extras.pooling(raw, model)
+        except WireError as exc:
+            return _error(exc.status, exc.message, exc.param)
+        self.request_log.append(RequestRecord(uuid.uuid4().hex, path, 200))
+        return _json(body, request)
+
+    async def _transcription(self, request: Request) -> Response:
+        raw = await request.body()
+        try:
+            body, digest, size = extras.transcription(
+                raw, request.headers.get("content-type", ""), self.model_name
+            )
+        except WireError as exc:
+            return _error(exc.status, exc.message, exc.param)
+        self.uploads.append((digest, size))
+        return _json(body, request)
+
+    async def _model(self, request: Request) -> Response:
+        name = request.path_params["model_id"]
+        if name != self.model_name:
+            return _error(404, f"The model `{name}` does not exist.", "model")
+        return _json(self._card(), request)
+
+    async def _generate(
+        self,
+        request: Request,
+        kind: Kind,
+        to_chat: Callable[[Mapping[str, Any]], Sequence[Mapping[str, Any]]] | None = None,
+    ) -> Response:
+        error = _anthropic_error if kind == "messages" else _error
         if self.faults.config.slow:
             # Interruptible, so stopping the engine does not wait out the injected delay.
             with contextlib.suppress(asyncio.TimeoutError):
@@ -277,16 +369,16 @@ class SimEngine:
                 return _error(503, "engine is shutting down")
         status = self.faults.should_error()
         if status is not None:
-            return _error(status, f"simulated fault: replica {self.index} answers {status}")
+            return error(status, f"simulated fault: replica {self.index} answers {status}")
         raw = await request.body()
         try:
-            parsed = parse_generation(raw, kind)
+            parsed = parse_generation(raw, kind, to_chat)
         except WireError as exc:
-            return _error(exc.status, exc.message, exc.param)
+            return error(exc.status, exc.message, exc.param)
         if parsed.model is not None and parsed.model != self.model_name:
-            return _error(404, f"The model `{parsed.model}` does not exist.", "model")
+            return error(404, f"The model `{parsed.model}` does not exist.", "model")
         if parsed.priority != 0 and not self.priority_scheduling:
-            return _error(
+            return error(
                 400, f"Got priority {parsed.priority} but Priority scheduling is not enabled."
             )
         rid = request.headers.get("x-request-id") or parsed.body_request_id or uuid.uuid4().hex
@@ -304,7 +396,10 @@ class SimEngine:
         return _json(body, request)
 
     async def _models(self, request: Request) -> Response:
-        card = {
+        return _json({"object": "list", "data": [self._card()]}, request)
+
+    def _card(self) -> dict[str, Any]:
+        return {
             "id": self.model_name,
             "object": "model",
             "created": 0,
@@ -314,7 +409,6 @@ class SimEngine:
             "max_model_len": min(self.profile.max_model_len, self.profile.kv_capacity_tokens),
             "permission": [],
         }
-        return _json({"object": "list", "data": [card]}, request)
 
     async def _server_info(self, request: Request) -> Response:
         """SGLang's server args (the few a diagnosis reads); vLLM has no such endpoint."""
@@ -438,6 +532,10 @@ class EchoRequestId:
 
 
 _KEYED_PATHS = ("/v1", "/admin/", "/reset_prefix_cache")
+_EXTRA_PATHS = (
+    "/tokenize", "/detokenize", "/v1/rerank", "/rerank", "/v2/rerank", "/v1/score", "/score",
+    "/v1/classify", "/classify", "/pooling", "/v1/audio/speech",
+)
 
 
 class RequireApiKey:
@@ -458,6 +556,12 @@ class RequireApiKey:
                 )(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def _anthropic_error(status: int, message: str, param: str | None = None) -> Response:
+    return Response(
+        anthropic_error(status, message), status_code=status, media_type="application/json"
+    )
 
 
 def _error(status: int, message: str, param: str | None = None) -> Response:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Literal
@@ -19,7 +19,7 @@ import xxhash
 
 from gateway.sim.tokenizer import render_chat
 
-Kind = Literal["chat", "completions"]
+Kind = Literal["chat", "completions", "responses", "messages"]
 
 _WORDS = (
     "the",
@@ -124,6 +124,10 @@ class ParsedRequest:
     kv_transfer_params: Mapping[str, Any] | None
     bootstrap: Bootstrap | None
     body_request_id: str | None
+    # Responses and Messages: the conversation as chat messages (a Responses answer is
+    # stored with it, for `previous_response_id`), and what the API echoes back.
+    conversation: tuple[Mapping[str, Any], ...] = ()
+    echo: Mapping[str, Any] | None = None
 
 
 def _opt_int(body: Mapping[str, Any], key: str, minimum: int) -> int | None:
@@ -150,15 +154,24 @@ def _prompt_text(prompt: Any) -> str:
     raise WireError(400, "'prompt' must be a non-empty string or list of token ids", "prompt")
 
 
-def parse_generation(raw: bytes, kind: Kind) -> ParsedRequest:
-    """Validate a chat or completions body the way vLLM answers bad ones (400)."""
+def parse_generation(
+    raw: bytes,
+    kind: Kind,
+    to_chat: Callable[[Mapping[str, Any]], Sequence[Mapping[str, Any]]] | None = None,
+) -> ParsedRequest:
+    """Validate a generation body the way vLLM answers bad ones (400). `to_chat` turns the
+    body of another API (Responses, Messages) into chat messages (gateway.sim.apis)."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise WireError(400, f"invalid JSON body: {exc}") from None
     if not isinstance(body, dict):
         raise WireError(400, "the request body must be a JSON object")
-    if kind == "chat":
+    conversation: tuple[Mapping[str, Any], ...] = ()
+    if to_chat is not None:
+        conversation = tuple(to_chat(body))
+        text = render_chat(conversation)
+    elif kind == "chat":
         messages = body.get("messages")
         if (
             not isinstance(messages, list)
@@ -176,6 +189,8 @@ def parse_generation(raw: bytes, kind: Kind) -> ParsedRequest:
     if n is not None and n != 1:
         raise WireError(400, "the simulated engine supports n=1 only", "n")
     max_tokens = _opt_int(body, "max_completion_tokens", 1)
+    if max_tokens is None:
+        max_tokens = _opt_int(body, "max_output_tokens", 1)
     if max_tokens is None:
         max_tokens = _opt_int(body, "max_tokens", 1)
     stream = body.get("stream", False)
@@ -226,6 +241,8 @@ def parse_generation(raw: bytes, kind: Kind) -> ParsedRequest:
         kv_transfer_params=kv,
         bootstrap=bootstrap,
         body_request_id=rid if isinstance(rid, str) else None,
+        conversation=conversation,
+        echo=body if to_chat is not None else None,
     )
 
 

@@ -38,8 +38,13 @@ from gateway.trace.format import (
     record_line,
 )
 from gateway.trace.tokenize import APPROX_TOKENIZER_NAME
+from gateway.types import ROUTE_SPECS
 
 log = logging.getLogger(__name__)
+
+# The routes whose traffic a trace is about: those that prefill a prompt and decode (a
+# tokenize or an embedding leaves no reusable KV behind).
+_GENERATING = frozenset(e.value for e, spec in ROUTE_SPECS.items() if spec.generates)
 
 TOKENIZER_NAME = f"gateway:{APPROX_TOKENIZER_NAME}"
 _FLUSH_EVERY = 256
@@ -77,7 +82,7 @@ class GatewayCapture:
     # ---- on the request path: O(1), never blocks, never raises ------------------------
     def observe(self, outcome: RequestOutcome) -> None:
         req = outcome.request
-        if req is None or outcome.endpoint == "embeddings" or outcome.replica is None:
+        if req is None or outcome.endpoint not in _GENERATING or outcome.replica is None:
             return
         item = _Item(
             started_at=outcome.started_at,

@@ -134,3 +134,28 @@ def test_settings_need_a_path_when_enabled() -> None:
     with pytest.raises(ValidationError):
         TraceCaptureSettings(enabled=True)
     assert TraceCaptureSettings().enabled is False
+
+
+async def test_messages_and_responses_are_captured_with_their_usage(tmp_path: Path) -> None:
+    import anthropic
+    import httpx
+
+    path = tmp_path / "live.jsonl"
+    capture = {"enabled": True, "path": str(path), "salt_file": str(tmp_path / "salt")}
+    async with sim_engines(2, "instant") as engines, gateway(engines, trace_capture=capture) as gw:
+        async with anthropic.AsyncAnthropic(base_url=gw.url, api_key="k", max_retries=0) as claude:
+            stream = claude.messages.stream(
+                model=MODEL, max_tokens=3, system=SYSTEM, messages=[{"role": "user", "content": "hi"}]
+            )
+            async with stream as events:
+                message = await events.get_final_message()
+        async with openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client:
+            response = await client.responses.create(model=MODEL, input="hello", max_output_tokens=4)
+        async with httpx.AsyncClient(base_url=gw.url) as http:
+            tokens = await http.post("/tokenize", json={"model": MODEL, "prompt": "not captured"})
+            assert tokens.status_code == 200
+    records = read_trace(path).records
+    assert [r.output_tokens for r in records] == [3, 4]
+    usage = message.usage
+    assert records[0].input_tokens == usage.input_tokens + (usage.cache_read_input_tokens or 0)
+    assert response.usage is not None and records[1].input_tokens == response.usage.input_tokens
