@@ -186,16 +186,21 @@ class _Conn(asyncio.Protocol):
     def consumed(self, n: int) -> None:
         self.buffered -= n
         if self.paused and self.buffered < _LOW_WATER and self.transport is not None:
-            self.paused = False
-            self.transport.resume_reading()
+            self._resume()
+
+    def _resume(self) -> None:
+        # The engine's idle clock starts again now: while paused, its silence was ours.
+        self.paused = False
+        self.last_data = self._loop.time()
+        assert self.transport is not None
+        self.transport.resume_reading()
 
     def read_whole(self, limit: int) -> None:
         """The caller wants the body in one piece, of at most `limit` bytes."""
         self.whole = True
         self.high_water = limit
         if self.paused and self.transport is not None:
-            self.paused = False
-            self.transport.resume_reading()
+            self._resume()
 
     async def wait(self) -> None:
         w = self.waiter = self._loop.create_future()
