@@ -36,8 +36,13 @@ class Accounting:
         member = self._cluster.members.get(replica)
         pool = (member.pool if member is not None else None) or ""
         m.served(
-            m.model_label(request.model), replica, pool, outcome.latency_s,
-            outcome.prompt_tokens, outcome.cached_tokens, outcome.completion_tokens,
+            m.model_label(request.model),
+            replica,
+            pool,
+            outcome.latency_s,
+            outcome.prompt_tokens,
+            outcome.cached_tokens,
+            outcome.completion_tokens,
         )
         price = (member.price_per_hour if member is not None else 0.0) or self._pool_prices.get(
             pool, 0.0

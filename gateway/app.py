@@ -93,9 +93,7 @@ def replica_state(r: ReplicaSettings) -> ReplicaState:
 
 def _error_response(err: GatewayError) -> Response:
     status, headers, body = error_response_parts(err)
-    return Response(
-        body, status_code=status, headers={k.decode(): v.decode() for k, v in headers}
-    )
+    return Response(body, status_code=status, headers={k.decode(): v.decode() for k, v in headers})
 
 
 def build_state(settings: KvgateSettings) -> GatewayState:
@@ -162,7 +160,9 @@ async def _start_embedded_sim(state: GatewayState) -> Any:
     return cluster
 
 
-def _lifespan(state: GatewayState) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
+def _lifespan(
+    state: GatewayState,
+) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         settings = state.settings
@@ -237,7 +237,9 @@ def build_app(settings: KvgateSettings | None = None) -> Starlette:
         card = await state.models.card(request.path_params["model_id"])
         if card is None:
             name = request.path_params["model_id"]
-            return _error_response(ModelNotFound(f"The model `{name}` does not exist.", param="model"))
+            return _error_response(
+                ModelNotFound(f"The model `{name}` does not exist.", param="model")
+            )
         return Response(card, media_type="application/json")
 
     async def http_error(request: Request, exc: Exception) -> Response:
@@ -287,7 +289,9 @@ async def reload_replicas(state: GatewayState, settings: KvgateSettings) -> bool
     models) is reloaded; every other setting needs a restart.
     """
     if not settings.replicas:
-        log.warning("reload: the file lists no replicas; keeping the current %d", len(state.cluster.members))
+        log.warning(
+            "reload: the file lists no replicas; keeping the current %d", len(state.cluster.members)
+        )
         return False
     replicas = tuple(replica_state(r) for r in settings.replicas)
     if replicas == tuple(state.cluster.members.values()):
@@ -298,7 +302,9 @@ async def reload_replicas(state: GatewayState, settings: KvgateSettings) -> bool
     after = set(state.cluster.members)
     log.warning(
         "reload: %d replica(s) now (added %s, removed %s)",
-        len(after), sorted(after - before) or "none", sorted(before - after) or "none",
+        len(after),
+        sorted(after - before) or "none",
+        sorted(before - after) or "none",
     )
     if state.settings.models.discover:
         await state.models.refresh()

@@ -24,7 +24,9 @@ class ClientGone(Exception):
 async def read_body(receive: Receive, limit: int, declared_length: int | None) -> bytes:
     """The whole request body, refusing more than `limit` bytes without buffering them."""
     if declared_length is not None and declared_length > limit:
-        raise PayloadTooLarge(f"request body of {declared_length} bytes exceeds the {limit}-byte limit")
+        raise PayloadTooLarge(
+            f"request body of {declared_length} bytes exceeds the {limit}-byte limit"
+        )
     message = await receive()
     if message["type"] == "http.disconnect":
         raise ClientGone()
@@ -60,7 +62,11 @@ def check_content_type(value: bytes | None) -> None:
 
 
 def check_multipart(value: bytes | None) -> None:
-    if value is None or not value.lower().startswith(b"multipart/form-data") or b"boundary=" not in value:
+    if (
+        value is None
+        or not value.lower().startswith(b"multipart/form-data")
+        or b"boundary=" not in value
+    ):
         raise UnsupportedMediaType("Content-Type must be multipart/form-data with a boundary")
 
 
@@ -184,7 +190,9 @@ def _check_prompt(value: Any, field: str) -> None:
 
 def _check_messages(value: Any) -> None:
     if not isinstance(value, list) or not value:
-        raise BadRequest("'messages' must be a non-empty array of message objects", param="messages")
+        raise BadRequest(
+            "'messages' must be a non-empty array of message objects", param="messages"
+        )
     for i, message in enumerate(value):
         if not isinstance(message, dict):
             raise BadRequest(f"messages[{i}] must be an object", param=f"messages.{i}")
@@ -221,7 +229,9 @@ def _check_pair(body: dict[str, Any], endpoint: Endpoint) -> None:
     for a, b in (("text_1", "text_2"), ("queries", "documents"), ("queries", "items")):
         if body.get(a) is not None and body.get(b) is not None:
             return
-    raise BadRequest("'text_1' and 'text_2' (or 'queries' and 'documents') are required", param="text_1")
+    raise BadRequest(
+        "'text_1' and 'text_2' (or 'queries' and 'documents') are required", param="text_1"
+    )
 
 
 def _check_body(body: dict[str, Any], endpoint: Endpoint) -> None:
@@ -236,7 +246,9 @@ def _check_body(body: dict[str, Any], endpoint: Endpoint) -> None:
         if body.get("input") is not None or body.get("previous_response_id") is None:
             _check_items(body.get("input"), "input")
         if (p := body.get("previous_response_id")) is not None and not isinstance(p, str):
-            raise BadRequest("'previous_response_id' must be a string", param="previous_response_id")
+            raise BadRequest(
+                "'previous_response_id' must be a string", param="previous_response_id"
+            )
     elif kind == "anthropic":
         _check_messages(body.get("messages"))
         if not _is_int(body.get("max_tokens")):

@@ -37,11 +37,19 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"kvgate: {exc.message}", file=sys.stderr)
         return 2
-    overrides = {k: v for k, v in (("host", args.host), ("port", args.port), ("workers", args.workers)) if v is not None}
+    overrides = {
+        k: v
+        for k, v in (("host", args.host), ("port", args.port), ("workers", args.workers))
+        if v is not None
+    }
     if overrides:
-        settings = settings.model_copy(update={"server": settings.server.model_copy(update=overrides)})
+        settings = settings.model_copy(
+            update={"server": settings.server.model_copy(update=overrides)}
+        )
     server = settings.server
-    logging.basicConfig(level=server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
 
     import uvicorn
 
@@ -147,7 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the gateway (simulated engines if no replicas)")
     serve.add_argument(
-        "-c", "--config", default=os.environ.get("KVGATE_CONFIG_FILE") or None,
+        "-c",
+        "--config",
+        default=os.environ.get("KVGATE_CONFIG_FILE") or None,
         help="YAML settings file (see gateway.example.yaml; default: $KVGATE_CONFIG_FILE)",
     )
     serve.add_argument("--host", help="override server.host")

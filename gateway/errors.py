@@ -212,5 +212,7 @@ def error_response_parts(
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
     ]
-    headers.extend((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in err.headers.items())
+    headers.extend(
+        (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in err.headers.items()
+    )
     return err.status, headers, body

@@ -79,9 +79,7 @@ async def open_leg(
     if status in RETRYABLE_STATUSES:
         cluster.release(replica)
         await response.aclose()
-        raise UpstreamStatusError(
-            f"replica {replica} answered {status}", upstream_status=status
-        )
+        raise UpstreamStatusError(f"replica {replica} answered {status}", upstream_status=status)
     if status < 500:
         health.passive_success(replica)
     leg = Leg(cluster, replica, response)

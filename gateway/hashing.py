@@ -33,9 +33,7 @@ def model_seed(model: str, salt: str | None = None) -> int:
     return _xxh3(data.encode())
 
 
-def block_hashes(
-    data: bytes, block_bytes: int, seed: int, max_blocks: int = 0
-) -> tuple[int, ...]:
+def block_hashes(data: bytes, block_bytes: int, seed: int, max_blocks: int = 0) -> tuple[int, ...]:
     """Chained hashes of the full `block_bytes` blocks of `data`.
 
     Block i is hashed with block i-1's hash as seed, so equal leading entries mean an equal
@@ -56,7 +54,6 @@ def block_hashes(
         h = _xxh3(view[start : start + block_bytes], h)
         append(h)
     return tuple(out)
-
 
 
 def stream_block_hashes(

@@ -96,7 +96,9 @@ class HealthMonitor:
             tracker = self._trackers[replica] = _Tracker()
         return tracker
 
-    def _set(self, replica: ReplicaId, tracker: _Tracker, state: Health, evidence: str = "") -> None:
+    def _set(
+        self, replica: ReplicaId, tracker: _Tracker, state: Health, evidence: str = ""
+    ) -> None:
         if tracker.state is state:
             return
         failures = tracker.failures
@@ -107,7 +109,10 @@ class HealthMonitor:
             why = f"after {failures} consecutive failure(s); last: " if failures else ""
             log.warning(
                 "replica %s ejected for %.1f s %s%s",
-                replica, self.settings.cooldown_s, why, evidence or "unknown",
+                replica,
+                self.settings.cooldown_s,
+                why,
+                evidence or "unknown",
             )
         else:
             log.info("replica %s is now %s", replica, state.value)
@@ -128,7 +133,9 @@ class HealthMonitor:
         if tracker.successes >= self.settings.success_threshold:
             self._set(replica, tracker, Health.HEALTHY)
 
-    def record_failure(self, replica: ReplicaId, *, passive: bool = False, evidence: str = "") -> None:
+    def record_failure(
+        self, replica: ReplicaId, *, passive: bool = False, evidence: str = ""
+    ) -> None:
         """One failure of `replica`; `evidence` says what happened (logged on ejection)."""
         tracker = self._tracker(replica)
         if tracker.state is Health.EJECTED:
@@ -193,8 +200,11 @@ class HealthMonitor:
                 await resp.aclose()
         except UpstreamTimeout as err:
             self.canaries_failed += 1
-            self._stalled(replica, f"canary after a request timed out: {err.message} "
-                          f"({time.monotonic() - started:.1f} s)")
+            self._stalled(
+                replica,
+                f"canary after a request timed out: {err.message} "
+                f"({time.monotonic() - started:.1f} s)",
+            )
             return True
         except GatewayError:
             return False  # refused or reset: the probes and passive connect errors judge that
@@ -205,7 +215,9 @@ class HealthMonitor:
         if tracker.state is Health.EJECTED:
             return
         if self._last_in_service(replica):
-            log.warning("replica %s looks stalled (%s) but is the last in service", replica, evidence)
+            log.warning(
+                "replica %s looks stalled (%s) but is the last in service", replica, evidence
+            )
             return
         self._set(replica, tracker, Health.EJECTED, evidence)
         tracker.ejected_until = self.clock() + self.settings.cooldown_s

@@ -62,10 +62,12 @@ from gateway.types import ROUTE_SPECS, Endpoint, RouteRequest, SessionKey
 _ROLE_SEP = b"\x1e"
 _MSG_SEP = b"\x1f"
 # Message header bytes of the usual roles, built once (others are built per message).
-_HEADERS: Mapping[str, bytes] = MappingProxyType({
-    role: _MSG_SEP + role.encode() + _ROLE_SEP
-    for role in ("system", "developer", "user", "assistant", "tool", "function")
-})
+_HEADERS: Mapping[str, bytes] = MappingProxyType(
+    {
+        role: _MSG_SEP + role.encode() + _ROLE_SEP
+        for role in ("system", "developer", "user", "assistant", "tool", "function")
+    }
+)
 _USER = _HEADERS["user"]
 
 
@@ -81,8 +83,10 @@ def _part_bytes(content: Any) -> bytes:
     if isinstance(content, list):
         out: list[bytes] = []
         for part in content:
-            if isinstance(part, Mapping) and part.get("type") in _TEXT_PARTS and isinstance(
-                part.get("text"), str
+            if (
+                isinstance(part, Mapping)
+                and part.get("type") in _TEXT_PARTS
+                and isinstance(part.get("text"), str)
             ):
                 out.append(part["text"].encode())
             else:
@@ -363,7 +367,10 @@ def route_request(
             ends = _ChainEnds(len(openers), block_bytes)
             stream = _Stream(pieces)
             start = ends(len(chain))
-            tail = (size - start, _xxh3(stream.slice(start, size), chain[-1]) if size > start else 0)
+            tail = (
+                size - start,
+                _xxh3(stream.slice(start, size), chain[-1]) if size > start else 0,
+            )
 
             def probe(count: int, length: int) -> int:
                 at = ends(count)

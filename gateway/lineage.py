@@ -92,8 +92,16 @@ class LineageIndex:
     """Prefix hashes -> the one lineage holding them (or SHARED), and each lineage's tip."""
 
     __slots__ = (
-        "_by_key", "_ends", "_keys", "_next_id", "_owner", "_tails", "_tips", "capacity",
-        "max_lineages", "slack",
+        "_by_key",
+        "_ends",
+        "_keys",
+        "_next_id",
+        "_owner",
+        "_tails",
+        "_tips",
+        "capacity",
+        "max_lineages",
+        "slack",
     )
 
     def __init__(
@@ -149,7 +157,9 @@ class LineageIndex:
         tip = self._tips.get(holder)
         if tip is None:  # its lineage was forgotten: what it left is anybody's
             return LineageMatch(None, m)
-        if m >= tip - self.slack and not (probe is not None and m == tip and self._tails.get(holder)):
+        if m >= tip - self.slack and not (
+            probe is not None and m == tip and self._tails.get(holder)
+        ):
             # (Ending exactly at a tip with bytes past it was decided above, by the bytes.)
             return LineageMatch(holder, m)
         return LineageMatch(None, m, parent=holder)
@@ -319,4 +329,3 @@ class Conversations:
         if tokens:
             blocks = int(self._factor * tokens / self._block_tokens)
             self.index.resize(min(self._max, max(MIN_BLOCKS, blocks)))
-

@@ -48,13 +48,50 @@ from gateway.token_timing import StreamTimer
 
 # Latencies of LLM calls span milliseconds (cached, short) to minutes (100K-token prefill).
 LATENCY_BUCKETS = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    120,
+    300,
 )
 # vLLM's own buckets for per-token latency span 10 ms to 80 s; a gateway in front of a fast
 # engine needs the millisecond end as well.
 TOKEN_LATENCY_BUCKETS = (
-    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
-    0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
+    0.001,
+    0.0025,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
 )
 # Label of a model no replica announced: a client cannot mint label values.
 OTHER_MODEL = "other"
@@ -111,7 +148,10 @@ class GatewayMetrics:
             "kvgate_client_disconnects", "Clients that left early", ["phase"], registry=r
         )
         self.upstream_failures = Counter(
-            "kvgate_upstream_failures", "Failed attempts per replica", ["replica", "kind"], registry=r
+            "kvgate_upstream_failures",
+            "Failed attempts per replica",
+            ["replica", "kind"],
+            registry=r,
         )
         self._register_token_metrics(r)
         self._cluster = cluster
@@ -133,38 +173,54 @@ class GatewayMetrics:
         self.ttft = Histogram(
             "kvgate_time_to_first_token_seconds",
             "Request arrival to the first SSE event carrying a token (streams)",
-            by_replica, buckets=LATENCY_BUCKETS, registry=r,
+            by_replica,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.itl = Histogram(
             "kvgate_inter_token_latency_seconds",
             "Time between two streamed tokens as relayed (streams)",
-            by_replica, buckets=TOKEN_LATENCY_BUCKETS, registry=r,
+            by_replica,
+            buckets=TOKEN_LATENCY_BUCKETS,
+            registry=r,
         )
         self.tpot = Histogram(
             "kvgate_time_per_output_token_seconds",
             "Per stream: (last token - first token) / (output tokens - 1)",
-            by_replica, buckets=TOKEN_LATENCY_BUCKETS, registry=r,
+            by_replica,
+            buckets=TOKEN_LATENCY_BUCKETS,
+            registry=r,
         )
         self.e2e = Histogram(
             "kvgate_e2e_request_latency_seconds",
             "Request arrival to its last byte, per model and serving replica",
-            by_replica, buckets=LATENCY_BUCKETS, registry=r,
+            by_replica,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.prompt_tokens = Counter(
-            "kvgate_prompt_tokens", "Prompt tokens the engines reported (cached included)",
-            by_pool, registry=r,
+            "kvgate_prompt_tokens",
+            "Prompt tokens the engines reported (cached included)",
+            by_pool,
+            registry=r,
         )
         self.cached_tokens = Counter(
-            "kvgate_cached_prompt_tokens", "Prompt tokens served from the prefix cache",
-            by_pool, registry=r,
+            "kvgate_cached_prompt_tokens",
+            "Prompt tokens served from the prefix cache",
+            by_pool,
+            registry=r,
         )
         self.generation_tokens = Counter(
-            "kvgate_generation_tokens", "Output tokens the engines reported", by_pool, registry=r,
+            "kvgate_generation_tokens",
+            "Output tokens the engines reported",
+            by_pool,
+            registry=r,
         )
         self.replica_cost = Counter(
             "kvgate_replica_cost",
             "Price units spent: replica price per hour x time with a request in flight",
-            ["replica", "pool"], registry=r,
+            ["replica", "pool"],
+            registry=r,
         )
 
     def model_label(self, model: str) -> str:
@@ -182,8 +238,14 @@ class GatewayMetrics:
         )
 
     def served(
-        self, model: str, replica: str, pool: str, latency: float,
-        prompt: int | None, cached: int | None, completion: int | None,
+        self,
+        model: str,
+        replica: str,
+        pool: str,
+        latency: float,
+        prompt: int | None,
+        cached: int | None,
+        completion: int | None,
     ) -> None:
         """One request `replica` answered: end-to-end latency and the tokens it reported."""
         self._child(self.e2e, "observe", model, replica)(latency)
@@ -198,7 +260,13 @@ class GatewayMetrics:
         self._child(self.replica_cost, "inc", replica, pool)(amount)
 
     def request_done(
-        self, endpoint: str, replica: str, status: int, stream: bool, latency: float, ttfb: float | None
+        self,
+        endpoint: str,
+        replica: str,
+        status: int,
+        stream: bool,
+        latency: float,
+        ttfb: float | None,
     ) -> None:
         s = "true" if stream else "false"
         self._child(self.requests, "inc", endpoint, replica, str(status))()

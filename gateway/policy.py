@@ -154,9 +154,7 @@ def resolve_policy_class(name: str) -> PolicyFactory:
     )
 
 
-def build_policy(
-    name: str, raw_config: Mapping[str, Any] | None, context: PolicyContext
-) -> Policy:
+def build_policy(name: str, raw_config: Mapping[str, Any] | None, context: PolicyContext) -> Policy:
     """Resolve `name`, validate its config section and construct it."""
     cls = resolve_policy_class(name)
     config_cls: type[PolicyConfig] = getattr(cls, "Config", PolicyConfig)

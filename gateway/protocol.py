@@ -149,7 +149,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         now = self.loop.time()
         if not self._since:
             self._since = now
-        limit = self._guard.header_timeout_s if self._phase == _HEADERS else self._guard.body_timeout_s
+        limit = (
+            self._guard.header_timeout_s if self._phase == _HEADERS else self._guard.body_timeout_s
+        )
         self._deadline = self.loop.call_at(self._since + limit, self._expired)
 
     def _disarm(self) -> None:

@@ -77,7 +77,11 @@ class DrainingServer(uvicorn.Server):
     def capture_signals(self) -> Iterator[None]:
         with super().capture_signals():
             hup = getattr(signal, "SIGHUP", None)
-            if hup is None or self._on_reload is None or threading.current_thread() is not threading.main_thread():
+            if (
+                hup is None
+                or self._on_reload is None
+                or threading.current_thread() is not threading.main_thread()
+            ):
                 yield
                 return
             previous = signal.signal(hup, self._hang_up)

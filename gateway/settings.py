@@ -74,39 +74,54 @@ class ServerSettings(Section):
     )
     forwarded_allow_ips: str = Field("127.0.0.1", description="comma-separated IPs, or *")
     keep_alive_s: float = Field(
-        DEFAULT_KEEP_ALIVE_S, gt=0, description="idle client connections stay open this long; "
+        DEFAULT_KEEP_ALIVE_S,
+        gt=0,
+        description="idle client connections stay open this long; "
         "keep it above the clients' and load balancer's idle timeouts (httpx and the openai "
         "SDK drop idle connections after 5 s, uvicorn's own default), so that the client, not "
-        "the gateway, closes an idle connection and no request is sent into a closing one"
+        "the gateway, closes an idle connection and no request is sent into a closing one",
     )
     header_timeout_s: float = Field(
-        10.0, gt=0, description="a request's headers must arrive within this long of its first "
-        "byte (a new connection's first request: of the connection), else 408 and close"
+        10.0,
+        gt=0,
+        description="a request's headers must arrive within this long of its first "
+        "byte (a new connection's first request: of the connection), else 408 and close",
     )
     body_timeout_s: float = Field(
-        60.0, gt=0, description="a request's body must arrive within this long of its headers, "
-        "else the connection is closed"
+        60.0,
+        gt=0,
+        description="a request's body must arrive within this long of its headers, "
+        "else the connection is closed",
     )
     max_connections_per_ip: int = Field(
-        0, ge=0, description="open client connections per client address and worker (0 = no "
-        "cap; behind a load balancer every connection comes from its address); past it 429"
+        0,
+        ge=0,
+        description="open client connections per client address and worker (0 = no "
+        "cap; behind a load balancer every connection comes from its address); past it 429",
     )
 
     drain_timeout_s: float = Field(
-        30.0, gt=0, description="on SIGTERM/SIGINT, how long requests and streams in flight "
-        "may take to finish before they are cancelled and the process exits"
+        30.0,
+        gt=0,
+        description="on SIGTERM/SIGINT, how long requests and streams in flight "
+        "may take to finish before they are cancelled and the process exits",
     )
     drain_delay_s: float = Field(
-        0.0, ge=0, le=300, description="on SIGTERM, /ready answers 503 this long before the "
+        0.0,
+        ge=0,
+        le=300,
+        description="on SIGTERM, /ready answers 503 this long before the "
         "listener closes, so a load balancer (a Kubernetes readiness probe) stops sending "
-        "first; set it to the probe's period times its failure threshold"
+        "first; set it to the probe's period times its failure threshold",
     )
 
     def protocol(self) -> Any:
         """uvicorn's `http=` argument: httptools with these request deadlines and cap."""
         from gateway.protocol import guarded_protocol
 
-        return guarded_protocol(self.header_timeout_s, self.body_timeout_s, self.max_connections_per_ip)
+        return guarded_protocol(
+            self.header_timeout_s, self.body_timeout_s, self.max_connections_per_ip
+        )
 
 
 class ReplicaSettings(Section):
@@ -119,8 +134,10 @@ class ReplicaSettings(Section):
     role: Role = Field(Role.BOTH, description="both | prefill | decode")
     priority_scheduling: bool = Field(False, description="engine runs priority scheduling")
     price_per_hour: float = Field(
-        0.0, ge=0, description="what this replica costs per hour, for kvgate_replica_cost_total "
-        "(0 = its pool's price per replica-hour, else unpriced)"
+        0.0,
+        ge=0,
+        description="what this replica costs per hour, for kvgate_replica_cost_total "
+        "(0 = its pool's price per replica-hour, else unpriced)",
     )
 
     @field_validator("url")
@@ -162,37 +179,52 @@ class SessionSettings(Section):
     priority_header: str = Field("X-Priority", description="header naming a priority class")
     tenant_header: str = Field("X-Tenant-Id", description="header naming the tenant")
     block_tokens: int = Field(
-        512, ge=1, le=4096, description="tokens per prefix-hash block (x 4 bytes of prompt); "
-        "larger blocks cost less CPU per request, smaller ones see shorter shared prefixes"
+        512,
+        ge=1,
+        le=4096,
+        description="tokens per prefix-hash block (x 4 bytes of prompt); "
+        "larger blocks cost less CPU per request, smaller ones see shorter shared prefixes",
     )
     max_prefix_blocks: int = Field(
-        2048, ge=0, le=1 << 20, description="prefix blocks hashed per request (0 = none); "
-        "the default covers a million tokens at 512-token blocks"
+        2048,
+        ge=0,
+        le=1 << 20,
+        description="prefix blocks hashed per request (0 = none); "
+        "the default covers a million tokens at 512-token blocks",
     )
     completion_key_chars: int = Field(
-        1024, ge=1, description="leading prompt characters that key a /v1/completions session "
-        "when it has no lineage"
+        1024,
+        ge=1,
+        description="leading prompt characters that key a /v1/completions session "
+        "when it has no lineage",
     )
     lineage: bool = Field(
-        True, description="without a session header or prompt_cache_key, infer each "
-        "conversation from its prompt (gateway.lineage) and key its session on that"
+        True,
+        description="without a session header or prompt_cache_key, infer each "
+        "conversation from its prompt (gateway.lineage) and key its session on that",
     )
     user_is_session: bool = Field(
-        False, description="treat the body's `user` as a session id (many clients send one "
-        "`user` for all their conversations, so it is off unless you know yours do not)"
+        False,
+        description="treat the body's `user` as a session id (many clients send one "
+        "`user` for all their conversations, so it is off unless you know yours do not)",
     )
     lineage_capacity_factor: float = Field(
-        2.0, gt=0, description="lineage index size: this times the cluster's scraped KV "
-        "capacity, in hash blocks (it remembers conversations a little longer than engines)"
+        2.0,
+        gt=0,
+        description="lineage index size: this times the cluster's scraped KV "
+        "capacity, in hash blocks (it remembers conversations a little longer than engines)",
     )
     lineage_max_blocks: int = Field(
-        1 << 22, ge=1024, description="hard bound of the lineage index, in hash blocks "
-        "(about 150 bytes each)"
+        1 << 22,
+        ge=1024,
+        description="hard bound of the lineage index, in hash blocks (about 150 bytes each)",
     )
     max_lineages: int = Field(1 << 18, ge=1, description="conversations the index remembers")
     lineage_slack_tokens: int = Field(
-        0, ge=0, description="trailing tokens of a conversation's last prompt its next turn "
-        "may differ in and still continue it (for clients that re-render their last message)"
+        0,
+        ge=0,
+        description="trailing tokens of a conversation's last prompt its next turn "
+        "may differ in and still continue it (for clients that re-render their last message)",
     )
 
 
@@ -205,19 +237,23 @@ class HealthSettings(Section):
     success_threshold: int = Field(2, ge=1, description="half-open successes that re-admit")
     cooldown_s: float = Field(5.0, ge=0, description="ejection time before half-open")
     passive: bool = Field(
-        True, description="count proxied connect errors (refused, reset before any byte) "
-        "against a replica; never a request's own timeout or a status the engine answered"
+        True,
+        description="count proxied connect errors (refused, reset before any byte) "
+        "against a replica; never a request's own timeout or a status the engine answered",
     )
     canary: bool = Field(
-        True, description="after a proxied request's response-header timeout, send that "
-        "replica a one-token request; no answer within canary_timeout_s ejects it (stalled)"
+        True,
+        description="after a proxied request's response-header timeout, send that "
+        "replica a one-token request; no answer within canary_timeout_s ejects it (stalled)",
     )
     canary_timeout_s: float = Field(5.0, gt=0, description="deadline of the stall canary")
 
 
 class RetrySettings(Section):
     max_attempts: int = Field(3, ge=1, le=16, description="attempts per request, first included")
-    budget_s: float = Field(15.0, gt=0, description="stop retrying this long after the first failure")
+    budget_s: float = Field(
+        15.0, gt=0, description="stop retrying this long after the first failure"
+    )
     backoff_s: float = Field(0.0, ge=0, le=10, description="pause between attempts")
 
 
@@ -234,9 +270,11 @@ class LimitSettings(Section):
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="request body limit")
     max_json_depth: int = Field(64, ge=4, le=1000, description="deepest JSON nesting accepted")
     max_response_bytes: int = Field(
-        DEFAULT_MAX_RESPONSE_BYTES, ge=1024, description="largest non-streaming body read from "
+        DEFAULT_MAX_RESPONSE_BYTES,
+        ge=1024,
+        description="largest non-streaming body read from "
         "an engine (answers, probes, model lists); past it the client gets a 502 and the engine "
-        "connection is dropped. Streams are relayed unbuffered and not bounded"
+        "connection is dropped. Streams are relayed unbuffered and not bounded",
     )
 
 
@@ -254,16 +292,18 @@ class UpstreamSettings(Section):
         1024, ge=1, description="most open connections per engine (h1) or in all (aiohttp, httpx)"
     )
     engine_api_key: SecretStr | None = Field(
-        None, description="for engines started with --api-key: sent as 'Authorization: Bearer' "
+        None,
+        description="for engines started with --api-key: sent as 'Authorization: Bearer' "
         "on the gateway's own requests (health probes, metric scrapes, model discovery, prefix "
         "warm-ups) and, unless pass_client_authorization, on proxied requests instead of the "
         "client's. Prefer the KVGATE_UPSTREAM__ENGINE_API_KEY environment variable to "
-        "writing it in a file"
+        "writing it in a file",
     )
     pass_client_authorization: bool | None = Field(
-        None, description="send the client's own Authorization to the engines; default: only "
+        None,
+        description="send the client's own Authorization to the engines; default: only "
         "while API keys are off and no engine_api_key is set (then clients may hold the "
-        "engines' key themselves, as before)"
+        "engines' key themselves, as before)",
     )
 
     def passes_client_authorization(self, keys_on: bool) -> bool:
@@ -280,9 +320,10 @@ class UpstreamSettings(Section):
 
 class MetricsSettings(Section):
     tokens: bool = Field(
-        True, description="count tokens, end-to-end latency and cost per model and replica "
+        True,
+        description="count tokens, end-to-end latency and cost per model and replica "
         "(gateway.accounting); streams then carry usage from the engine, which the gateway "
-        "asks for and removes again when the client did not ask for it"
+        "asks for and removes again when the client did not ask for it",
     )
 
 
@@ -446,9 +487,7 @@ def load_settings(path: str | Path | None = None, **values: Any) -> KvgateSettin
         # pydantic-settings could not decode an environment value (JSON for lists/sections).
         raise ConfigError(f"environment: {_env_problem(exc)}") from exc
     except ValidationError as exc:
-        raise ConfigError(
-            "invalid configuration:\n  " + "\n  ".join(describe_errors(exc))
-        ) from exc
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(describe_errors(exc))) from exc
 
 
 def _routing_problems(routing: RoutingSettings) -> list[str]:

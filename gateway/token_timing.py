@@ -80,8 +80,18 @@ class StreamTimer:
       engine's `completion_tokens` when it reported usage, else the token events seen.
     """
 
-    __slots__ = ("_clock", "_events", "_finished", "_first", "_itl", "_last", "_seen",
-                 "_t0", "_tpot", "_ttft")
+    __slots__ = (
+        "_clock",
+        "_events",
+        "_finished",
+        "_first",
+        "_itl",
+        "_last",
+        "_seen",
+        "_t0",
+        "_tpot",
+        "_ttft",
+    )
 
     def __init__(
         self,

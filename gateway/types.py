@@ -73,24 +73,28 @@ class RouteSpec:
     continues: str | None = None
 
 
-ROUTE_SPECS: Mapping[Endpoint, RouteSpec] = MappingProxyType({
-    Endpoint.CHAT: RouteSpec("/v1/chat/completions", "messages", generates=True),
-    Endpoint.COMPLETIONS: RouteSpec("/v1/completions", "prompt", generates=True),
-    Endpoint.EMBEDDINGS: RouteSpec("/v1/embeddings", "input"),
-    Endpoint.RESPONSES: RouteSpec(
-        "/v1/responses", "responses", generates=True, continues="previous_response_id"
-    ),
-    Endpoint.MESSAGES: RouteSpec("/v1/messages", "anthropic", generates=True, errors="anthropic"),
-    Endpoint.TOKENIZE: RouteSpec("/tokenize", "either"),
-    Endpoint.DETOKENIZE: RouteSpec("/detokenize", "tokens"),
-    Endpoint.RERANK: RouteSpec("/v1/rerank", "pair"),
-    Endpoint.SCORE: RouteSpec("/v1/score", "pair"),
-    Endpoint.CLASSIFY: RouteSpec("/v1/classify", "input"),
-    Endpoint.POOLING: RouteSpec("/pooling", "either"),
-    Endpoint.TRANSCRIPTIONS: RouteSpec("/v1/audio/transcriptions", "none", multipart=True),
-    Endpoint.TRANSLATIONS: RouteSpec("/v1/audio/translations", "none", multipart=True),
-    Endpoint.SPEECH: RouteSpec("/v1/audio/speech", "input"),
-})
+ROUTE_SPECS: Mapping[Endpoint, RouteSpec] = MappingProxyType(
+    {
+        Endpoint.CHAT: RouteSpec("/v1/chat/completions", "messages", generates=True),
+        Endpoint.COMPLETIONS: RouteSpec("/v1/completions", "prompt", generates=True),
+        Endpoint.EMBEDDINGS: RouteSpec("/v1/embeddings", "input"),
+        Endpoint.RESPONSES: RouteSpec(
+            "/v1/responses", "responses", generates=True, continues="previous_response_id"
+        ),
+        Endpoint.MESSAGES: RouteSpec(
+            "/v1/messages", "anthropic", generates=True, errors="anthropic"
+        ),
+        Endpoint.TOKENIZE: RouteSpec("/tokenize", "either"),
+        Endpoint.DETOKENIZE: RouteSpec("/detokenize", "tokens"),
+        Endpoint.RERANK: RouteSpec("/v1/rerank", "pair"),
+        Endpoint.SCORE: RouteSpec("/v1/score", "pair"),
+        Endpoint.CLASSIFY: RouteSpec("/v1/classify", "input"),
+        Endpoint.POOLING: RouteSpec("/pooling", "either"),
+        Endpoint.TRANSCRIPTIONS: RouteSpec("/v1/audio/transcriptions", "none", multipart=True),
+        Endpoint.TRANSLATIONS: RouteSpec("/v1/audio/translations", "none", multipart=True),
+        Endpoint.SPEECH: RouteSpec("/v1/audio/speech", "input"),
+    }
+)
 
 # Where each endpoint is served: OpenAI's paths (and Anthropic's), as vLLM serves them.
 ENDPOINT_PATHS: Mapping[Endpoint, str] = MappingProxyType(
@@ -98,12 +102,14 @@ ENDPOINT_PATHS: Mapping[Endpoint, str] = MappingProxyType(
 )
 
 # Aliases vLLM also serves for some of them.
-EXTRA_PATHS: Mapping[str, Endpoint] = MappingProxyType({
-    "/rerank": Endpoint.RERANK,
-    "/v2/rerank": Endpoint.RERANK,
-    "/score": Endpoint.SCORE,
-    "/classify": Endpoint.CLASSIFY,
-})
+EXTRA_PATHS: Mapping[str, Endpoint] = MappingProxyType(
+    {
+        "/rerank": Endpoint.RERANK,
+        "/v2/rerank": Endpoint.RERANK,
+        "/score": Endpoint.SCORE,
+        "/classify": Endpoint.CLASSIFY,
+    }
+)
 
 _ANTHROPIC_PATHS = frozenset(s.path for s in ROUTE_SPECS.values() if s.errors == "anthropic")
 
@@ -209,9 +215,7 @@ class ClusterView:
 
     def __post_init__(self) -> None:
         if not self.by_id and self.replicas:
-            object.__setattr__(
-                self, "by_id", MappingProxyType({r.id: r for r in self.replicas})
-            )
+            object.__setattr__(self, "by_id", MappingProxyType({r.id: r for r in self.replicas}))
 
     def inflight(self, replica: ReplicaId) -> int:
         return self.in_flight.get(replica, 0)

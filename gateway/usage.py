@@ -53,7 +53,11 @@ def usage_tokens(usage: dict[str, Any] | None) -> tuple[int | None, int | None, 
     if "prompt_tokens" in usage or "input_tokens" not in usage:
         details = usage.get("prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        return count(usage.get("prompt_tokens")), count(cached), count(usage.get("completion_tokens"))
+        return (
+            count(usage.get("prompt_tokens")),
+            count(cached),
+            count(usage.get("completion_tokens")),
+        )
     # Responses (`input_tokens_details`) and Anthropic (`cache_read_input_tokens`, which
     # its `input_tokens` leave out).
     prompt = count(usage.get("input_tokens"))

@@ -458,7 +458,9 @@ def check(
             line += f", {mref:.3f}s engine-only (n={n}, x{got / mref:.2f})"
             ref = mref
         verdict = "met" if got <= 2 * ref else "MISSED"
-        print(f"{line}; target <= x2 (judged on the {'engine-only' if model_ref else 'HTTP'} reference): {verdict}")
+        print(
+            f"{line}; target <= x2 (judged on the {'engine-only' if model_ref else 'HTTP'} reference): {verdict}"
+        )
 
     def short_mean(table: dict[tuple[str, str], dict[str, float]]) -> float:
         pairs = [(table[(c, "short")]["mean"], table[(c, "short")]["ok"]) for c in (HIGH, LOW)]
@@ -739,8 +741,13 @@ async def main() -> None:
             t_on = report(on)
             per_run[name].append(
                 check(
-                    t_unloaded, t_off, t_on, on, args.max_wait,
-                    f"targets, run {i + 1}, {name}", model_ref,
+                    t_unloaded,
+                    t_off,
+                    t_on,
+                    on,
+                    args.max_wait,
+                    f"targets, run {i + 1}, {name}",
+                    model_ref,
                 )
             )
             ons[name].append(on)

@@ -30,17 +30,28 @@ MAX_PREFIX_BLOCKS = 1024
 
 def make_replicas(n: int, capacity_tokens: int) -> tuple[ReplicaState, ...]:
     return tuple(
-        ReplicaState(ReplicaId(f"r{i}"), f"http://10.0.{i // 250}.{i % 250}:8000",
-                     kv_capacity_tokens=capacity_tokens)
+        ReplicaState(
+            ReplicaId(f"r{i}"),
+            f"http://10.0.{i // 250}.{i % 250}:8000",
+            kv_capacity_tokens=capacity_tokens,
+        )
         for i in range(n)
     )
 
 
 def make_view(states: tuple[ReplicaState, ...], rng: random.Random, now: float) -> ClusterView:
     loaded = tuple(
-        ReplicaState(r.id, r.url, load=EngineLoad(
-            waiting=rng.randint(0, 4), running=rng.randint(0, 16), kv_usage=rng.random() * 0.9,
-            scraped_at=now), kv_capacity_tokens=r.kv_capacity_tokens)
+        ReplicaState(
+            r.id,
+            r.url,
+            load=EngineLoad(
+                waiting=rng.randint(0, 4),
+                running=rng.randint(0, 16),
+                kv_usage=rng.random() * 0.9,
+                scraped_at=now,
+            ),
+            kv_capacity_tokens=r.kv_capacity_tokens,
+        )
         for r in states
     )
     inflight = {r.id: rng.randint(0, 6) for r in states}
@@ -74,15 +85,24 @@ class Workload:
         # The gateway hashes at most session.max_prefix_blocks of a prompt.
         hashes = tuple(blocks[:MAX_PREFIX_BLOCKS])
         return RouteRequest(
-            request_id=f"q{self.n}", model="m", session_key=SessionKey(f"s{id(blocks)}"),
-            prefix_hashes=hashes, block_tokens=self.block_tokens,
+            request_id=f"q{self.n}",
+            model="m",
+            session_key=SessionKey(f"s{id(blocks)}"),
+            prefix_hashes=hashes,
+            block_tokens=self.block_tokens,
             prompt_tokens=len(hashes) * self.block_tokens,
         )
 
 
-def run(policy: str, replicas: int, decisions: int, prompt_blocks: int,
-        capacity_tokens: int, warm_blocks: int = 0,
-        block_tokens: int = BLOCK_TOKENS) -> dict[str, float]:
+def run(
+    policy: str,
+    replicas: int,
+    decisions: int,
+    prompt_blocks: int,
+    capacity_tokens: int,
+    warm_blocks: int = 0,
+    block_tokens: int = BLOCK_TOKENS,
+) -> dict[str, float]:
     rng = random.Random(7)
     states = make_replicas(replicas, capacity_tokens)
     router = build_router(RoutingSettings(policy=policy), PolicyContext(replicas=states))
@@ -124,7 +144,9 @@ def run(policy: str, replicas: int, decisions: int, prompt_blocks: int,
         placed_us.append((t2 - t1) / 1000.0)
     q = statistics.quantiles(choose_us, n=100)
     return {
-        "choose_p50": q[49], "choose_p99": q[98], "choose_mean": statistics.fmean(choose_us),
+        "choose_p50": q[49],
+        "choose_p99": q[98],
+        "choose_mean": statistics.fmean(choose_us),
         "placed_mean": statistics.fmean(placed_us),
         "indexed": float(index.total_blocks) if index is not None else 0.0,
     }
@@ -140,22 +162,34 @@ def main() -> None:
         for n in (8, 64, 512):
             rows.append((policy, n, run(policy, n, args.decisions, args.prompt_blocks, 500_000)))
     # ~1M indexed blocks: 64 replicas x 32k-block (512k-token) capacity, filled before timing.
-    big = run("prefix_affinity", 64, args.decisions, args.prompt_blocks, 32_768 * BLOCK_TOKENS,
-              warm_blocks=1_000_000)
+    big = run(
+        "prefix_affinity",
+        64,
+        args.decisions,
+        args.prompt_blocks,
+        32_768 * BLOCK_TOKENS,
+        warm_blocks=1_000_000,
+    )
     rows.append(("prefix_affinity (1M blocks)", 64, big))
     # The default policy with the default 256-token blocks: 100K-token prompts (400
     # blocks), 512 replicas whose indexes hold ~1M blocks in all, filled before timing.
     for n in (8, 64, 512):
-        rows.append(("lineage", n, run("lineage", n, args.decisions, 400, 500_000,
-                                       block_tokens=256)))
-    lineage_big = run("lineage", 512, args.decisions, 400, 2048 * 256, warm_blocks=1_000_000,
-                      block_tokens=256)
+        rows.append(
+            ("lineage", n, run("lineage", n, args.decisions, 400, 500_000, block_tokens=256))
+        )
+    lineage_big = run(
+        "lineage", 512, args.decisions, 400, 2048 * 256, warm_blocks=1_000_000, block_tokens=256
+    )
     rows.append(("lineage (1M blocks)", 512, lineage_big))
-    print(f"{'policy':30} {'replicas':>8} {'p50 us':>9} {'p99 us':>9} {'mean us':>9} "
-          f"{'placed us':>10} {'indexed':>9}")
+    print(
+        f"{'policy':30} {'replicas':>8} {'p50 us':>9} {'p99 us':>9} {'mean us':>9} "
+        f"{'placed us':>10} {'indexed':>9}"
+    )
     for policy, n, r in rows:
-        print(f"{policy:30} {n:>8} {r['choose_p50']:>9.1f} {r['choose_p99']:>9.1f} "
-              f"{r['choose_mean']:>9.1f} {r['placed_mean']:>10.1f} {int(r['indexed']):>9}")
+        print(
+            f"{policy:30} {n:>8} {r['choose_p50']:>9.1f} {r['choose_p99']:>9.1f} "
+            f"{r['choose_mean']:>9.1f} {r['placed_mean']:>10.1f} {int(r['indexed']):>9}"
+        )
 
 
 if __name__ == "__main__":

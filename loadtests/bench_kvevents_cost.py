@@ -43,10 +43,15 @@ MODEL = "kvgate-sim"
 
 
 def chat(tokens: int, turn: int = 0) -> dict[str, Any]:
-    msgs = [{"role": "system", "content": "agent tools " * 200},
-            {"role": "user", "content": ("read file and report " * (tokens // 5))[: tokens * 4]}]
+    msgs = [
+        {"role": "system", "content": "agent tools " * 200},
+        {"role": "user", "content": ("read file and report " * (tokens // 5))[: tokens * 4]},
+    ]
     for t in range(turn):
-        msgs += [{"role": "assistant", "content": f"done {t}"}, {"role": "user", "content": f"next {t}"}]
+        msgs += [
+            {"role": "assistant", "content": f"done {t}"},
+            {"role": "user", "content": f"next {t}"},
+        ]
     return {"model": MODEL, "messages": msgs}
 
 
@@ -61,7 +66,9 @@ def cpu_figures(tokens: int) -> None:
         runs.append(time.process_time() - t0)
     assert learnt is not None
     hashes, keys, counts = learnt
-    print(f"tokenize+key {tokens // 1000}K-token prompt ({len(keys)} blocks): {statistics.median(runs) * 1e3:.1f} ms CPU (worker thread)")
+    print(
+        f"tokenize+key {tokens // 1000}K-token prompt ({len(keys)} blocks): {statistics.median(runs) * 1e3:.1f} ms CPU (worker thread)"
+    )
     index = EventIndex()
     ids = approx_token_ids(render_chat(body["messages"]))
     n = len(ids) // 16
@@ -71,27 +78,42 @@ def cpu_figures(tokens: int) -> None:
     for i in range(8):
         rid = ReplicaId(f"e{i}")
         feed.reset(rid, True, "start")
-        index.apply(rid, [BlockStored(tuple(range(1, n + 1)), None, tuple(ids[: n * 16]), 16, None, "GPU")])
+        index.apply(
+            rid, [BlockStored(tuple(range(1, n + 1)), None, tuple(ids[: n * 16]), 16, None, "GPU")]
+        )
     evidence = EventEvidence(index, feed, bridge, {"GPU": 1.0})
     nxt = chat(tokens, turn=1)
-    reqs = [route_request(nxt, Endpoint.CHAT, f"q{i}", block_tokens=512, max_prefix_blocks=2048) for i in range(50)]
+    reqs = [
+        route_request(nxt, Endpoint.CHAT, f"q{i}", block_tokens=512, max_prefix_blocks=2048)
+        for i in range(50)
+    ]
     t0 = time.process_time()
     for r in reqs:
         answer = evidence.cached_tokens(r)
     per = (time.process_time() - t0) / len(reqs)
     assert answer is not None
-    print(f"lookup of its next turn, 8 replicas holding {min(answer.values())} tokens each: {per * 1e3:.2f} ms CPU per request")
+    print(
+        f"lookup of its next turn, 8 replicas holding {min(answer.values())} tokens each: {per * 1e3:.2f} ms CPU per request"
+    )
     t0 = time.process_time()
     for r in reqs:
         route_request(nxt, Endpoint.CHAT, r.request_id, block_tokens=512, max_prefix_blocks=2048)
-    print(f"  (for scale: building its RouteRequest costs {(time.process_time() - t0) / len(reqs) * 1e3:.2f} ms)")
+    print(
+        f"  (for scale: building its RouteRequest costs {(time.process_time() - t0) / len(reqs) * 1e3:.2f} ms)"
+    )
 
 
 async def latency(events: bool, requests: int) -> tuple[float, float]:
     async with sim_engines(4, "instant", kv_events=KVEventsOptions()) as engines:
-        sources = [{"replica": f"e{e.index}", "endpoint": e.kv_publisher.endpoint,  # type: ignore[union-attr]
-                    "replay_endpoint": e.kv_publisher.replay_endpoint, "topic": "kv-events"}  # type: ignore[union-attr]
-                   for e in engines]
+        sources = [
+            {
+                "replica": f"e{e.index}",
+                "endpoint": e.kv_publisher.endpoint,  # type: ignore[union-attr]
+                "replay_endpoint": e.kv_publisher.replay_endpoint,
+                "topic": "kv-events",
+            }  # type: ignore[union-attr]
+            for e in engines
+        ]
         kv = {"enabled": events, "sources": sources, "tokenizer": {"kind": "sim"}}
         async with gateway(engines, kv_events=kv) as gw, httpx.AsyncClient(base_url=gw.url) as http:
             times = []
@@ -117,7 +139,9 @@ def main() -> int:
     cpu_figures(args.tokens)
     for events in (False, True, False, True):
         p50, p99 = asyncio.run(latency(events, args.requests))
-        print(f"request path, 1 client, events {'on ' if events else 'off'}: p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms")
+        print(
+            f"request path, 1 client, events {'on ' if events else 'off'}: p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms"
+        )
     return 0
 
 

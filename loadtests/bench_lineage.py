@@ -96,7 +96,11 @@ from gateway.trace.report import ReplayReport
 REPLICAS = 8
 ENGINE_PROFILE = "h200-sparse"  # what bench_policies.start_engines serves (scale 1)
 DEFAULT_ROUTERS = (
-    "kvgate", "sglang-cache_aware", "sglang-manual", "vllm-consistent_hash", "vllm-cache_aware",
+    "kvgate",
+    "sglang-cache_aware",
+    "sglang-manual",
+    "vllm-consistent_hash",
+    "vllm-cache_aware",
 )
 TRACES = ("synthetic", "agent")
 HEADERS = ("with", "without")
@@ -132,6 +136,7 @@ class Workload:
 
 # -- routers -------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class RouterSpec:
     name: str
@@ -144,11 +149,16 @@ class RouterSpec:
 def parse_router(name: str) -> RouterSpec:
     base, plus, suffix = name.partition("+")
     kind, _, policy = base.partition("-")
-    if (kind not in ("kvgate", "sglang", "vllm") or (kind != "kvgate" and not policy)
-            or (plus and (suffix != "events" or kind != "kvgate"))):
-        raise ValueError(f"unknown router {name!r}: use kvgate, kvgate-POLICY, sglang-POLICY "
-                         f"or vllm-POLICY, kvgate[-POLICY]+events "
-                         f"(defaults: {', '.join(DEFAULT_ROUTERS)})")
+    if (
+        kind not in ("kvgate", "sglang", "vllm")
+        or (kind != "kvgate" and not policy)
+        or (plus and (suffix != "events" or kind != "kvgate"))
+    ):
+        raise ValueError(
+            f"unknown router {name!r}: use kvgate, kvgate-POLICY, sglang-POLICY "
+            f"or vllm-POLICY, kvgate[-POLICY]+events "
+            f"(defaults: {', '.join(DEFAULT_ROUTERS)})"
+        )
     return RouterSpec(name, kind, policy or None, bool(plus))
 
 
@@ -181,8 +191,13 @@ class Running:
         self.proc.stop()
 
 
-def kvgate_yaml(port: int, urls: Sequence[str], policy: str | None, time_scale: float,
-                kv: Sequence[tuple[str, str]] = ()) -> str:
+def kvgate_yaml(
+    port: int,
+    urls: Sequence[str],
+    policy: str | None,
+    time_scale: float,
+    kv: Sequence[tuple[str, str]] = (),
+) -> str:
     lines = [f"server:\n  port: {port}\n  log_level: warning\nreplicas:"]
     lines += [f"  - {{id: e{i}, url: '{u}', models: [{MODEL}]}}" for i, u in enumerate(urls)]
     # Engines run time_scale x faster: scrape as often in simulated time as by default
@@ -193,22 +208,44 @@ def kvgate_yaml(port: int, urls: Sequence[str], policy: str | None, time_scale: 
         lines.append(f"routing:\n  policy: {policy}")
     if kv:
         lines.append("kv_events:\n  enabled: true\n  tokenizer: {kind: sim}\n  sources:")
-        lines += [f"    - {{replica: e{i}, endpoint: '{pub}', replay_endpoint: '{replay}', "
-                  "topic: kv-events}" for i, (pub, replay) in enumerate(kv)]
+        lines += [
+            f"    - {{replica: e{i}, endpoint: '{pub}', replay_endpoint: '{replay}', "
+            "topic: kv-events}"
+            for i, (pub, replay) in enumerate(kv)
+        ]
     return "\n".join(lines) + "\n"
 
 
-def router_command(spec: RouterSpec, urls: Sequence[str], port: int, time_scale: float,
-                   args: argparse.Namespace, workdir: Path,
-                   kv: Sequence[tuple[str, str]] = ()) -> list[str] | str:
+def router_command(
+    spec: RouterSpec,
+    urls: Sequence[str],
+    port: int,
+    time_scale: float,
+    args: argparse.Namespace,
+    workdir: Path,
+    kv: Sequence[tuple[str, str]] = (),
+) -> list[str] | str:
     """The command line of a router in front of `urls`, or why it cannot run."""
     if spec.kind == "kvgate":
         cfg = workdir / f"{spec.name}-{port}.yaml"
         cfg.write_text(kvgate_yaml(port, urls, spec.policy, time_scale, kv if spec.events else ()))
         return [sys.executable, "-m", "gateway.cli", "serve", "-c", str(cfg)]
-    common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls,
-              "--policy", str(spec.policy), "--log-level", "error",
-              "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+    common = [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--worker-urls",
+        *urls,
+        "--policy",
+        str(spec.policy),
+        "--log-level",
+        "error",
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        str(free_port()),
+    ]
     bin_dir = Path(args.router_bin)
     if spec.kind == "sglang":
         python = bin_dir / "python"
@@ -222,9 +259,14 @@ def router_command(spec: RouterSpec, urls: Sequence[str], port: int, time_scale:
     return [found, *common]
 
 
-def start_router(spec: RouterSpec, urls: Sequence[str], time_scale: float,
-                 args: argparse.Namespace, workdir: Path,
-                 kv: Sequence[tuple[str, str]] = ()) -> tuple[Running, str] | str:
+def start_router(
+    spec: RouterSpec,
+    urls: Sequence[str],
+    time_scale: float,
+    args: argparse.Namespace,
+    workdir: Path,
+    kv: Sequence[tuple[str, str]] = (),
+) -> tuple[Running, str] | str:
     """(process, url) of a router that answered a chat completion, or why it was skipped."""
     if any(not u.startswith("http://127.0.0.1:") for u in urls):
         raise RuntimeError(f"engines must be local: {urls}")
@@ -259,9 +301,13 @@ class Counters:
     preemptions: float
 
     def minus(self, before: Counters) -> Counters:
-        return Counters(tuple(a - b for a, b in zip(self.prompt, before.prompt)),
-                        self.hits - before.hits, self.queries - before.queries,
-                        self.evictions - before.evictions, self.preemptions - before.preemptions)
+        return Counters(
+            tuple(a - b for a, b in zip(self.prompt, before.prompt)),
+            self.hits - before.hits,
+            self.queries - before.queries,
+            self.evictions - before.evictions,
+            self.preemptions - before.preemptions,
+        )
 
 
 async def read_counters(urls: Sequence[str]) -> Counters:
@@ -273,11 +319,17 @@ async def read_counters(urls: Sequence[str]) -> Counters:
                 for s in fam.samples:
                     if s.name in extra:
                         extra[s.name] += s.value
-    return Counters(tuple(c[0] for c in per_engine), sum(c[1] for c in per_engine),
-                    sum(c[2] for c in per_engine), extra[EVICTIONS], extra[PREEMPTIONS])
+    return Counters(
+        tuple(c[0] for c in per_engine),
+        sum(c[1] for c in per_engine),
+        sum(c[2] for c in per_engine),
+        extra[EVICTIONS],
+        extra[PREEMPTIONS],
+    )
 
 
 # -- one run -------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Cell:
@@ -290,8 +342,19 @@ class Cell:
         return f"{self.trace} / {self.layout} / {'with' if self.header else 'without'} header"
 
 
-FIGURES = ("hit", "eng_hit", "ttft_p50", "ttft_p90", "ttft_p99", "ttft_mean", "imbalance",
-           "busy", "errors", "cpu_s", "cpu_us")
+FIGURES = (
+    "hit",
+    "eng_hit",
+    "ttft_p50",
+    "ttft_p90",
+    "ttft_p99",
+    "ttft_mean",
+    "imbalance",
+    "busy",
+    "errors",
+    "cpu_s",
+    "cpu_us",
+)
 
 
 @dataclass
@@ -311,8 +374,9 @@ class Run:
     skipped: str | None = None
 
 
-def figures(report: ReplayReport, eng: Counters, cpu_s: float | None,
-            time_scale: float) -> dict[str, float]:
+def figures(
+    report: ReplayReport, eng: Counters, cpu_s: float | None, time_scale: float
+) -> dict[str, float]:
     nan = math.nan
     mean_prompt = sum(eng.prompt) / len(eng.prompt)
     rate = get_profile(ENGINE_PROFILE).prefill_tokens_per_s
@@ -321,8 +385,10 @@ def figures(report: ReplayReport, eng: Counters, cpu_s: float | None,
     return {
         "hit": report.hit_rate if report.hit_rate is not None else nan,
         "eng_hit": eng.hits / eng.queries if eng.queries else nan,
-        "ttft_p50": t.p50 * time_scale, "ttft_p90": t.p90 * time_scale,
-        "ttft_p99": t.p99 * time_scale, "ttft_mean": t.mean * time_scale,
+        "ttft_p50": t.p50 * time_scale,
+        "ttft_p90": t.p90 * time_scale,
+        "ttft_p99": t.p99 * time_scale,
+        "ttft_mean": t.mean * time_scale,
         "imbalance": max(eng.prompt) / mean_prompt if mean_prompt else nan,
         "busy": (eng.queries - eng.hits) / capacity if capacity else nan,
         "errors": float(report.errors),
@@ -335,14 +401,21 @@ def cpu_delta(before: float | None, after: float | None) -> float | None:
     return None if before is None or after is None else after - before
 
 
-async def run_one(spec: RouterSpec, cell: Cell, work: Workload, repeat: int,
-                  args: argparse.Namespace, workdir: Path) -> Run:
+async def run_one(
+    spec: RouterSpec,
+    cell: Cell,
+    work: Workload,
+    repeat: int,
+    args: argparse.Namespace,
+    workdir: Path,
+) -> Run:
     """One router on fresh engines: the replay of one cell, and the figures of its row."""
     run = Run(spec.name, cell.label, repeat)
     engines = start_engines(REPLICAS, args.blocks, work.time_scale, kv_events=spec.events)
     try:
-        started = await asyncio.to_thread(start_router, spec, engines.urls, work.time_scale,
-                                          args, workdir, engines.kv)
+        started = await asyncio.to_thread(
+            start_router, spec, engines.urls, work.time_scale, args, workdir, engines.kv
+        )
         if isinstance(started, str):
             run.skipped = started
             return run
@@ -353,8 +426,13 @@ async def run_one(spec: RouterSpec, cell: Cell, work: Workload, repeat: int,
             cpu0, engine_cpu0 = tree_cpu_seconds(router.pid), tree_cpu_seconds(engines.proc.pid)
             client_cpu0, t0 = time.process_time(), time.monotonic()
             report = await replay(
-                work.trace, url, speedup=work.speedup, model=MODEL, endpoint=args.endpoint,
-                layout=cell.layout, session_header=cell.header,
+                work.trace,
+                url,
+                speedup=work.speedup,
+                model=MODEL,
+                endpoint=args.endpoint,
+                layout=cell.layout,
+                session_header=cell.header,
                 max_output_tokens=args.max_output_tokens,
                 progress=sys.stderr if args.progress else None,
             )
@@ -377,6 +455,7 @@ async def run_one(spec: RouterSpec, cell: Cell, work: Workload, repeat: int,
 
 
 # -- stickiness check ----------------------------------------------------------------------
+
 
 async def sticky_check(spec: RouterSpec, args: argparse.Namespace, workdir: Path) -> str:
     """How many sessions kept to one engine, with and without the session headers.
@@ -402,18 +481,25 @@ async def sticky_check(spec: RouterSpec, args: argparse.Namespace, workdir: Path
                         for k in range(STICKY_TURNS):
                             before = await engine_counters(engines.urls)
                             text = PromptBuilder.words(f"{sid}/{k}".encode(), 64)
-                            body = {"model": MODEL, "max_tokens": 1,
-                                    "messages": [{"role": "user", "content": text}]}
-                            resp = await http.post(url + "/v1/chat/completions", json=body,
-                                                   headers=headers)
+                            body = {
+                                "model": MODEL,
+                                "max_tokens": 1,
+                                "messages": [{"role": "user", "content": text}],
+                            }
+                            resp = await http.post(
+                                url + "/v1/chat/completions", json=body, headers=headers
+                            )
                             resp.raise_for_status()
                             after = await engine_counters(engines.urls)
-                            seen |= {i for i, (a, b) in enumerate(zip(after, before))
-                                     if a[0] > b[0]}
+                            seen |= {
+                                i for i, (a, b) in enumerate(zip(after, before)) if a[0] > b[0]
+                            }
                         kept += len(seen) == 1
                         used |= seen
-                    out.append(f"{'with' if with_header else 'without'} headers "
-                               f"{kept}/{STICKY_SESSIONS} on one engine, {len(used)} engines in all")
+                    out.append(
+                        f"{'with' if with_header else 'without'} headers "
+                        f"{kept}/{STICKY_SESSIONS} on one engine, {len(used)} engines in all"
+                    )
         finally:
             router.stop()
     finally:
@@ -422,6 +508,7 @@ async def sticky_check(spec: RouterSpec, args: argparse.Namespace, workdir: Path
 
 
 # -- traces --------------------------------------------------------------------------------
+
 
 def load_workload(name: str, args: argparse.Namespace) -> Workload | str:
     """The window of a trace with its replay speeds, or why it is not available."""
@@ -436,21 +523,22 @@ def load_workload(name: str, args: argparse.Namespace) -> Workload | str:
     elif args.agent_trace:
         trace = read_trace(args.agent_trace).window(0, requests)
     else:
-        opts = AgentTraceOptions(seed=args.agent_seed, sessions=args.agent_sessions,
-                                 duration_s=args.agent_duration)
+        opts = AgentTraceOptions(
+            seed=args.agent_seed, sessions=args.agent_sessions, duration_s=args.agent_duration
+        )
         trace = generate_agent_trace(opts).window(0, requests)
     fit, left_out = fitting(trace, args.blocks, args.max_output_tokens)
     if not fit.records:
         return "the window holds no requests an engine takes"
-    return Workload(name, fit, args.speedup or d.speedup, args.time_scale or d.time_scale,
-                    left_out)
+    return Workload(name, fit, args.speedup or d.speedup, args.time_scale or d.time_scale, left_out)
 
 
 def fitting(trace: Trace, blocks: int, max_output: int) -> tuple[Trace, int]:
     """The trace without requests longer than an engine takes (they fail on every router)."""
     limit = min(get_profile(ENGINE_PROFILE).max_model_len, blocks * 16) - CHAT_OVERHEAD_TOKENS
-    kept = tuple(r for r in trace.records
-                 if r.input_tokens + min(r.output_tokens, max_output) <= limit)
+    kept = tuple(
+        r for r in trace.records if r.input_tokens + min(r.output_tokens, max_output) <= limit
+    )
     return Trace(trace.header, kept).window(), len(trace.records) - len(kept)
 
 
@@ -458,11 +546,16 @@ def fitting(trace: Trace, blocks: int, max_output: int) -> tuple[Trace, int]:
 
 # figure: (column title, width, format of a median, format inside a min..max)
 COLUMNS = {
-    "hit": ("hit", 7, "{:.1%}", "{:.1%}"), "eng_hit": ("eng hit", 7, "{:.1%}", "{:.1%}"),
-    "ttft_p50": ("p50", 7, "{:.2f}", "{:.2f}"), "ttft_p90": ("p90", 7, "{:.2f}", "{:.2f}"),
-    "ttft_p99": ("p99", 7, "{:.2f}", "{:.2f}"), "ttft_mean": ("mean", 7, "{:.2f}", "{:.2f}"),
-    "imbalance": ("imbal", 6, "{:.2f}", "{:.2f}"), "busy": ("busy", 5, "{:.0%}", "{:.0%}"),
-    "errors": ("err", 5, "{:.0f}", "{:.0f}"), "cpu_s": ("cpu s", 7, "{:.1f}", "{:.1f}"),
+    "hit": ("hit", 7, "{:.1%}", "{:.1%}"),
+    "eng_hit": ("eng hit", 7, "{:.1%}", "{:.1%}"),
+    "ttft_p50": ("p50", 7, "{:.2f}", "{:.2f}"),
+    "ttft_p90": ("p90", 7, "{:.2f}", "{:.2f}"),
+    "ttft_p99": ("p99", 7, "{:.2f}", "{:.2f}"),
+    "ttft_mean": ("mean", 7, "{:.2f}", "{:.2f}"),
+    "imbalance": ("imbal", 6, "{:.2f}", "{:.2f}"),
+    "busy": ("busy", 5, "{:.0%}", "{:.0%}"),
+    "errors": ("err", 5, "{:.0f}", "{:.0f}"),
+    "cpu_s": ("cpu s", 7, "{:.1f}", "{:.1f}"),
     "cpu_us": ("us/req", 7, "{:.0f}", "{:.0f}"),
 }
 NAME_WIDTH = 22
@@ -473,8 +566,11 @@ def summarise(runs: list[Run]) -> dict[str, tuple[float, float, float]]:
     out = {}
     for name in FIGURES:
         values = [r.figures[name] for r in runs if not math.isnan(r.figures.get(name, math.nan))]
-        out[name] = ((statistics.median(values), min(values), max(values)) if values
-                     else (math.nan, math.nan, math.nan))
+        out[name] = (
+            (statistics.median(values), min(values), max(values))
+            if values
+            else (math.nan, math.nan, math.nan)
+        )
     return out
 
 
@@ -487,9 +583,11 @@ def print_cell(cell: Cell, work: Workload, runs: dict[str, list[Run]]) -> None:
     records = work.trace.records
     tokens = sum(r.input_tokens for r in records)
     left_out = f" (left out {work.left_out} longer than an engine takes)" if work.left_out else ""
-    print(f"\n== {cell.label}: {len(records)} requests{left_out}, {tokens / 1e6:.1f}M prompt "
-          f"tokens, {records[-1].arrival_s:.0f} s of arrivals / speedup {work.speedup:g}, "
-          f"engine time scale {work.time_scale:g}")
+    print(
+        f"\n== {cell.label}: {len(records)} requests{left_out}, {tokens / 1e6:.1f}M prompt "
+        f"tokens, {records[-1].arrival_s:.0f} s of arrivals / speedup {work.speedup:g}, "
+        f"engine time scale {work.time_scale:g}"
+    )
     print(table_line("router", [COLUMNS[k][0] for k in FIGURES]))
     notes = []
     for name, rs in runs.items():
@@ -500,19 +598,23 @@ def print_cell(cell: Cell, work: Workload, runs: dict[str, list[Run]]) -> None:
         s = summarise(done)
         print(table_line(name, [COLUMNS[k][2].format(s[k][0]) for k in FIGURES]))
         if len(done) > 1:
-            spread = [f"{COLUMNS[k][3].format(s[k][1])}..{COLUMNS[k][3].format(s[k][2])}"
-                      for k in FIGURES]
+            spread = [
+                f"{COLUMNS[k][3].format(s[k][1])}..{COLUMNS[k][3].format(s[k][2])}" for k in FIGURES
+            ]
             print(table_line("  min..max", spread))
         kinds: collections.Counter[str] = collections.Counter()
         for r in done:
             kinds.update(r.error_kinds)
         machine = statistics.median(
-            (r.figures["cpu_s"] + r.engine_cpu_s + r.client_cpu_s) / r.wall_s for r in done)
+            (r.figures["cpu_s"] + r.engine_cpu_s + r.client_cpu_s) / r.wall_s for r in done
+        )
         engines = statistics.median(r.engine_cpu_s / r.wall_s for r in done)
-        note = (f"{name}: {statistics.median(r.wall_s for r in done):.0f} s wall, cores busy "
-                f"{machine:.2f} of {os.cpu_count()} (engines' process {engines:.2f}), "
-                f"{statistics.median(r.evictions for r in done):.0f} blocks evicted, "
-                f"{statistics.median(r.preemptions for r in done):.0f} preemptions")
+        note = (
+            f"{name}: {statistics.median(r.wall_s for r in done):.0f} s wall, cores busy "
+            f"{machine:.2f} of {os.cpu_count()} (engines' process {engines:.2f}), "
+            f"{statistics.median(r.evictions for r in done):.0f} blocks evicted, "
+            f"{statistics.median(r.preemptions for r in done):.0f} preemptions"
+        )
         if kinds:
             note += f", errors {dict(kinds)}"
         skipped = [r.skipped for r in rs if r.skipped is not None]
@@ -524,6 +626,7 @@ def print_cell(cell: Cell, work: Workload, runs: dict[str, list[Run]]) -> None:
 
 
 # -- main ----------------------------------------------------------------------------------
+
 
 def split(value: str, known: Sequence[str], what: str) -> list[str]:
     chosen = [v for v in value.split(",") if v]
@@ -539,12 +642,18 @@ async def main_async(args: argparse.Namespace, specs: list[RouterSpec]) -> None:
         # A completions prompt is one string whatever the layout.
         print("endpoint completions: the turns layout sends the same prompts as growing; skipped")
         layouts = [x for x in layouts if x != "turns"] or ["growing"]
-    cells = [Cell(t, cast(Layout, layout), h == "with")
-             for t in split(args.traces, TRACES, "trace") for layout in layouts
-             for h in split(args.headers, HEADERS, "header")]
-    print(f"{REPLICAS} engines ({ENGINE_PROFILE}, KV {args.blocks * 16:,} tokens each), endpoint "
-          f"{args.endpoint}, outputs capped at {args.max_output_tokens} tokens, "
-          f"{args.repeat} run(s) per router and cell; TTFT in simulated seconds", flush=True)
+    cells = [
+        Cell(t, cast(Layout, layout), h == "with")
+        for t in split(args.traces, TRACES, "trace")
+        for layout in layouts
+        for h in split(args.headers, HEADERS, "header")
+    ]
+    print(
+        f"{REPLICAS} engines ({ENGINE_PROFILE}, KV {args.blocks * 16:,} tokens each), endpoint "
+        f"{args.endpoint}, outputs capped at {args.max_output_tokens} tokens, "
+        f"{args.repeat} run(s) per router and cell; TTFT in simulated seconds",
+        flush=True,
+    )
     workloads: dict[str, Workload | str] = {}
     all_runs: list[Run] = []
     workdir = Path(tempfile.mkdtemp(prefix="bench_lineage-"))
@@ -558,8 +667,11 @@ async def main_async(args: argparse.Namespace, specs: list[RouterSpec]) -> None:
         runs: dict[str, list[Run]] = {s.name: [] for s in specs}
         for rep in range(args.repeat):
             for spec in specs:
-                print(f"[{n}/{len(cells)}] {cell.label}, run {rep + 1}/{args.repeat}: "
-                      f"{spec.name}", file=sys.stderr, flush=True)
+                print(
+                    f"[{n}/{len(cells)}] {cell.label}, run {rep + 1}/{args.repeat}: {spec.name}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 run = await run_one(spec, cell, work, rep, args, workdir)
                 runs[spec.name].append(run)
                 all_runs.append(run)
@@ -572,50 +684,85 @@ async def main_async(args: argparse.Namespace, specs: list[RouterSpec]) -> None:
 
 def main() -> int:
     syn, agent = TRACE_DEFAULTS["synthetic"], TRACE_DEFAULTS["agent"]
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--routers", default=",".join(DEFAULT_ROUTERS),
-                    help="comma-separated: kvgate, kvgate-POLICY, sglang-POLICY, vllm-POLICY "
-                    "(default: %(default)s)")
-    ap.add_argument("--kvgate-policy", action="append", default=[], metavar="NAME",
-                    help="also run kvgate with routing.policy NAME (repeatable)")
-    ap.add_argument("--router-bin", default="/tmp/routers/bin",
-                    help="bin directory of a venv holding sglang-router and vllm-router")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--routers",
+        default=",".join(DEFAULT_ROUTERS),
+        help="comma-separated: kvgate, kvgate-POLICY, sglang-POLICY, vllm-POLICY "
+        "(default: %(default)s)",
+    )
+    ap.add_argument(
+        "--kvgate-policy",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also run kvgate with routing.policy NAME (repeatable)",
+    )
+    ap.add_argument(
+        "--router-bin",
+        default="/tmp/routers/bin",
+        help="bin directory of a venv holding sglang-router and vllm-router",
+    )
     ap.add_argument("--traces", default=",".join(TRACES), help="synthetic and/or agent")
     ap.add_argument("--layouts", default=",".join(LAYOUTS), help="growing and/or turns")
     ap.add_argument("--headers", default=",".join(HEADERS), help="with and/or without")
     ap.add_argument("--trace", default=str(TRACE), help="the Mooncake trace of `synthetic`")
     ap.add_argument("--start", type=int, default=2993, help="first request of the synthetic window")
-    ap.add_argument("--requests", type=int,
-                    help=f"requests per trace (default: synthetic {syn.requests}, "
-                    f"agent {agent.requests})")
+    ap.add_argument(
+        "--requests",
+        type=int,
+        help=f"requests per trace (default: synthetic {syn.requests}, agent {agent.requests})",
+    )
     ap.add_argument("--agent-trace", help="a `kvgate trace generate` file (default: generate one)")
     ap.add_argument("--agent-seed", type=int, default=1, help="seed of the generated agent trace")
-    ap.add_argument("--agent-sessions", type=int, default=AGENT_SESSIONS,
-                    help="sessions of the generated agent trace")
-    ap.add_argument("--agent-duration", type=float, default=AGENT_DURATION_S,
-                    help="seconds over which the generated sessions start")
+    ap.add_argument(
+        "--agent-sessions",
+        type=int,
+        default=AGENT_SESSIONS,
+        help="sessions of the generated agent trace",
+    )
+    ap.add_argument(
+        "--agent-duration",
+        type=float,
+        default=AGENT_DURATION_S,
+        help="seconds over which the generated sessions start",
+    )
     ap.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
-    ap.add_argument("--speedup", type=float,
-                    help=f"arrival compression (default: synthetic {syn.speedup:g}, "
-                    f"agent {agent.speedup:g})")
-    ap.add_argument("--time-scale", type=float,
-                    help=f"engine speed-up (default: synthetic {syn.time_scale:g}, "
-                    f"agent {agent.time_scale:g})")
+    ap.add_argument(
+        "--speedup",
+        type=float,
+        help=f"arrival compression (default: synthetic {syn.speedup:g}, agent {agent.speedup:g})",
+    )
+    ap.add_argument(
+        "--time-scale",
+        type=float,
+        help=f"engine speed-up (default: synthetic {syn.time_scale:g}, agent {agent.time_scale:g})",
+    )
     ap.add_argument("--blocks", type=int, default=BLOCKS, help="KV blocks (16 tokens) per engine")
-    ap.add_argument("--max-output-tokens", type=int, default=MAX_OUTPUT_TOKENS,
-                    help="cap on each request's output tokens")
+    ap.add_argument(
+        "--max-output-tokens",
+        type=int,
+        default=MAX_OUTPUT_TOKENS,
+        help="cap on each request's output tokens",
+    )
     ap.add_argument("--repeat", type=int, default=1, help="runs per router and cell")
-    ap.add_argument("--start-timeout", type=float, default=60.0,
-                    help="seconds a router may take to start")
+    ap.add_argument(
+        "--start-timeout", type=float, default=60.0, help="seconds a router may take to start"
+    )
     ap.add_argument("--json", help="write every run's figures to this file")
     ap.add_argument("--progress", action="store_true", help="replay progress on stderr")
-    ap.add_argument("--check-sticky", action="store_true",
-                    help="only check, per router, that the session headers keep a session "
-                    "on one engine")
+    ap.add_argument(
+        "--check-sticky",
+        action="store_true",
+        help="only check, per router, that the session headers keep a session on one engine",
+    )
     args = ap.parse_args()
-    names = [*(n for n in args.routers.split(",") if n),
-             *(f"kvgate-{p}" for p in args.kvgate_policy)]
+    names = [
+        *(n for n in args.routers.split(",") if n),
+        *(f"kvgate-{p}" for p in args.kvgate_policy),
+    ]
     try:
         specs = [parse_router(n) for n in dict.fromkeys(names)]
     except ValueError as exc:
@@ -624,8 +771,10 @@ def main() -> int:
         workdir = Path(tempfile.mkdtemp(prefix="bench_lineage-"))
         print(f"sessions of {STICKY_TURNS} unrelated requests kept on one engine:")
         for spec in specs:
-            print(f"  {spec.name:{NAME_WIDTH}} {asyncio.run(sticky_check(spec, args, workdir))}",
-                  flush=True)
+            print(
+                f"  {spec.name:{NAME_WIDTH}} {asyncio.run(sticky_check(spec, args, workdir))}",
+                flush=True,
+            )
         return 0
     asyncio.run(main_async(args, specs))
     return 0

@@ -44,8 +44,10 @@ def body(layout: str, history: list[str]) -> tuple[dict[str, Any], Endpoint]:
     if layout == "completions":
         return {"model": "m", "prompt": PREAMBLE + "".join(history)}, Endpoint.COMPLETIONS
     if layout == "growing":
-        messages = [{"role": "system", "content": "Be an agent."},
-                    {"role": "user", "content": PREAMBLE + "\n".join(history)}]
+        messages = [
+            {"role": "system", "content": "Be an agent."},
+            {"role": "user", "content": PREAMBLE + "\n".join(history)},
+        ]
     else:
         messages = [{"role": "system", "content": PREAMBLE}] + [
             {"role": "user" if i % 2 == 0 else "assistant", "content": text}
@@ -71,8 +73,12 @@ def run(layout: str, tokens: int, turns: int, sessions: int) -> dict[str, float]
             b, endpoint = body(layout, history)
             t0 = time.perf_counter_ns()
             request = route_request(
-                b, endpoint, f"q{turn}-{s}", block_tokens=cfg.block_tokens,
-                max_prefix_blocks=cfg.max_prefix_blocks, lineage=convs.key_for,
+                b,
+                endpoint,
+                f"q{turn}-{s}",
+                block_tokens=cfg.block_tokens,
+                max_prefix_blocks=cfg.max_prefix_blocks,
+                lineage=convs.key_for,
             )
             t1 = time.perf_counter_ns()
             convs.record(request.lineage_hashes, request.session_key, request.lineage_tail)
@@ -100,15 +106,21 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=30)
     ap.add_argument("--sessions", type=int, default=8)
     args = ap.parse_args()
-    print(f"{'layout':12} {'tokens':>8} {'hash us':>8} {'record us':>9} {'hash+rec':>9} "
-          f"{'placed us':>9} {'lineages':>8}")
+    print(
+        f"{'layout':12} {'tokens':>8} {'hash us':>8} {'record us':>9} {'hash+rec':>9} "
+        f"{'placed us':>9} {'lineages':>8}"
+    )
     for layout in ("turns", "growing", "completions"):
         r = run(layout, args.tokens, args.turns, args.sessions)
-        print(f"{layout:12} {r['tokens']:>8.0f} {r['hash']:>8.1f} {r['record']:>9.1f} "
-              f"{r['hash'] + r['record']:>9.1f} {r['placed']:>9.1f} {r['lineages']:>8.0f}")
-    print("Medians over the last 3 turns of each conversation. hash: "
-          "route_request incl. the lineage lookup; record: the lineage index; placed: the "
-          "default policy's bookkeeping (prefix index, live sessions, prefill count).")
+        print(
+            f"{layout:12} {r['tokens']:>8.0f} {r['hash']:>8.1f} {r['record']:>9.1f} "
+            f"{r['hash'] + r['record']:>9.1f} {r['placed']:>9.1f} {r['lineages']:>8.0f}"
+        )
+    print(
+        "Medians over the last 3 turns of each conversation. hash: "
+        "route_request incl. the lineage lookup; record: the lineage index; placed: the "
+        "default policy's bookkeeping (prefix index, live sessions, prefill count)."
+    )
 
 
 if __name__ == "__main__":

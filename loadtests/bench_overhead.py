@@ -87,8 +87,11 @@ def agent_messages(context_tokens: int) -> list[dict[str, Any]]:
     turn = 0
     while chars < context_tokens * 4:
         turn += 1
-        call = {"id": f"call_{turn}", "type": "function",
-                "function": {"name": "read_file", "arguments": json.dumps({"path": f"src/m{turn}.py"})}}
+        call = {
+            "id": f"call_{turn}",
+            "type": "function",
+            "function": {"name": "read_file", "arguments": json.dumps({"path": f"src/m{turn}.py"})},
+        }
         output = f"# src/m{turn}.py\n" + line * (per_turn // len(line))
         messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         messages.append({"role": "tool", "tool_call_id": f"call_{turn}", "content": output})
@@ -97,13 +100,23 @@ def agent_messages(context_tokens: int) -> list[dict[str, Any]]:
 
 
 async def _loadgen(
-    url: str, concurrency: int, duration: float, stream: bool, warmup: float, context_tokens: int = 0,
+    url: str,
+    concurrency: int,
+    duration: float,
+    stream: bool,
+    warmup: float,
+    context_tokens: int = 0,
     api_key: str = "",
 ) -> dict[str, Any]:
     import aiohttp
 
     body = json.dumps(
-        {"model": MODEL, "messages": agent_messages(context_tokens), "max_tokens": 8, "stream": stream}
+        {
+            "model": MODEL,
+            "messages": agent_messages(context_tokens),
+            "max_tokens": 8,
+            "stream": stream,
+        }
     ).encode()
     headers = {"content-type": "application/json"}
     if api_key:
@@ -126,7 +139,9 @@ async def _loadgen(
                     return
                 n += 1
                 try:
-                    async with session.post(url, data=body, headers={**headers, "x-session-id": f"c{i}-{n % 8}"}) as resp:
+                    async with session.post(
+                        url, data=body, headers={**headers, "x-session-id": f"c{i}-{n % 8}"}
+                    ) as resp:
                         first = None
                         async for _ in resp.content.iter_any():
                             if first is None:
@@ -162,13 +177,32 @@ async def _loadgen(
 
 
 def run_loadgen(
-    url: str, concurrency: int, duration: float, stream: bool, warmup: float, context_tokens: int = 0,
+    url: str,
+    concurrency: int,
+    duration: float,
+    stream: bool,
+    warmup: float,
+    context_tokens: int = 0,
     api_key: str = "",
 ) -> dict[str, Any]:
-    cmd = [
-        sys.executable, __file__, "--loadgen", url, "--concurrency", str(concurrency),
-        "--duration", str(duration), "--warmup", str(warmup), "--context-tokens", str(context_tokens),
-    ] + (["--stream"] if stream else []) + (["--api-key", api_key] if api_key else [])
+    cmd = (
+        [
+            sys.executable,
+            __file__,
+            "--loadgen",
+            url,
+            "--concurrency",
+            str(concurrency),
+            "--duration",
+            str(duration),
+            "--warmup",
+            str(warmup),
+            "--context-tokens",
+            str(context_tokens),
+        ]
+        + (["--stream"] if stream else [])
+        + (["--api-key", api_key] if api_key else [])
+    )
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
@@ -187,7 +221,10 @@ def cpu_seconds(pid: int) -> float | None:
 def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per-cell medians over rounds (requests and errors summed); bench_routers.py uses it too."""
     keys = ("rps", "p50_ms", "p99_ms", "ttfb_p50_ms", "mean_ms", "gw_cpu_us")
-    out: dict[str, Any] = {"requests": sum(r["requests"] for r in runs), "errors": sum(r["errors"] for r in runs)}
+    out: dict[str, Any] = {
+        "requests": sum(r["requests"] for r in runs),
+        "errors": sum(r["errors"] for r in runs),
+    }
     for k in keys:
         values = [r[k] for r in runs if k in r]
         if values:
@@ -199,8 +236,11 @@ def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
 class Proc:
     def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
         self.p = subprocess.Popen(
-            args, cwd=ROOT, env={**os.environ, **(env or {})},
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            args,
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
 
     def stop(self) -> None:
@@ -233,21 +273,28 @@ def start_gateway(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--loadgen", help=argparse.SUPPRESS)
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--duration", type=float, default=5.0, help="seconds measured per cell")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds discarded per cell")
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--clients", default="h1,aiohttp,httpx", help="upstream clients to compare")
-    parser.add_argument("--repeat", type=int, default=3, help="alternating direct/gateway rounds per cell")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="alternating direct/gateway rounds per cell"
+    )
     parser.add_argument("--levels", default="1,32", help="concurrency levels")
     parser.add_argument(
-        "--context-tokens", type=int, default=0,
+        "--context-tokens",
+        type=int,
+        default=0,
         help="send an agent conversation of about this many tokens (0: one short question)",
     )
     parser.add_argument(
-        "--keys", action="store_true",
+        "--keys",
+        action="store_true",
         help="turn API keys on, with a key whose quotas (requests and tokens per minute, "
         "concurrency) are counted on every request but never reached",
     )
@@ -262,8 +309,15 @@ def main() -> int:
         except ImportError:
             pass
         result = asyncio.run(
-            _loadgen(args.loadgen, args.concurrency, args.duration, args.stream, args.warmup,
-                     args.context_tokens, args.api_key)
+            _loadgen(
+                args.loadgen,
+                args.concurrency,
+                args.duration,
+                args.stream,
+                args.warmup,
+                args.context_tokens,
+                args.api_key,
+            )
         )
         print(json.dumps(result))
         return 0
@@ -271,14 +325,27 @@ def main() -> int:
     levels = [int(x) for x in args.levels.split(",")]
     clients = [c for c in args.clients.split(",") if c]
     engine_port = free_port()
-    engine = Proc([sys.executable, "-m", "gateway.cli", "sim", "--profile", "instant", "--port", str(engine_port)])
+    engine = Proc(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "sim",
+            "--profile",
+            "instant",
+            "--port",
+            str(engine_port),
+        ]
+    )
     engine_url = f"http://127.0.0.1:{engine_port}"
     rows: list[dict[str, Any]] = []
     gateways: dict[str, tuple[Proc, str]] = {}
     try:
         wait_ready(engine_url + "/health")
         for client in clients:
-            gateways[client] = start_gateway(engine_url, client, BENCH_AUTH_YAML if args.keys else "")
+            gateways[client] = start_gateway(
+                engine_url, client, BENCH_AUTH_YAML if args.keys else ""
+            )
         for stream in (False, True):
             for c in levels:
                 # Direct and gateway runs alternate, `--repeat` rounds, and each figure is the
@@ -286,13 +353,25 @@ def main() -> int:
                 runs: dict[str, list[dict[str, Any]]] = {"-": [], **{k: [] for k in clients}}
                 for _ in range(args.repeat):
                     runs["-"].append(
-                        run_loadgen(engine_url + "/v1/chat/completions", c, args.duration, stream, args.warmup, args.context_tokens)
+                        run_loadgen(
+                            engine_url + "/v1/chat/completions",
+                            c,
+                            args.duration,
+                            stream,
+                            args.warmup,
+                            args.context_tokens,
+                        )
                     )
                     for client, (gw, gw_url) in gateways.items():
                         cpu0 = cpu_seconds(gw.p.pid)
                         r = run_loadgen(
-                            gw_url + "/v1/chat/completions", c, args.duration, stream, args.warmup,
-                            args.context_tokens, BENCH_KEY if args.keys else "",
+                            gw_url + "/v1/chat/completions",
+                            c,
+                            args.duration,
+                            stream,
+                            args.warmup,
+                            args.context_tokens,
+                            BENCH_KEY if args.keys else "",
                         )
                         cpu1 = cpu_seconds(gw.p.pid)
                         if cpu0 is not None and cpu1 is not None:
@@ -305,35 +384,49 @@ def main() -> int:
                 for client in clients:
                     r = median_row(runs[client])
                     r["ratio"] = r["rps"] / d["rps"] if d["rps"] else float("nan")
-                    r["added_rounds"] = [g["p50_ms"] - dd["p50_ms"] for g, dd in zip(runs[client], runs["-"])]
+                    r["added_rounds"] = [
+                        g["p50_ms"] - dd["p50_ms"] for g, dd in zip(runs[client], runs["-"])
+                    ]
                     r["added_p50_ms"] = statistics.median(r["added_rounds"])
-                    rows.append({"target": "gateway", "client": client, "conc": c, "stream": stream, **r})
+                    rows.append(
+                        {"target": "gateway", "client": client, "conc": c, "stream": stream, **r}
+                    )
     finally:
         for gw, _ in gateways.values():
             gw.stop()
         engine.stop()
 
-    print(f"{'target':8} {'upstream':8} {'conc':>4} {'stream':>6} {'req/s':>8} {'p50ms':>7} {'p99ms':>7} "
-          f"{'ttfb50':>7} {'err':>4} {'ratio':>6} {'+p50ms':>7} {'gwCPUus':>8}")
+    print(
+        f"{'target':8} {'upstream':8} {'conc':>4} {'stream':>6} {'req/s':>8} {'p50ms':>7} {'p99ms':>7} "
+        f"{'ttfb50':>7} {'err':>4} {'ratio':>6} {'+p50ms':>7} {'gwCPUus':>8}"
+    )
     for r in rows:
-        print(f"{r['target']:8} {r['client']:8} {r['conc']:>4} {r['stream']!s:>6} {r['rps']:>8.0f} "
-              f"{r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} {r['ttfb_p50_ms']:>7.2f} {r['errors']:>4} "
-              f"{r.get('ratio', float('nan')):>6.2f} {r.get('added_p50_ms', float('nan')):>7.2f} "
-              f"{r.get('gw_cpu_us', float('nan')):>8.0f}")
+        print(
+            f"{r['target']:8} {r['client']:8} {r['conc']:>4} {r['stream']!s:>6} {r['rps']:>8.0f} "
+            f"{r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} {r['ttfb_p50_ms']:>7.2f} {r['errors']:>4} "
+            f"{r.get('ratio', float('nan')):>6.2f} {r.get('added_p50_ms', float('nan')):>7.2f} "
+            f"{r.get('gw_cpu_us', float('nan')):>8.0f}"
+        )
     for r in rows:
         if r["target"] == "gateway" and r["conc"] == 1:
             # The target is on a median that moves by a tenth of a millisecond between rounds:
             # every round is shown, and how many were at or under it.
             added = r["added_rounds"]
             under = sum(1 for a in added if a <= ADDED_P50_TARGET_MS)
-            print(f"added p50 per round, {r['client']}, 1 client, {'stream' if r['stream'] else 'non-stream'}: "
-                  + " ".join(f"{a:+.2f}" for a in added)
-                  + f" ms ({under} of {len(added)} at or under {ADDED_P50_TARGET_MS} ms)")
+            print(
+                f"added p50 per round, {r['client']}, 1 client, {'stream' if r['stream'] else 'non-stream'}: "
+                + " ".join(f"{a:+.2f}" for a in added)
+                + f" ms ({under} of {len(added)} at or under {ADDED_P50_TARGET_MS} ms)"
+            )
     if args.context_tokens:
         size = len(json.dumps({"messages": agent_messages(args.context_tokens)}))
-        print(f"Each request: an agent conversation of about {args.context_tokens:,} tokens ({size:,} bytes of JSON).")
-    print(f"Medians over {args.repeat} alternating rounds; +p50ms is the median of each round's "
-          "gateway p50 minus that round's direct p50.")
+        print(
+            f"Each request: an agent conversation of about {args.context_tokens:,} tokens ({size:,} bytes of JSON)."
+        )
+    print(
+        f"Medians over {args.repeat} alternating rounds; +p50ms is the median of each round's "
+        "gateway p50 minus that round's direct p50."
+    )
     print("gwCPUus: gateway process CPU (user+system) per request, approximate.")
     return 0
 

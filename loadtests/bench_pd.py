@@ -110,8 +110,9 @@ def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
 
-async def stream_one(http: httpx.AsyncClient, body: dict[str, Any], headers: dict[str, str],
-                     sample: Sample) -> str:
+async def stream_one(
+    http: httpx.AsyncClient, body: dict[str, Any], headers: dict[str, str], sample: Sample
+) -> str:
     """Send one streaming chat request; fill `sample`; return the answer text."""
     start = time.perf_counter()
     last: float | None = None
@@ -143,12 +144,19 @@ async def stream_one(http: httpx.AsyncClient, body: dict[str, Any], headers: dic
 
 
 def chat(messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
-    return {"model": MODEL, "messages": messages, "max_tokens": max_tokens,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    return {
+        "model": MODEL,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
 
 
-async def decode_worker(http: httpx.AsyncClient, rng: random.Random, stop: float,
-                        out: list[Sample], worker: int) -> None:
+async def decode_worker(
+    http: httpx.AsyncClient, rng: random.Random, stop: float, out: list[Sample], worker: int
+) -> None:
     n = 0
     while time.perf_counter() < stop:
         sample = Sample("decode")
@@ -158,8 +166,15 @@ async def decode_worker(http: httpx.AsyncClient, rng: random.Random, stop: float
         n += 1
 
 
-async def fresh_long_prompts(http: httpx.AsyncClient, rng: random.Random, stop: float,
-                             out: list[Sample], rate: float, tokens: int, scale: float) -> None:
+async def fresh_long_prompts(
+    http: httpx.AsyncClient,
+    rng: random.Random,
+    stop: float,
+    out: list[Sample],
+    rate: float,
+    tokens: int,
+    scale: float,
+) -> None:
     """Open-loop arrivals of long prompts nobody has seen before."""
     tasks: set[asyncio.Task[str]] = set()
     n = 0
@@ -170,8 +185,9 @@ async def fresh_long_prompts(http: httpx.AsyncClient, rng: random.Random, stop: 
         sample = Sample("long")
         out.append(sample)
         msgs = [{"role": "user", "content": f"document {n}: " + text(rng, tokens)}]
-        task = asyncio.create_task(stream_one(http, chat(msgs, 16), {"X-Session-Id": f"l{n}"},
-                                              sample))
+        task = asyncio.create_task(
+            stream_one(http, chat(msgs, 16), {"X-Session-Id": f"l{n}"}, sample)
+        )
         tasks.add(task)
         task.add_done_callback(tasks.discard)
         n += 1
@@ -179,8 +195,15 @@ async def fresh_long_prompts(http: httpx.AsyncClient, rng: random.Random, stop: 
         await asyncio.gather(*tasks)
 
 
-async def agent_session(http: httpx.AsyncClient, rng: random.Random, stop: float,
-                        out: list[Sample], worker: int, context: int, turns: int) -> None:
+async def agent_session(
+    http: httpx.AsyncClient,
+    rng: random.Random,
+    stop: float,
+    out: list[Sample],
+    worker: int,
+    context: int,
+    turns: int,
+) -> None:
     """Sticky multi-turn sessions: a long context that grows a little every turn."""
     session = 0
     while time.perf_counter() < stop:
@@ -203,18 +226,25 @@ async def run(profile_key: str, mode: str, args: argparse.Namespace) -> Result:
     scale = args.time_scale
     pd: dict[str, Any] = {}
     if mode != "colocated-only":
-        pd = {"models": {MODEL: {
-            "mode": "always" if mode == "pd-always" else "auto",
-            "kv_bytes_per_token": profile.kv_bytes_per_token,
-            "link_gbps": profile.link_bytes_per_s * 8 / 1e9,
-            "min_uncached_tokens": args.min_uncached,
-            "max_transfer_ms": args.max_transfer_ms,
-        }}}
-    async with SimCluster(len(roles), profile, model=MODEL, roles=roles, time_scale=scale,
-                          seed=args.seed) as sim:
+        pd = {
+            "models": {
+                MODEL: {
+                    "mode": "always" if mode == "pd-always" else "auto",
+                    "kv_bytes_per_token": profile.kv_bytes_per_token,
+                    "link_gbps": profile.link_bytes_per_s * 8 / 1e9,
+                    "min_uncached_tokens": args.min_uncached,
+                    "max_transfer_ms": args.max_transfer_ms,
+                }
+            }
+        }
+    async with SimCluster(
+        len(roles), profile, model=MODEL, roles=roles, time_scale=scale, seed=args.seed
+    ) as sim:
         settings = KvgateSettings(
-            replicas=[{"id": f"{r.value[0]}{i}", "url": url, "role": r.value, "models": [MODEL]}
-                      for i, (url, r) in enumerate(zip(sim.urls, roles, strict=True))],
+            replicas=[
+                {"id": f"{r.value[0]}{i}", "url": url, "role": r.value, "models": [MODEL]}
+                for i, (url, r) in enumerate(zip(sim.urls, roles, strict=True))
+            ],
             routing={"policy": "prefix_affinity"},
             health={"enabled": False},
             models={"discover": False},
@@ -230,16 +260,35 @@ async def run(profile_key: str, mode: str, args: argparse.Namespace) -> Result:
             async with httpx.AsyncClient(base_url=server.url, timeout=600, limits=limits) as http:
                 t0 = time.perf_counter()
                 stop = t0 + args.seconds
-                jobs = [decode_worker(http, random.Random(rng.random()), stop, samples, i)
-                        for i in range(args.decode_streams)]
+                jobs = [
+                    decode_worker(http, random.Random(rng.random()), stop, samples, i)
+                    for i in range(args.decode_streams)
+                ]
                 if profile_key == "dense":
-                    jobs.append(fresh_long_prompts(http, random.Random(rng.random()), stop,
-                                                   samples, args.long_rate, args.long_tokens,
-                                                   scale))
+                    jobs.append(
+                        fresh_long_prompts(
+                            http,
+                            random.Random(rng.random()),
+                            stop,
+                            samples,
+                            args.long_rate,
+                            args.long_tokens,
+                            scale,
+                        )
+                    )
                 else:
-                    jobs += [agent_session(http, random.Random(rng.random()), stop, samples, i,
-                                           args.long_tokens, args.turns)
-                             for i in range(args.sessions)]
+                    jobs += [
+                        agent_session(
+                            http,
+                            random.Random(rng.random()),
+                            stop,
+                            samples,
+                            i,
+                            args.long_tokens,
+                            args.turns,
+                        )
+                        for i in range(args.sessions)
+                    ]
                 await asyncio.gather(*jobs)
                 wall = time.perf_counter() - t0
         finally:
@@ -256,8 +305,18 @@ async def run(profile_key: str, mode: str, args: argparse.Namespace) -> Result:
     return Result(profile_key, mode, samples, wall, moved, split, decided)
 
 
-HEADER = ["profile", "mode", "requests", "ITL p50 ms", "ITL p99 ms", "TTFT p99 ms",
-          "long TTFT p99 ms", "tokens/s", "GB moved", "split"]
+HEADER = [
+    "profile",
+    "mode",
+    "requests",
+    "ITL p50 ms",
+    "ITL p99 ms",
+    "TTFT p99 ms",
+    "long TTFT p99 ms",
+    "tokens/s",
+    "GB moved",
+    "split",
+]
 
 
 def table(rows: list[list[str]]) -> str:

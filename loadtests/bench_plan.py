@@ -97,8 +97,18 @@ def live(trace: Trace, profile: HardwareProfile, replicas: int, speedup: float) 
     """Engines, gateway and load generator in three processes, as in a deployment."""
     port = free_base(replicas)
     spec = json.dumps(dataclasses.asdict(profile))
-    engines = spawn([sys.executable, __file__, "--serve-engines", spec, "--replicas",
-                     str(replicas), "--port", str(port)])
+    engines = spawn(
+        [
+            sys.executable,
+            __file__,
+            "--serve-engines",
+            spec,
+            "--replicas",
+            str(replicas),
+            "--port",
+            str(port),
+        ]
+    )
     gateway = None
     try:
         urls = [f"http://127.0.0.1:{port + i}" for i in range(replicas)]
@@ -144,25 +154,38 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(serve_engines(HardwareProfile(**fields), args.replicas, args.port))
         return 0
 
-    trace = generate_agent_trace(AgentTraceOptions(
-        seed=args.seed, sessions=args.sessions, duration_s=args.duration,
-        context_scale=args.context_scale, think_s=3.0,
-    ))
+    trace = generate_agent_trace(
+        AgentTraceOptions(
+            seed=args.seed,
+            sessions=args.sessions,
+            duration_s=args.duration,
+            context_scale=args.context_scale,
+            think_s=3.0,
+        )
+    )
     settings = EngineSettings(max_model_len=65536)
     b = budget(resolve_model(args.model), get_card(args.card), settings)
-    plan = plan_pool(trace, Pool(args.card, b, None), args.ttft,
-                     sim=SimSettings(speedup=args.speedup, max_replicas=16))
+    plan = plan_pool(
+        trace,
+        Pool(args.card, b, None),
+        args.ttft,
+        sim=SimSettings(speedup=args.speedup, max_replicas=16),
+    )
     if plan.needed is None:
         tried = ", ".join(f"{q.replicas}: {q.ttft_s:.2f} s" for q in plan.points)
         print(f"planner: target not met with up to 16 replicas (TTFT p90 {tried})")
         return 1
     p = plan.needed
-    context = max(1, sum(r.input_tokens + r.output_tokens for r in trace.records)
-                  // max(1, len(trace.records)))
+    context = max(
+        1,
+        sum(r.input_tokens + r.output_tokens for r in trace.records) // max(1, len(trace.records)),
+    )
     profile = sim_profile(b, name=f"{args.card}-planned", context=context)
-    print(f"trace: {len(trace.records)} requests of {args.sessions} sessions, speedup"
-          f" {args.speedup:g}; planner: {p.replicas} x {args.card} for TTFT p90 <="
-          f" {args.ttft:g} s")
+    print(
+        f"trace: {len(trace.records)} requests of {args.sessions} sessions, speedup"
+        f" {args.speedup:g}; planner: {p.replicas} x {args.card} for TTFT p90 <="
+        f" {args.ttft:g} s"
+    )
     rep = live(trace, profile, p.replicas, args.speedup)
     rows: list[tuple[str, float | None, float | None, str]] = [
         ("hit rate", p.hit_rate, rep.hit_rate, "{:.1%}"),
@@ -184,8 +207,10 @@ def main(argv: list[str] | None = None) -> int:
         ok = ok and verdict != "FAIL"
         shown = [fmt.format(v) if v is not None else "-" for v in (planned, measured)]
         print(f"{name:14} {shown[0]:>10} {shown[1]:>10}  {verdict}")
-    print(f"tolerance: hit rate +-{HIT_POINTS:.0%} points; TTFT +-{TTFT_SHARE:.0%} or"
-          f" {TTFT_FLOOR_S * 1000:.0f} ms; overall {'PASS' if ok else 'FAIL'}")
+    print(
+        f"tolerance: hit rate +-{HIT_POINTS:.0%} points; TTFT +-{TTFT_SHARE:.0%} or"
+        f" {TTFT_FLOOR_S * 1000:.0f} ms; overall {'PASS' if ok else 'FAIL'}"
+    )
     return 0 if ok else 1
 
 

@@ -45,8 +45,10 @@ MODEL = "kvgate-sim"
 
 # -- engine child process ------------------------------------------------------------------
 
-async def _serve_engines(replicas: int, blocks: int, scale: int, time_scale: float,
-                         kv_events: bool = False) -> None:
+
+async def _serve_engines(
+    replicas: int, blocks: int, scale: int, time_scale: float, kv_events: bool = False
+) -> None:
     from gateway.sim.cluster import SimCluster
     from gateway.sim.profiles import get_profile
     from gateway.sim.server import KVEventsOptions
@@ -59,8 +61,9 @@ async def _serve_engines(replicas: int, blocks: int, scale: int, time_scale: flo
         max_num_batched_tokens=base.max_num_batched_tokens * scale,
     )
     events = KVEventsOptions() if kv_events else None
-    async with SimCluster(replicas, profile, model=MODEL, time_scale=time_scale,
-                          kv_events=events) as cluster:
+    async with SimCluster(
+        replicas, profile, model=MODEL, time_scale=time_scale, kv_events=events
+    ) as cluster:
         for engine in cluster.engines:
             # "url [pub-endpoint replay-endpoint]": where each engine publishes its KV events.
             pub = engine.kv_publisher
@@ -87,14 +90,30 @@ class Engines:
             self.proc.wait()
 
 
-def start_engines(replicas: int, blocks: int, time_scale: float, scale: int = 1,
-                  kv_events: bool = False) -> Engines:
-    cmd = [sys.executable, __file__, "--engines-child", str(replicas), "--blocks", str(blocks),
-           "--scale", str(scale), "--time-scale", str(time_scale)]
+def start_engines(
+    replicas: int, blocks: int, time_scale: float, scale: int = 1, kv_events: bool = False
+) -> Engines:
+    cmd = [
+        sys.executable,
+        __file__,
+        "--engines-child",
+        str(replicas),
+        "--blocks",
+        str(blocks),
+        "--scale",
+        str(scale),
+        "--time-scale",
+        str(time_scale),
+    ]
     if kv_events:
         cmd.append("--kv-events")
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     assert proc.stdout is not None
     urls, kv = [], []
     for line in proc.stdout:
@@ -117,9 +136,13 @@ async def engine_counters(urls: list[str]) -> list[tuple[float, float, float]]:
             for fam in text_string_to_metric_families(text):
                 for s in fam.samples:
                     values[s.name] = values.get(s.name, 0.0) + s.value
-            out.append((values.get("vllm:prompt_tokens_total", 0.0),
-                        values.get("vllm:prefix_cache_hits_total", 0.0),
-                        values.get("vllm:prefix_cache_queries_total", 0.0)))
+            out.append(
+                (
+                    values.get("vllm:prompt_tokens_total", 0.0),
+                    values.get("vllm:prefix_cache_hits_total", 0.0),
+                    values.get("vllm:prefix_cache_queries_total", 0.0),
+                )
+            )
     return out
 
 
@@ -137,6 +160,7 @@ def routing_decisions(registry: object) -> dict[str, float]:
 
 # -- one run -------------------------------------------------------------------------------
 
+
 @dataclass
 class Row:
     label: str
@@ -153,10 +177,12 @@ class Row:
         mean = sum(self.engine_prompt) / len(self.engine_prompt)
         imbalance = max(self.engine_prompt) / mean if mean else float("nan")
         hit = r.hit_rate if r.hit_rate is not None else float("nan")
-        return (f"{self.label:18} {hit:>7.1%} {self.engine_hit:>7.1%} "
-                f"{r.ttft_s.p50 * k:>9.2f} {r.ttft_s.p99 * k:>9.2f} "
-                f"{percentile(e2e, 99) if e2e else float('nan'):>9.2f} "
-                f"{imbalance:>9.2f} {r.errors:>6}")
+        return (
+            f"{self.label:18} {hit:>7.1%} {self.engine_hit:>7.1%} "
+            f"{r.ttft_s.p50 * k:>9.2f} {r.ttft_s.p99 * k:>9.2f} "
+            f"{percentile(e2e, 99) if e2e else float('nan'):>9.2f} "
+            f"{imbalance:>9.2f} {r.errors:>6}"
+        )
 
 
 def gateway_settings(
@@ -186,8 +212,13 @@ async def run_policy(policy: str, trace: Trace, args: argparse.Namespace) -> Row
         app = build_app(gateway_settings(policy, engines.urls, args.time_scale, config))  # type: ignore[arg-type]
         server = await start_server(app)
         try:
-            report = await replay(trace, server.url, speedup=args.speedup, model=MODEL,
-                                  progress=sys.stderr if args.progress else None)
+            report = await replay(
+                trace,
+                server.url,
+                speedup=args.speedup,
+                model=MODEL,
+                progress=sys.stderr if args.progress else None,
+            )
             decisions = routing_decisions(app.state.gateway.metrics.registry)
         finally:
             await server.stop()
@@ -196,8 +227,14 @@ async def run_policy(policy: str, trace: Trace, args: argparse.Namespace) -> Row
         engines.stop()
     hits = sum(c[1] for c in counters)
     queries = sum(c[2] for c in counters)
-    return Row(policy, report, [c[0] for c in counters], hits / queries if queries else 0.0,
-               args.time_scale, decisions)
+    return Row(
+        policy,
+        report,
+        [c[0] for c in counters],
+        hits / queries if queries else 0.0,
+        args.time_scale,
+        decisions,
+    )
 
 
 async def run_single(trace: Trace, args: argparse.Namespace) -> Row:
@@ -208,8 +245,13 @@ async def run_single(trace: Trace, args: argparse.Namespace) -> Row:
     finally:
         engines.stop()
     _, hits, queries = counters[0]
-    return Row("one 8x engine", report, [counters[0][0]], hits / queries if queries else 0.0,
-               args.time_scale)
+    return Row(
+        "one 8x engine",
+        report,
+        [counters[0][0]],
+        hits / queries if queries else 0.0,
+        args.time_scale,
+    )
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -219,23 +261,29 @@ async def main_async(args: argparse.Namespace) -> None:
     trace = parse_mooncake(path.read_bytes().splitlines(), path.name).window(
         args.start, args.requests
     )
-    print(f"trace window: {len(trace.records)} requests from #{args.start}, "
-          f"{trace.records[-1].arrival_s:.0f} s of arrivals, speedup {args.speedup}, "
-          f"engine time scale {args.time_scale}, KV {args.blocks * 16} tokens per engine",
-          flush=True)
+    print(
+        f"trace window: {len(trace.records)} requests from #{args.start}, "
+        f"{trace.records[-1].arrival_s:.0f} s of arrivals, speedup {args.speedup}, "
+        f"engine time scale {args.time_scale}, KV {args.blocks * 16} tokens per engine",
+        flush=True,
+    )
     rows = []
     for policy in args.policies:
         rows.append(await run_policy(policy, trace, args))
         print(f"  done: {policy}", file=sys.stderr, flush=True)
     rows.append(await run_single(trace, args))
-    print(f"{'policy':18} {'hit':>7} {'eng hit':>7} {'ttft p50':>9} {'ttft p99':>9} "
-          f"{'e2e p99':>9} {'imbalance':>9} {'errors':>6}")
+    print(
+        f"{'policy':18} {'hit':>7} {'eng hit':>7} {'ttft p50':>9} {'ttft p99':>9} "
+        f"{'e2e p99':>9} {'imbalance':>9} {'errors':>6}"
+    )
     for row in rows:
         print(row.cells())
     for row in rows:
         extra = []
         if row.decisions:
-            extra.append("decisions " + ", ".join(f"{k}={int(v)}" for k, v in sorted(row.decisions.items())))
+            extra.append(
+                "decisions " + ", ".join(f"{k}={int(v)}" for k, v in sorted(row.decisions.items()))
+            )
         if row.report.error_kinds:
             extra.append(f"errors {dict(row.report.error_kinds)}")
         if extra:
@@ -258,15 +306,21 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=40000, help="KV blocks (16 tokens) per engine")
     ap.add_argument("--policies", nargs="+", default=list(POLICIES))
     ap.add_argument("--progress", action="store_true")
-    ap.add_argument("--config", default="{}",
-                    help='policy configs as JSON, e.g. \'{"prefix_affinity": {"load_weight": 0.5}}\'')
+    ap.add_argument(
+        "--config",
+        default="{}",
+        help='policy configs as JSON, e.g. \'{"prefix_affinity": {"load_weight": 0.5}}\'',
+    )
     ap.add_argument("--engines-child", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--scale", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--kv-events", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.engines_child:
-        asyncio.run(_serve_engines(args.engines_child, args.blocks, args.scale, args.time_scale,
-                                   args.kv_events))
+        asyncio.run(
+            _serve_engines(
+                args.engines_child, args.blocks, args.scale, args.time_scale, args.kv_events
+            )
+        )
         return
     asyncio.run(main_async(args))
 

@@ -90,11 +90,21 @@ def answers_chat(url: str, timeout: float) -> str | None:
     return error
 
 
-def start_rust_router(kind: str, args: argparse.Namespace, engine_url: str) -> tuple[Proc, str] | str:
+def start_rust_router(
+    kind: str, args: argparse.Namespace, engine_url: str
+) -> tuple[Proc, str] | str:
     """(process, url) of a started router, or why it was skipped."""
     port = free_port()
-    common = ["--worker-urls", engine_url, "--port", str(port), "--log-level", "error",
-              "--prometheus-port", str(free_port())]
+    common = [
+        "--worker-urls",
+        engine_url,
+        "--port",
+        str(port),
+        "--log-level",
+        "error",
+        "--prometheus-port",
+        str(free_port()),
+    ]
     if kind == "sglang":
         python = str(Path(args.router_bin) / "python") if args.router_bin else sys.executable
         if not Path(python).exists():
@@ -106,7 +116,11 @@ def start_rust_router(kind: str, args: argparse.Namespace, engine_url: str) -> t
         probe.stop()
         cmd = [python, "-m", "sglang_router.launch_router", "--policy", args.sglang_policy, *common]
     else:
-        exe = str(Path(args.router_bin) / "vllm-router") if args.router_bin else shutil.which("vllm-router")
+        exe = (
+            str(Path(args.router_bin) / "vllm-router")
+            if args.router_bin
+            else shutil.which("vllm-router")
+        )
         if not exe or not Path(exe).exists():
             return "vllm-router is not installed (see --router-bin)"
         cmd = [exe, "--policy", args.vllm_policy, *common]
@@ -120,9 +134,15 @@ def start_rust_router(kind: str, args: argparse.Namespace, engine_url: str) -> t
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--routers", default=",".join(ROUTERS), help="which of kvgate,sglang,vllm to run")
-    parser.add_argument("--router-bin", help="bin directory holding the Rust routers (a venv's bin)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--routers", default=",".join(ROUTERS), help="which of kvgate,sglang,vllm to run"
+    )
+    parser.add_argument(
+        "--router-bin", help="bin directory holding the Rust routers (a venv's bin)"
+    )
     parser.add_argument("--sglang-policy", default="cache_aware")
     parser.add_argument("--vllm-policy", default="consistent_hash")
     parser.add_argument("--levels", default="1,32", help="concurrency levels")
@@ -130,8 +150,12 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=3.0, help="seconds measured per cell")
     parser.add_argument("--warmup", type=float, default=0.5, help="seconds discarded per cell")
     parser.add_argument("--repeat", type=int, default=5, help="alternating rounds per cell")
-    parser.add_argument("--context-tokens", type=int, default=0, help="agent conversation size (0: short)")
-    parser.add_argument("--start-timeout", type=float, default=60.0, help="seconds a router may take to start")
+    parser.add_argument(
+        "--context-tokens", type=int, default=0, help="agent conversation size (0: short)"
+    )
+    parser.add_argument(
+        "--start-timeout", type=float, default=60.0, help="seconds a router may take to start"
+    )
     args = parser.parse_args()
 
     wanted = [r for r in args.routers.split(",") if r]
@@ -141,7 +165,18 @@ def main() -> int:
     levels = [int(x) for x in args.levels.split(",")]
     modes = [m == "stream" for m in args.modes.split(",") if m]
     engine_port = free_port()
-    engine = Proc([sys.executable, "-m", "gateway.cli", "sim", "--profile", "instant", "--port", str(engine_port)])
+    engine = Proc(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "sim",
+            "--profile",
+            "instant",
+            "--port",
+            str(engine_port),
+        ]
+    )
     engine_url = f"http://127.0.0.1:{engine_port}"
     routers: dict[str, tuple[Proc, str]] = {}
     skipped: dict[str, str] = {}
@@ -149,7 +184,11 @@ def main() -> int:
     try:
         wait_ready(engine_url + "/health")
         for name in wanted:
-            started = start_gateway(engine_url, "h1") if name == "kvgate" else start_rust_router(name, args, engine_url)
+            started = (
+                start_gateway(engine_url, "h1")
+                if name == "kvgate"
+                else start_rust_router(name, args, engine_url)
+            )
             if isinstance(started, str):
                 skipped[name] = started
             else:
@@ -159,12 +198,26 @@ def main() -> int:
                 direct: list[dict[str, Any]] = []
                 runs: dict[str, list[dict[str, Any]]] = {name: [] for name in routers}
                 for _ in range(args.repeat):
-                    direct.append(run_loadgen(engine_url + "/v1/chat/completions", conc, args.duration,
-                                              stream, args.warmup, args.context_tokens))
+                    direct.append(
+                        run_loadgen(
+                            engine_url + "/v1/chat/completions",
+                            conc,
+                            args.duration,
+                            stream,
+                            args.warmup,
+                            args.context_tokens,
+                        )
+                    )
                     for name, (proc, url) in routers.items():
                         cpu0 = tree_cpu_seconds(proc.p.pid)
-                        r = run_loadgen(url + "/v1/chat/completions", conc, args.duration, stream,
-                                        args.warmup, args.context_tokens)
+                        r = run_loadgen(
+                            url + "/v1/chat/completions",
+                            conc,
+                            args.duration,
+                            stream,
+                            args.warmup,
+                            args.context_tokens,
+                        )
                         cpu1 = tree_cpu_seconds(proc.p.pid)
                         if cpu0 is not None and cpu1 is not None:
                             total = r["requests"] * (args.duration + args.warmup) / args.duration
@@ -174,7 +227,9 @@ def main() -> int:
                 rows.append({"router": "direct", "conc": conc, "stream": stream, **d})
                 for name, rs in runs.items():
                     row = median_row(rs)  # no gw_cpu_us if the router died
-                    row["added"] = statistics.median(r["p50_ms"] - dd["p50_ms"] for r, dd in zip(rs, direct))
+                    row["added"] = statistics.median(
+                        r["p50_ms"] - dd["p50_ms"] for r, dd in zip(rs, direct)
+                    )
                     row["ratio"] = row["rps"] / d["rps"] if d["rps"] else float("nan")
                     rows.append({"router": name, "conc": conc, "stream": stream, **row})
     finally:
@@ -182,22 +237,32 @@ def main() -> int:
             proc.stop()
         engine.stop()
 
-    print(f"{'router':8} {'conc':>4} {'stream':>6} {'req/s':>7} {'p50ms':>7} {'p99ms':>7} {'+p50ms':>7} "
-          f"{'ratio':>6} {'CPUus':>6} {'xRust':>6} {'err':>4}")
+    print(
+        f"{'router':8} {'conc':>4} {'stream':>6} {'req/s':>7} {'p50ms':>7} {'p99ms':>7} {'+p50ms':>7} "
+        f"{'ratio':>6} {'CPUus':>6} {'xRust':>6} {'err':>4}"
+    )
     nan = float("nan")
     for row in rows:
-        rust = [r.get("gw_cpu_us", nan) for r in rows if r["router"] in ("sglang", "vllm")
-                and (r["conc"], r["stream"]) == (row["conc"], row["stream"])]
+        rust = [
+            r.get("gw_cpu_us", nan)
+            for r in rows
+            if r["router"] in ("sglang", "vllm")
+            and (r["conc"], r["stream"]) == (row["conc"], row["stream"])
+        ]
         cpu = row.get("gw_cpu_us", nan)
         versus = cpu / min(rust) if rust else nan
-        print(f"{row['router']:8} {row['conc']:>4} {row['stream']!s:>6} {row['rps']:>7.0f} {row['p50_ms']:>7.2f} "
-              f"{row['p99_ms']:>7.2f} {row.get('added', nan):>7.2f} {row.get('ratio', nan):>6.2f} "
-              f"{cpu:>6.0f} {versus:>6.2f} {row['errors']:>4}")
+        print(
+            f"{row['router']:8} {row['conc']:>4} {row['stream']!s:>6} {row['rps']:>7.0f} {row['p50_ms']:>7.2f} "
+            f"{row['p99_ms']:>7.2f} {row.get('added', nan):>7.2f} {row.get('ratio', nan):>6.2f} "
+            f"{cpu:>6.0f} {versus:>6.2f} {row['errors']:>4}"
+        )
     for name, why in skipped.items():
         print(f"skipped {name}: {why}")
-    print(f"Medians over {args.repeat} alternating rounds of {args.duration:g} s. +p50ms: router p50 minus "
-          "the same round's direct p50. CPUus: the router's process tree, user+system, per request; "
-          "xRust: that over the cheaper Rust router's in the same cell.")
+    print(
+        f"Medians over {args.repeat} alternating rounds of {args.duration:g} s. +p50ms: router p50 minus "
+        "the same round's direct p50. CPUus: the router's process tree, user+system, per request; "
+        "xRust: that over the cheaper Rust router's in the same cell."
+    )
     if args.context_tokens:
         print(f"Each request: an agent conversation of about {args.context_tokens:,} tokens.")
     return 0

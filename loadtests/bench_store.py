@@ -36,7 +36,9 @@ from bench_overhead import MODEL, ROOT, Proc, cpu_seconds, free_port, start_gate
 sys.path.insert(0, str(ROOT))
 
 
-async def _loadgen(url: str, concurrency: int, duration: float, warmup: float, unique: bool) -> dict[str, Any]:
+async def _loadgen(
+    url: str, concurrency: int, duration: float, warmup: float, unique: bool
+) -> dict[str, Any]:
     import aiohttp
 
     body = json.dumps(
@@ -56,7 +58,8 @@ async def _loadgen(url: str, concurrency: int, duration: float, warmup: float, u
                 session = f"w{i}-{n}" if unique else f"w{i}-{n % 8}"
                 try:
                     async with http.post(
-                        url, data=body,
+                        url,
+                        data=body,
                         headers={"content-type": "application/json", "x-session-id": session},
                     ) as resp:
                         await resp.read()
@@ -74,15 +77,36 @@ async def _loadgen(url: str, concurrency: int, duration: float, warmup: float, u
     latencies.sort()
 
     def pct(q: float) -> float:
-        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000 if latencies else float("nan")
+        return (
+            latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000
+            if latencies
+            else float("nan")
+        )
 
-    return {"requests": len(latencies), "errors": errors, "rps": len(latencies) / duration,
-            "p50_ms": pct(0.5), "p99_ms": pct(0.99)}
+    return {
+        "requests": len(latencies),
+        "errors": errors,
+        "rps": len(latencies) / duration,
+        "p50_ms": pct(0.5),
+        "p99_ms": pct(0.99),
+    }
 
 
-def run_loadgen(url: str, concurrency: int, duration: float, warmup: float, unique: bool) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--loadgen", url, "--concurrency", str(concurrency),
-           "--duration", str(duration), "--warmup", str(warmup)] + (["--unique"] if unique else [])
+def run_loadgen(
+    url: str, concurrency: int, duration: float, warmup: float, unique: bool
+) -> dict[str, Any]:
+    cmd = [
+        sys.executable,
+        __file__,
+        "--loadgen",
+        url,
+        "--concurrency",
+        str(concurrency),
+        "--duration",
+        str(duration),
+        "--warmup",
+        str(warmup),
+    ] + (["--unique"] if unique else [])
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
@@ -111,8 +135,11 @@ async def _micro(redis_url: str, n: int) -> list[tuple[str, float]]:
                 await store.lookup_session(k)  # known locally
             t3 = time.perf_counter()
             await store.sync()
-            out += [(f"{name} lookup miss", (t1 - t0) / n), (f"{name} assign", (t2 - t1) / n),
-                    (f"{name} lookup hit", (t3 - t2) / n)]
+            out += [
+                (f"{name} lookup miss", (t1 - t0) / n),
+                (f"{name} assign", (t2 - t1) / n),
+                (f"{name} lookup hit", (t3 - t2) / n),
+            ]
     finally:
         await redis_store.close()
     return out
@@ -137,7 +164,9 @@ def wait_redis(port: int, timeout: float = 10.0) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--loadgen", help=argparse.SUPPRESS)
     parser.add_argument("--unique", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--concurrency", type=int, default=1)
@@ -152,8 +181,15 @@ def main() -> int:
             uvloop.install()
         except ImportError:
             pass
-        print(json.dumps(asyncio.run(
-            _loadgen(args.loadgen, args.concurrency, args.duration, args.warmup, args.unique))))
+        print(
+            json.dumps(
+                asyncio.run(
+                    _loadgen(
+                        args.loadgen, args.concurrency, args.duration, args.warmup, args.unique
+                    )
+                )
+            )
+        )
         return 0
 
     binary = shutil.which("redis-server")
@@ -162,8 +198,31 @@ def main() -> int:
         return 2
     levels = [int(x) for x in args.levels.split(",")]
     redis_port, dead_port, engine_port = free_port(), free_port(), free_port()
-    redis = Proc([binary, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-    engine = Proc([sys.executable, "-m", "gateway.cli", "sim", "--profile", "instant", "--port", str(engine_port)])
+    redis = Proc(
+        [
+            binary,
+            "--port",
+            str(redis_port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ]
+    )
+    engine = Proc(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "sim",
+            "--profile",
+            "instant",
+            "--port",
+            str(engine_port),
+        ]
+    )
     backends = {
         "memory": "store:\n  backend: memory\n",
         "redis": f"store:\n  backend: redis\n  url: redis://127.0.0.1:{redis_port}/0\n",
@@ -181,7 +240,9 @@ def main() -> int:
                 for unique in (False, True):
                     for c in levels:
                         cpu0 = cpu_seconds(gw.p.pid)
-                        r = run_loadgen(url + "/v1/chat/completions", c, args.duration, args.warmup, unique)
+                        r = run_loadgen(
+                            url + "/v1/chat/completions", c, args.duration, args.warmup, unique
+                        )
                         cpu1 = cpu_seconds(gw.p.pid)
                         if cpu0 is not None and cpu1 is not None:
                             total = r["requests"] * (args.duration + args.warmup) / args.duration
@@ -191,20 +252,33 @@ def main() -> int:
                         ref = base[(c, unique)]
                         r["ratio"] = r["rps"] / ref["rps"] if ref["rps"] else float("nan")
                         r["added_p50_ms"] = r["p50_ms"] - ref["p50_ms"]
-                        rows.append({"store": name, "sessions": "unique" if unique else "reuse", "conc": c, **r})
+                        rows.append(
+                            {
+                                "store": name,
+                                "sessions": "unique" if unique else "reuse",
+                                "conc": c,
+                                **r,
+                            }
+                        )
             finally:
                 gw.stop()
     finally:
         engine.stop()
         redis.stop()
 
-    print(f"{'store':10} {'sessions':8} {'conc':>4} {'req/s':>8} {'p50ms':>7} {'p99ms':>7} {'err':>4} "
-          f"{'vs mem':>6} {'+p50ms':>7} {'gwCPUus':>8}")
+    print(
+        f"{'store':10} {'sessions':8} {'conc':>4} {'req/s':>8} {'p50ms':>7} {'p99ms':>7} {'err':>4} "
+        f"{'vs mem':>6} {'+p50ms':>7} {'gwCPUus':>8}"
+    )
     for r in rows:
-        print(f"{r['store']:10} {r['sessions']:8} {r['conc']:>4} {r['rps']:>8.0f} {r['p50_ms']:>7.2f} "
-              f"{r['p99_ms']:>7.2f} {r['errors']:>4} {r['ratio']:>6.2f} {r['added_p50_ms']:>7.2f} "
-              f"{r.get('gw_cpu_us', float('nan')):>8.0f}")
-    print("vs mem / +p50ms: against the memory backend in the same row group; gwCPUus: gateway CPU per request.")
+        print(
+            f"{r['store']:10} {r['sessions']:8} {r['conc']:>4} {r['rps']:>8.0f} {r['p50_ms']:>7.2f} "
+            f"{r['p99_ms']:>7.2f} {r['errors']:>4} {r['ratio']:>6.2f} {r['added_p50_ms']:>7.2f} "
+            f"{r.get('gw_cpu_us', float('nan')):>8.0f}"
+        )
+    print(
+        "vs mem / +p50ms: against the memory backend in the same row group; gwCPUus: gateway CPU per request."
+    )
     print("request-path verbs, in-process, sequential (one await at a time):")
     for label, seconds in micro:
         print(f"  {label:20} {seconds * 1e6:8.1f} us/call")

@@ -121,7 +121,9 @@ class Tally:
         if odd:
             row.notes.append("statuses " + " ".join(f"{k}x{v}" for k, v in sorted(odd.items())))
         if self.errors:
-            row.notes.append("client errors " + ", ".join(f"{k}x{v}" for k, v in self.errors.most_common(4)))
+            row.notes.append(
+                "client errors " + ", ".join(f"{k}x{v}" for k, v in self.errors.most_common(4))
+            )
 
 
 # -- processes ------------------------------------------------------------------------
@@ -158,8 +160,21 @@ class Engine:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        self.proc = Proc([sys.executable, "-m", "gateway.cli", "sim", "--replicas", "1",
-                          "--port", str(self.port), "--profile", self.profile, *self.extra])
+        self.proc = Proc(
+            [
+                sys.executable,
+                "-m",
+                "gateway.cli",
+                "sim",
+                "--replicas",
+                "1",
+                "--port",
+                str(self.port),
+                "--profile",
+                self.profile,
+                *self.extra,
+            ]
+        )
         _drain(self.proc, self.log)
         wait_ready(self.url + "/health")
 
@@ -185,8 +200,13 @@ def gateway_config(port: int, urls: Sequence[str], sections: dict[str, Any]) -> 
     base: dict[str, Any] = {
         "server": {"port": port, "log_level": "warning", "drain_timeout_s": 3.0},
         "replicas": [{"id": f"e{i}", "url": u, "models": [MODEL]} for i, u in enumerate(urls)],
-        "health": {"interval_s": 0.25, "timeout_s": 0.5, "failure_threshold": 2,
-                   "success_threshold": 1, "cooldown_s": 1.0},
+        "health": {
+            "interval_s": 0.25,
+            "timeout_s": 0.5,
+            "failure_threshold": 2,
+            "success_threshold": 1,
+            "cooldown_s": 1.0,
+        },
         "scrape": {"interval_s": 0.1},
         "timeouts": {"connect_s": 1.0, "response_headers_s": 3.0, "read_s": 3.0},
         "models": {"discover": False},
@@ -240,8 +260,19 @@ class Redis:
         if binary is None:
             raise RuntimeError("redis-server is not installed")
         self.p = subprocess.Popen(
-            [binary, "--port", str(self.port), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--bind",
+                "127.0.0.1",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -275,8 +306,11 @@ def rss_mb(pid: int) -> float | None:
     return None
 
 
-_SERIES = re.compile(r'^(kvgate_replica_healthy|kvgate_in_flight|kvgate_admission_queue_depth)'
-                     r'\{[a-z_]+="([^"]*)"\} (\S+)$', re.MULTILINE)
+_SERIES = re.compile(
+    r"^(kvgate_replica_healthy|kvgate_in_flight|kvgate_admission_queue_depth)"
+    r'\{[a-z_]+="([^"]*)"\} (\S+)$',
+    re.MULTILINE,
+)
 
 
 def parse_metrics(text: str) -> dict[str, dict[str, float]]:
@@ -345,8 +379,10 @@ class Watch:
             while time.monotonic() < deadline:
                 with contextlib.suppress(httpx.HTTPError):
                     m = parse_metrics((await client.get(self.gw.url + "/metrics")).text)
-                    total = int(sum(m.get("kvgate_in_flight", {}).values())
-                                + sum(m.get("kvgate_admission_queue_depth", {}).values()))
+                    total = int(
+                        sum(m.get("kvgate_in_flight", {}).values())
+                        + sum(m.get("kvgate_admission_queue_depth", {}).values())
+                    )
                     if total == 0:
                         return 0
                 await asyncio.sleep(0.1)
@@ -366,7 +402,9 @@ async def stopped(*things: Engine | Gateway | Redis) -> None:
 
 @contextlib.asynccontextmanager
 async def rig(
-    engines: int, sections: dict[str, Any] | None = None, profile: str = "h200-sparse",
+    engines: int,
+    sections: dict[str, Any] | None = None,
+    profile: str = "h200-sparse",
     urls: Sequence[str] = (),
 ) -> AsyncIterator[tuple[list[Engine], Gateway]]:
     """`engines` sim processes (plus `urls` of engines served elsewhere) behind one gateway."""
@@ -383,7 +421,9 @@ async def rig(
 def finish(row: Row, gw: Gateway) -> None:
     tb = _tracebacks(gw.log)
     if tb:
-        row.notes.append(f"gateway logged {tb} traceback(s): {next((x for x in gw.log if 'Error' in x), '')[:120]}")
+        row.notes.append(
+            f"gateway logged {tb} traceback(s): {next((x for x in gw.log if 'Error' in x), '')[:120]}"
+        )
     row.checks["no_traceback"] = tb == 0
 
 
@@ -391,20 +431,37 @@ def finish(row: Row, gw: Gateway) -> None:
 def request_body(kind: str, sid: str, stream: bool, max_tokens: int) -> tuple[str, dict[str, Any]]:
     text = f"session {sid}: explain why a prefix cache wants sticky routing, briefly."
     if kind == "completions":
-        return "/v1/completions", {"model": MODEL, "prompt": text, "max_tokens": max_tokens,
-                                   "stream": stream}
-    return "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": text}],
-                                    "max_tokens": max_tokens, "stream": stream}
+        return "/v1/completions", {
+            "model": MODEL,
+            "prompt": text,
+            "max_tokens": max_tokens,
+            "stream": stream,
+        }
+    return "/v1/chat/completions", {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
 
 
 async def one_request(
-    client: httpx.AsyncClient, base: str, tally: Tally, sid: str, *, stream: bool,
-    kind: str = "chat", max_tokens: int = 32, check_echo: bool = False,
+    client: httpx.AsyncClient,
+    base: str,
+    tally: Tally,
+    sid: str,
+    *,
+    stream: bool,
+    kind: str = "chat",
+    max_tokens: int = 32,
+    check_echo: bool = False,
 ) -> None:
     path, body = request_body(kind, sid, stream, max_tokens)
     tally.requests += 1
     try:
-        async with client.stream("POST", base + path, json=body, headers={"x-session-id": sid}) as resp:
+        async with client.stream(
+            "POST", base + path, json=body, headers={"x-session-id": sid}
+        ) as resp:
             replica = resp.headers.get(REPLICA)
             if resp.status_code != 200:
                 await resp.aread()
@@ -429,8 +486,15 @@ async def one_request(
 
 
 async def run_load(
-    bases: Sequence[str], tally: Tally, seconds: float, workers: int, *, prefix: str = "s",
-    kinds: Sequence[str] = ("chat",), max_tokens: int = 32, check_echo: bool = False,
+    bases: Sequence[str],
+    tally: Tally,
+    seconds: float,
+    workers: int,
+    *,
+    prefix: str = "s",
+    kinds: Sequence[str] = ("chat",),
+    max_tokens: int = 32,
+    check_echo: bool = False,
     stream_every: int | None = 2,
 ) -> None:
     """`workers` sessions for `seconds`; worker i streams when i % stream_every == 0 (never
@@ -446,9 +510,16 @@ async def run_load(
             while time.monotonic() < deadline:
                 base = bases[n % len(bases)]
                 n += 1
-                await one_request(client, base, tally, f"{prefix}{i}", stream=stream_every is not None and i % stream_every == 0,
-                                  kind=kinds[i % len(kinds)], max_tokens=max_tokens,
-                                  check_echo=check_echo)
+                await one_request(
+                    client,
+                    base,
+                    tally,
+                    f"{prefix}{i}",
+                    stream=stream_every is not None and i % stream_every == 0,
+                    kind=kinds[i % len(kinds)],
+                    max_tokens=max_tokens,
+                    check_echo=check_echo,
+                )
 
         await asyncio.gather(*(worker(i) for i in range(workers)))
 
@@ -497,12 +568,19 @@ class RawEngine:
                 head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
                 lines = head.split("\r\n")
                 method, path = lines[0].split(" ")[:2]
-                headers = {k.strip().lower(): v.strip()
-                           for k, _, v in (x.partition(":") for x in lines[1:] if ":" in x)}
+                headers = {
+                    k.strip().lower(): v.strip()
+                    for k, _, v in (x.partition(":") for x in lines[1:] if ":" in x)
+                }
                 size = int(headers.get("content-length", "0"))
                 body = await reader.readexactly(size) if size else b""
                 await self._answer(method, path, body, writer)
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ValueError):
+        except (
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+            ConnectionError,
+            ValueError,
+        ):
             pass
         finally:
             writer.close()
@@ -523,28 +601,45 @@ class RawEngine:
             content = json.loads(body)["messages"][0]["content"]
         except (ValueError, KeyError, IndexError, TypeError):
             content = ""
-        answer = json.dumps({
-            "id": "raw", "object": "chat.completion", "created": 0, "model": MODEL,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                         "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-        }).encode()
-        w.write(b"HTTP/1.1 103 Early Hints\r\nlink: </style.css>; rel=preload\r\n\r\n"
-                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                + f"content-length: {len(answer)}\r\n\r\n".encode() + answer
-                + b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\n\r\n")
+        answer = json.dumps(
+            {
+                "id": "raw",
+                "object": "chat.completion",
+                "created": 0,
+                "model": MODEL,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": content},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
+        ).encode()
+        w.write(
+            b"HTTP/1.1 103 Early Hints\r\nlink: </style.css>; rel=preload\r\n\r\n"
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+            + f"content-length: {len(answer)}\r\n\r\n".encode()
+            + answer
+            + b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\n\r\n"
+        )
         await w.drain()
 
     async def _huge(self, path: str, w: asyncio.StreamWriter) -> None:
         chunk = b"x" * 65536
         if path.startswith("/v1/chat"):
-            w.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                    + f"content-length: {8 << 20}\r\n\r\n".encode())
+            w.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                + f"content-length: {8 << 20}\r\n\r\n".encode()
+            )
             for _ in range(128):
                 w.write(chunk)
                 await w.drain()
             return
-        w.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n")
+        w.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
         frame = f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n"
         for _ in range(4096):  # 256 MiB at most, if the gateway never stops reading
             w.write(frame)
@@ -563,9 +658,16 @@ class PoisonKind:
             from gateway.sim.wire import error_body
 
             body = error_body(500, "poisoned: this engine fails every " + self.path)
-            await send({"type": "http.response.start", "status": 500,
-                        "headers": [(b"content-type", b"application/json"),
-                                    (b"content-length", str(len(body)).encode())]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 500,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                    ],
+                }
+            )
             await send({"type": "http.response.body", "body": body})
             return
         await self.app(scope, receive, send)
@@ -613,14 +715,18 @@ async def _set_faults(url: str, faults: dict[str, Any]) -> None:
 async def scenario_stall(o: Options) -> list[Row]:
     """e0 accepts and never answers (FaultConfig stall=0) for the middle of the run."""
     row = Row("e0 stalled")
-    sections = {"timeouts": {"response_headers_s": 1.0, "read_s": 1.0},
-                "health": {"canary_timeout_s": 1.0}}
+    sections = {
+        "timeouts": {"response_headers_s": 1.0, "read_s": 1.0},
+        "health": {"canary_timeout_s": 1.0},
+    }
     async with rig(2, sections) as (engines, gw):
         tally = Tally()
         async with Watch(gw) as watch:
             t0 = time.monotonic()
             load = asyncio.ensure_future(run_load([gw.url], tally, o.duration, o.workers))
-            stalled = await at(t0, o.duration * 0.25, lambda: _set_faults(engines[0].url, {"stall": 0}))
+            stalled = await at(
+                t0, o.duration * 0.25, lambda: _set_faults(engines[0].url, {"stall": 0})
+            )
             cleared = await at(t0, o.duration * 0.6, lambda: _set_faults(engines[0].url, {}))
             await load
             row.eject_s = watch.first("e0", 0.0, stalled)
@@ -628,9 +734,11 @@ async def scenario_stall(o: Options) -> list[Row]:
             row.inflight_end = await watch.settle()
             row.rss_peak_mb, row.rss_end_mb, _ = watch.rss_figures(t0)
         tally.into(row)
-        row.notes.append("stall: /health stays 200; a request that times out (headers, or a "
-                         "stream's first chunk) sends a canary: its timeout ejects e0 and the "
-                         "request fails over")
+        row.notes.append(
+            "stall: /health stays 200; a request that times out (headers, or a "
+            "stream's first chunk) sends a canary: its timeout ejects e0 and the "
+            "request fails over"
+        )
         row.checks["ejected"] = row.eject_s is not None
         row.checks["no_gw5xx"] = row.gw5xx == 0
         row.checks["inflight_0"] = row.inflight_end == 0
@@ -646,14 +754,22 @@ async def scenario_poison(o: Options) -> list[Row]:
 
     row = Row("e1 500 on completions only")
     poisoned = SimEngine(PROFILES["h200-sparse"], index=0)
-    poisoned.server = await start_server(PoisonKind(poisoned.app, "/v1/completions"), "127.0.0.1", 0)
+    poisoned.server = await start_server(
+        PoisonKind(poisoned.app, "/v1/completions"), "127.0.0.1", 0
+    )
     try:
         async with rig(1, urls=[poisoned.url]) as (_, gw):
             # The in-process engine is listed second: the gateway calls it e1.
             tally = Tally()
             async with Watch(gw) as watch:
                 t0 = time.monotonic()
-                await run_load([gw.url], tally, o.duration, o.workers, kinds=("chat", "completions", "completions", "chat"))
+                await run_load(
+                    [gw.url],
+                    tally,
+                    o.duration,
+                    o.workers,
+                    kinds=("chat", "completions", "completions", "chat"),
+                )
                 row.inflight_end = await watch.settle()
                 row.rss_peak_mb, row.rss_end_mb, _ = watch.rss_figures(t0)
                 ejected = watch.ever_ejected()
@@ -662,8 +778,10 @@ async def scenario_poison(o: Options) -> list[Row]:
             row.checks["no_gw5xx"] = row.gw5xx == 0
             row.checks["no_healthy_ejected"] = not ejected
             row.checks["inflight_0"] = row.inflight_end == 0
-            row.notes.append("poison: an in-process sim wrapped to answer 500 on /v1/completions only "
-                             "(the sim's error fault hits every kind); relayed, not retried")
+            row.notes.append(
+                "poison: an in-process sim wrapped to answer 500 on /v1/completions only "
+                "(the sim's error fault hits every kind); relayed, not retried"
+            )
             finish(row, gw)
     finally:
         await poisoned.stop()
@@ -689,7 +807,9 @@ async def scenario_disconnects(o: Options) -> list[Row]:
                                 async for _ in resp.aiter_raw():
                                     break
                         else:  # before headers; queued when admission holds it
-                            await client.post(gw.url + path, json=body, timeout=0.15 if how == "early" else 0.05)
+                            await client.post(
+                                gw.url + path, json=body, timeout=0.15 if how == "early" else 0.05
+                            )
                     except httpx.HTTPError:
                         pass
                     left[how] += 1
@@ -708,14 +828,26 @@ async def scenario_disconnects(o: Options) -> list[Row]:
         async with httpx.AsyncClient(timeout=2.0) as client:
             for e in engines:
                 text = (await client.get(e.url + "/metrics")).text
-                m = re.search(r"^kvgate_sim_client_disconnects_total(?:\{[^}]*\})? (\S+)$", text, re.MULTILINE)
+                m = re.search(
+                    r"^kvgate_sim_client_disconnects_total(?:\{[^}]*\})? (\S+)$", text, re.MULTILINE
+                )
                 aborted += int(float(m.group(1))) if m else 0
             gm = (await client.get(gw.url + "/metrics")).text
-        phases = dict(re.findall(r'^kvgate_client_disconnects_total\{phase="(\w+)"\} (\S+)$', gm, re.MULTILINE))
-        waits = re.findall(r'^kvgate_admission_wait_seconds_count\{[^}]*outcome="(\w+)"[^}]*\} (\S+)$', gm, re.MULTILINE)
+        phases = dict(
+            re.findall(
+                r'^kvgate_client_disconnects_total\{phase="(\w+)"\} (\S+)$', gm, re.MULTILINE
+            )
+        )
+        waits = re.findall(
+            r'^kvgate_admission_wait_seconds_count\{[^}]*outcome="(\w+)"[^}]*\} (\S+)$',
+            gm,
+            re.MULTILINE,
+        )
         queued_left = sum(float(v) for k, v in waits if "disconnect" in k)
-        row.notes.append(f"disconnects: {dict(left)} sent; gateway counted {phases}, "
-                         f"{queued_left:.0f} left admission's queue; engines aborted {aborted}")
+        row.notes.append(
+            f"disconnects: {dict(left)} sent; gateway counted {phases}, "
+            f"{queued_left:.0f} left admission's queue; engines aborted {aborted}"
+        )
         row.checks["no_unstarted_fail"] = row.failed_before == 0
         row.checks["no_gw5xx"] = row.gw5xx == 0
         row.checks["inflight_0"] = row.inflight_end == 0
@@ -726,8 +858,9 @@ async def scenario_disconnects(o: Options) -> list[Row]:
 async def scenario_overload(o: Options, admission: bool) -> Row:
     """5x capacity: two `tiny` engines run 8 sequences each; 80 sessions press on them."""
     row = Row(f"overload 5x, admission {'on' if admission else 'off'}")
-    sections: dict[str, Any] = {"admission": {"enabled": admission, "max_wait_s": 10.0,
-                                              "saturation": {"max_inflight": 8}}}
+    sections: dict[str, Any] = {
+        "admission": {"enabled": admission, "max_wait_s": 10.0, "saturation": {"max_inflight": 8}}
+    }
     async with rig(2, sections, profile="tiny") as (_, gw):
         tally = Tally()
         async with Watch(gw) as watch:
@@ -761,13 +894,21 @@ async def scenario_unsolicited(o: Options) -> list[Row]:
             tally = Tally()
             async with Watch(gw) as watch:
                 t0 = time.monotonic()
-                await run_load([gw.url], tally, min(o.duration, 4.0), o.workers, check_echo=True,
-                               stream_every=None)
+                await run_load(
+                    [gw.url],
+                    tally,
+                    min(o.duration, 4.0),
+                    o.workers,
+                    check_echo=True,
+                    stream_every=None,
+                )
                 row.inflight_end = await watch.settle()
                 row.rss_peak_mb, row.rss_end_mb, _ = watch.rss_figures(t0)
             tally.into(row)
-            row.notes.append(f"unsolicited: {tally.wrong_answers} answers carried another client's "
-                             f"prompt; the engine saw {raw.connections} connections")
+            row.notes.append(
+                f"unsolicited: {tally.wrong_answers} answers carried another client's "
+                f"prompt; the engine saw {raw.connections} connections"
+            )
             row.checks["own_answers"] = tally.wrong_answers == 0
             row.checks["no_unstarted_fail"] = row.failed_before == 0
             row.checks["no_gw5xx"] = row.gw5xx == 0
@@ -809,14 +950,19 @@ async def scenario_slowloris(o: Options) -> list[Row]:
         tally = Tally()
         async with Watch(gw) as watch:
             t0 = time.monotonic()
-            await asyncio.gather(run_load([gw.url], tally, min(o.duration, 5.0), 4),
-                                 *(slow(False) for _ in range(200)), *(slow(True) for _ in range(50)))
+            await asyncio.gather(
+                run_load([gw.url], tally, min(o.duration, 5.0), 4),
+                *(slow(False) for _ in range(200)),
+                *(slow(True) for _ in range(50)),
+            )
             row.inflight_end = await watch.settle()
             row.rss_peak_mb, row.rss_end_mb, _ = watch.rss_figures(t0)
         tally.into(row)
         in_time = sum(1 for c in closed if c <= max(header_s, body_s) + 1.5)
-        row.notes.append(f"slowloris: {in_time} of 250 slow connections closed within "
-                         f"{max(header_s, body_s) + 1.5:.1f} s (longest {max(closed, default=0):.1f} s)")
+        row.notes.append(
+            f"slowloris: {in_time} of 250 slow connections closed within "
+            f"{max(header_s, body_s) + 1.5:.1f} s (longest {max(closed, default=0):.1f} s)"
+        )
         row.checks["slow_closed"] = in_time == 250
         row.checks["no_unstarted_fail"] = row.failed_before == 0
         row.checks["no_gw5xx"] = row.gw5xx == 0
@@ -831,15 +977,23 @@ async def scenario_oversized(o: Options) -> list[Row]:
     raw = RawEngine("huge")
     await raw.start()
     rows = [Row("oversized requests"), Row("oversized answers (502 ok)")]
-    sections = {"limits": {"max_body_bytes": mib, "max_response_bytes": mib}, "scrape": {"enabled": False}}
+    sections = {
+        "limits": {"max_body_bytes": mib, "max_response_bytes": mib},
+        "scrape": {"enabled": False},
+    }
     try:
         async with rig(1, sections) as (_, gw), rig(0, sections, urls=[raw.url]) as (_, gw_raw):
-            big = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x" * (2 * mib)}],
-                              "max_tokens": 1}).encode()
+            big = json.dumps(
+                {
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": "x" * (2 * mib)}],
+                    "max_tokens": 1,
+                }
+            ).encode()
 
             async def chunked() -> AsyncIterator[bytes]:
                 for i in range(0, len(big), 65536):
-                    yield big[i:i + 65536]
+                    yield big[i : i + 65536]
 
             req, ans = Tally(), Tally()
             async with Watch(gw) as w1, Watch(gw_raw) as w2:
@@ -849,20 +1003,29 @@ async def scenario_oversized(o: Options) -> list[Row]:
                         for content in (big, chunked()):
                             req.requests += 1
                             try:
-                                r = await client.post(gw.url + "/v1/chat/completions", content=content,
-                                                      headers={"content-type": "application/json"})
+                                r = await client.post(
+                                    gw.url + "/v1/chat/completions",
+                                    content=content,
+                                    headers={"content-type": "application/json"},
+                                )
                                 req.statuses[r.status_code] += 1
                                 if r.status_code >= 500:
                                     req.gw5xx += REPLICA not in r.headers
                             except httpx.HTTPError as exc:
                                 req.errors[type(exc).__name__] += 1
-                        for path, body in (request_body("chat", "big", False, 1),
-                                           request_body("completions", "big", False, 1)):
+                        for path, body in (
+                            request_body("chat", "big", False, 1),
+                            request_body("completions", "big", False, 1),
+                        ):
                             ans.requests += 1
                             try:
                                 r = await client.post(gw_raw.url + path, json=body)
                                 ans.statuses[r.status_code] += 1
-                                code = r.json().get("error", {}).get("code") if r.status_code >= 500 else None
+                                code = (
+                                    r.json().get("error", {}).get("code")
+                                    if r.status_code >= 500
+                                    else None
+                                )
                                 ans.errors[f"{r.status_code} {code}"] += 1
                                 if r.status_code >= 500 and REPLICA not in r.headers:
                                     ans.gw5xx += 1
@@ -876,11 +1039,15 @@ async def scenario_oversized(o: Options) -> list[Row]:
             rows[0].checks["only_413"] = set(req.statuses) == {413}
             rows[0].checks["no_gw5xx"] = rows[0].gw5xx == 0
             ans.into(rows[1], sessions=False)
-            rows[1].checks["all_too_large"] = ans.errors["502 upstream_response_too_large"] == ans.requests
+            rows[1].checks["all_too_large"] = (
+                ans.errors["502 upstream_response_too_large"] == ans.requests
+            )
             base = w2.rss[0][1] if w2.rss else 0.0
             rows[1].checks["rss_bounded"] = (rows[1].rss_peak_mb or 0.0) < base + 100
-            rows[1].notes.append("oversized answers: chat declares 8 MiB, completions stream "
-                                 "endless chunks; limit 1 MiB; these 502s are the intended answer")
+            rows[1].notes.append(
+                "oversized answers: chat declares 8 MiB, completions stream "
+                "endless chunks; limit 1 MiB; these 502s are the intended answer"
+            )
             for row, g in ((rows[0], gw), (rows[1], gw_raw)):
                 row.checks["inflight_0"] = row.inflight_end == 0
                 finish(row, g)
@@ -917,8 +1084,10 @@ async def scenario_redis(o: Options) -> list[Row]:
             row.rss_end_mb = max((f[1] or 0.0) for f in figures)
             ejected = w1.ever_ejected() or w2.ever_ejected()
         tally.into(row)
-        row.notes.append("redis: each session alternates between the two gateways; moved = a "
-                         "session answered by two replicas")
+        row.notes.append(
+            "redis: each session alternates between the two gateways; moved = a "
+            "session answered by two replicas"
+        )
         row.checks["no_unstarted_fail"] = row.failed_before == 0
         row.checks["no_gw5xx"] = row.gw5xx == 0
         row.checks["no_healthy_ejected"] = not ejected
@@ -936,37 +1105,93 @@ def fuzz(url: str, examples: int, tally: Tally, samples: list[str]) -> None:
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    scalars = (st.none() | st.booleans() | st.integers(-(2**70), 2**70)
-               | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=40))
-    values = st.recursive(scalars, lambda ch: st.lists(ch, max_size=4)
-                          | st.dictionaries(st.text(max_size=8), ch, max_size=4), max_leaves=12)
+    scalars = (
+        st.none()
+        | st.booleans()
+        | st.integers(-(2**70), 2**70)
+        | st.floats(allow_nan=False, allow_infinity=False)
+        | st.text(max_size=40)
+    )
+    values = st.recursive(
+        scalars,
+        lambda ch: st.lists(ch, max_size=4) | st.dictionaries(st.text(max_size=8), ch, max_size=4),
+        max_leaves=12,
+    )
     message = st.fixed_dictionaries(
-        {"role": st.sampled_from(["user", "system", "assistant", "tool"]) | values,
-         "content": st.text(max_size=200) | values})
-    request = st.fixed_dictionaries({}, optional={
-        "model": st.sampled_from([MODEL, "other"]) | values,
-        "messages": st.lists(message, max_size=3) | values,
-        "prompt": st.text(max_size=200) | st.lists(st.integers(0, 50000), max_size=20) | values,
-        "stream": st.booleans() | values, "max_tokens": st.integers(-2, 64) | values,
-        "stream_options": st.fixed_dictionaries({"include_usage": st.booleans() | values}) | values,
-        "priority": st.integers(-3, 3) | values, "kv_transfer_params": values, "n": st.integers(-1, 3),
-        "input": st.text(max_size=50) | values, "user": st.text(max_size=20),
-    })
-    bodies = (request.map(lambda d: json.dumps(d).encode()) | st.binary(max_size=300)
-              | values.map(lambda v: json.dumps(v).encode()))
-    header_names = st.sampled_from([
-        "content-type", "x-session-id", "x-priority", "x-tenant-id", "authorization", "x-request-id",
-        "accept", "accept-encoding", "x-kvgate-replica", "transfer-encoding", "expect", "connection",
-        "te", "upgrade", "x-forwarded-for", "host", "cookie", "x-smg-routing-key"])
+        {
+            "role": st.sampled_from(["user", "system", "assistant", "tool"]) | values,
+            "content": st.text(max_size=200) | values,
+        }
+    )
+    request = st.fixed_dictionaries(
+        {},
+        optional={
+            "model": st.sampled_from([MODEL, "other"]) | values,
+            "messages": st.lists(message, max_size=3) | values,
+            "prompt": st.text(max_size=200) | st.lists(st.integers(0, 50000), max_size=20) | values,
+            "stream": st.booleans() | values,
+            "max_tokens": st.integers(-2, 64) | values,
+            "stream_options": st.fixed_dictionaries({"include_usage": st.booleans() | values})
+            | values,
+            "priority": st.integers(-3, 3) | values,
+            "kv_transfer_params": values,
+            "n": st.integers(-1, 3),
+            "input": st.text(max_size=50) | values,
+            "user": st.text(max_size=20),
+        },
+    )
+    bodies = (
+        request.map(lambda d: json.dumps(d).encode())
+        | st.binary(max_size=300)
+        | values.map(lambda v: json.dumps(v).encode())
+    )
+    header_names = st.sampled_from(
+        [
+            "content-type",
+            "x-session-id",
+            "x-priority",
+            "x-tenant-id",
+            "authorization",
+            "x-request-id",
+            "accept",
+            "accept-encoding",
+            "x-kvgate-replica",
+            "transfer-encoding",
+            "expect",
+            "connection",
+            "te",
+            "upgrade",
+            "x-forwarded-for",
+            "host",
+            "cookie",
+            "x-smg-routing-key",
+        ]
+    )
     header_values = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=40)
-    paths = st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/embeddings",
-                             "/v1/models", "/v1/chat/completions?x=1", "/v1/../metrics", "/nope",
-                             "//v1/completions", "/v1/models/kvgate-sim", "/v1/chat/completions/"])
+    paths = st.sampled_from(
+        [
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/v1/embeddings",
+            "/v1/models",
+            "/v1/chat/completions?x=1",
+            "/v1/../metrics",
+            "/nope",
+            "//v1/completions",
+            "/v1/models/kvgate-sim",
+            "/v1/chat/completions/",
+        ]
+    )
     methods = st.sampled_from(["POST", "POST", "POST", "GET", "PUT", "OPTIONS"])
     client = httpx.Client(timeout=10.0)
 
-    @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(methods, paths, st.dictionaries(header_names, header_values, max_size=5), bodies)
     def probe(method: str, path: str, headers: dict[str, str], body: bytes) -> None:
         tally.requests += 1
@@ -1019,8 +1244,12 @@ async def scenario_sigterm(o: Options) -> list[Row]:
         async with Watch(gw) as watch:
             t0 = time.monotonic()
             async with httpx.AsyncClient(timeout=30.0) as client:
-                streams = [asyncio.ensure_future(one_request(client, gw.url, tally, f"t{i}", stream=True, max_tokens=100))
-                           for i in range(8)]
+                streams = [
+                    asyncio.ensure_future(
+                        one_request(client, gw.url, tally, f"t{i}", stream=True, max_tokens=100)
+                    )
+                    for i in range(8)
+                ]
                 await asyncio.sleep(0.5)
                 assert gw.proc is not None
                 gw.proc.p.send_signal(signal.SIGTERM)
@@ -1034,9 +1263,11 @@ async def scenario_sigterm(o: Options) -> list[Row]:
                 exited = time.monotonic() - termed
             row.rss_peak_mb, row.rss_end_mb, _ = watch.rss_figures(t0)
         tally.into(row)
-        row.notes.append(f"sigterm: exit code {code} {exited:.1f} s after the signal; "
-                         f"requests sent after it: {late.requests}, refused {late.failed_before}; "
-                         "inflight: none left to read, the process is gone")
+        row.notes.append(
+            f"sigterm: exit code {code} {exited:.1f} s after the signal; "
+            f"requests sent after it: {late.requests}, refused {late.failed_before}; "
+            "inflight: none left to read, the process is gone"
+        )
         row.checks["streams_finished"] = row.broken == 0 and row.failed_before == 0
         # uvicorn re-raises the signal once drained: -15 is a clean exit too.
         row.checks["exited_drained"] = code in (0, -signal.SIGTERM) and exited < 10.0
@@ -1066,15 +1297,19 @@ def _f(v: float | None, fmt: str = "") -> str:
 
 
 def table(rows: Sequence[Row]) -> str:
-    head = (f"{'scenario':31} {'req':>6} {'fail<1B':>7} {'broken':>6} {'gw5xx':>5} {'relay5xx':>8} "
-            f"{'moved/ret':>9} {'eject s':>7} {'readmit':>7} {'RSS MB pk/end':>13} {'inflight':>8}  verdict")
+    head = (
+        f"{'scenario':31} {'req':>6} {'fail<1B':>7} {'broken':>6} {'gw5xx':>5} {'relay5xx':>8} "
+        f"{'moved/ret':>9} {'eject s':>7} {'readmit':>7} {'RSS MB pk/end':>13} {'inflight':>8}  verdict"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         mr = "-" if r.moved is None else f"{r.moved}/{r.returned}"
         rss = f"{_f(r.rss_peak_mb, '.0f')}/{_f(r.rss_end_mb, '.0f')}"
-        lines.append(f"{r.scenario[:31]:31} {r.requests:>6} {r.failed_before:>7} {r.broken:>6} "
-                     f"{r.gw5xx:>5} {r.relayed5xx:>8} {mr:>9} {_f(r.eject_s, '.2f'):>7} "
-                     f"{_f(r.readmit_s, '.2f'):>7} {rss:>13} {_f(r.inflight_end):>8}  {r.verdict}")
+        lines.append(
+            f"{r.scenario[:31]:31} {r.requests:>6} {r.failed_before:>7} {r.broken:>6} "
+            f"{r.gw5xx:>5} {r.relayed5xx:>8} {mr:>9} {_f(r.eject_s, '.2f'):>7} "
+            f"{_f(r.readmit_s, '.2f'):>7} {rss:>13} {_f(r.inflight_end):>8}  {r.verdict}"
+        )
     notes = [f"  [{r.scenario}] {n}" for r in rows for n in r.notes]
     return "\n".join(lines + (["notes:", *notes] if notes else []))
 
@@ -1085,16 +1320,24 @@ async def run(names: Sequence[str], o: Options, cap_s: float = 120.0) -> list[Ro
         try:
             rows.extend(await asyncio.wait_for(SCENARIOS[name](o), cap_s))
         except Exception as exc:  # noqa: BLE001  one broken scenario must not hide the others'
-            rows.append(Row(name, checks={"ran": False}, notes=[f"{type(exc).__name__}: {exc}"[:200]]))
+            rows.append(
+                Row(name, checks={"ran": False}, notes=[f"{type(exc).__name__}: {exc}"[:200]])
+            )
     return rows
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenarios")
     parser.add_argument("--duration", type=float, default=6.0, help="seconds of load per scenario")
-    parser.add_argument("--workers", type=int, default=16, help="concurrent sessions of the plain load")
-    parser.add_argument("--examples", type=int, default=300, help="hypothesis examples of the fuzzer")
+    parser.add_argument(
+        "--workers", type=int, default=16, help="concurrent sessions of the plain load"
+    )
+    parser.add_argument(
+        "--examples", type=int, default=300, help="hypothesis examples of the fuzzer"
+    )
     parser.add_argument("--list", action="store_true", help="name the scenarios and exit")
     args = parser.parse_args(argv)
     if args.list:
@@ -1108,8 +1351,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.monotonic()
     rows = asyncio.run(run(names, Options(args.duration, args.workers, args.examples)))
     print(table(rows))
-    print(f"{len(rows)} rows in {time.monotonic() - t0:.0f} s; "
-          f"{sum(r.verdict == 'PASS' for r in rows)} PASS")
+    print(
+        f"{len(rows)} rows in {time.monotonic() - t0:.0f} s; "
+        f"{sum(r.verdict == 'PASS' for r in rows)} PASS"
+    )
     return 0 if all(r.verdict == "PASS" for r in rows) else 1
 
 

@@ -36,8 +36,12 @@ def p(values: list[float], q: float) -> float:
 
 def figures(runs: list[dict[str, Any]], phase: str) -> tuple[float, float, float, int]:
     """(p99 TTFT, cost per 1k total tokens, share of requests on the pricier pool, n)."""
-    ttfts = [r["ttft"] for run in runs for r in run["results"]
-             if r["phase"] == phase and r["ttft"] is not None]
+    ttfts = [
+        r["ttft"]
+        for run in runs
+        for r in run["results"]
+        if r["phase"] == phase and r["ttft"] is not None
+    ]
     cost = sum(run["cost"][phase]["all"][0] for run in runs)
     tokens = sum(run["cost"][phase]["all"][1] for run in runs)
     served = [r for run in runs for r in run["results"] if r["phase"] == phase]
@@ -45,7 +49,9 @@ def figures(runs: list[dict[str, Any]], phase: str) -> tuple[float, float, float
     return p(ttfts, 0.99), cost * 1000 / tokens if tokens else float("nan"), pricier, len(ttfts)
 
 
-def verdict(static: tuple[float, ...], dynamic: tuple[float, ...], phase: str) -> tuple[float, bool]:
+def verdict(
+    static: tuple[float, ...], dynamic: tuple[float, ...], phase: str
+) -> tuple[float, bool]:
     """(cost saving, target met) from (p99, cost per 1k tokens, ...) of each variant: the
     targets bench_pools.py prints per run, judged here on pooled figures as well."""
     saving = 1 - dynamic[1] / static[1] if static[1] else float("nan")
@@ -59,7 +65,9 @@ def main(paths: list[str]) -> None:
     if not dumps:
         sys.exit("no dump holds both variants (run bench_pools.py --dump without --dynamic-only)")
     print(f"{len(dumps)} runs, seeds " + ", ".join(str(d["seed"]) for d in dumps))
-    print(f"\n{'seed':>4}  " + "  ".join(f"{ph + ': cost / p99 dyn vs static':<38}" for ph in JUDGED))
+    print(
+        f"\n{'seed':>4}  " + "  ".join(f"{ph + ': cost / p99 dyn vs static':<38}" for ph in JUDGED)
+    )
     per_seed: dict[str, list[tuple[float, float, float]]] = {ph: [] for ph in JUDGED}
     all_met = 0
     for d in dumps:
@@ -69,26 +77,32 @@ def main(paths: list[str]) -> None:
             saving, met = verdict(s, y, ph)
             ok &= met
             per_seed[ph].append((saving, y[0], s[0]))
-            cells.append(f"{saving:+6.1%} / {y[0]:.3f} vs {s[0]:.3f} s {'met' if met else 'MISSED':<6}")
+            cells.append(
+                f"{saving:+6.1%} / {y[0]:.3f} vs {s[0]:.3f} s {'met' if met else 'MISSED':<6}"
+            )
         all_met += ok
         print(f"{d['seed']:>4}  " + "  ".join(f"{c:<38}" for c in cells))
     print(f"all three targets met in {all_met} of {len(dumps)} runs")
     print("\nper-seed spread (min / median / max):")
     for ph in JUDGED:
         savings, dyn, sta = (sorted(v[i] for v in per_seed[ph]) for i in range(3))
-        print(f"  {ph:<6} saving {savings[0]:+.1%} / {statistics.median(savings):+.1%} / "
-              f"{savings[-1]:+.1%}; p99 dynamic {dyn[0]:.3f} / {statistics.median(dyn):.3f} / "
-              f"{dyn[-1]:.3f} s, static {sta[0]:.3f} / {statistics.median(sta):.3f} / "
-              f"{sta[-1]:.3f} s")
+        print(
+            f"  {ph:<6} saving {savings[0]:+.1%} / {statistics.median(savings):+.1%} / "
+            f"{savings[-1]:+.1%}; p99 dynamic {dyn[0]:.3f} / {statistics.median(dyn):.3f} / "
+            f"{dyn[-1]:.3f} s, static {sta[0]:.3f} / {statistics.median(sta):.3f} / "
+            f"{sta[-1]:.3f} s"
+        )
     print("\n== pooled verdict (every run's requests and tokens together) ==")
     for ph in JUDGED:
         s = figures([d["runs"]["static"] for d in dumps], ph)
         y = figures([d["runs"]["dynamic"] for d in dumps], ph)
         saving, met = verdict(s, y, ph)
         target = ">=20% cheaper, p99 <= static" if ph in LOW_PHASES else "p99 <= static"
-        print(f"{ph:<6} n {y[3]}/{s[3]}: cost {saving:+.1%} lower, TTFT p99 {y[0]:.3f} vs "
-              f"{s[0]:.3f} s, imported share {y[2]:.2f} vs {s[2]:.2f}  target ({target}): "
-              f"{'MET' if met else 'NOT MET'}")
+        print(
+            f"{ph:<6} n {y[3]}/{s[3]}: cost {saving:+.1%} lower, TTFT p99 {y[0]:.3f} vs "
+            f"{s[0]:.3f} s, imported share {y[2]:.2f} vs {s[2]:.2f}  target ({target}): "
+            f"{'MET' if met else 'NOT MET'}"
+        )
 
 
 if __name__ == "__main__":

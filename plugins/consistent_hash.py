@@ -57,7 +57,9 @@ class ConsistentHash:
         # skipping r, so narrowing never changes where a key lands.
         self._rings: dict[tuple[tuple[ReplicaId, float], ...], HashRing] = {}
         # Per view.replicas tuple (held, so identity checks are safe): ring + eligible sets.
-        self._views: dict[int, tuple[tuple[ReplicaState, ...], HashRing, dict[str, frozenset[ReplicaId]]]] = {}
+        self._views: dict[
+            int, tuple[tuple[ReplicaState, ...], HashRing, dict[str, frozenset[ReplicaId]]]
+        ] = {}
         self._ring = self._ring_for(context.replicas)
 
     def _ring_for(self, replicas: Sequence[ReplicaState]) -> HashRing:
@@ -89,9 +91,7 @@ class ConsistentHash:
         if eligible is None:
             weights = ring.members
             eligible = frozenset(
-                r.id
-                for r in replicas
-                if r.healthy and r.serves(model) and weights.get(r.id, 0) > 0
+                r.id for r in replicas if r.healthy and r.serves(model) and weights.get(r.id, 0) > 0
             )
             by_model[model] = eligible
         # Only the head of the ranking is computed: failover never goes deeper than
@@ -107,7 +107,12 @@ class ConsistentHash:
         if not ranked:
             return Choice((), "no_candidates", self.name)
         sticky = request.sticky_replica
-        if self.config.honor_sticky and sticky is not None and sticky in eligible and sticky != ranked[0]:
+        if (
+            self.config.honor_sticky
+            and sticky is not None
+            and sticky in eligible
+            and sticky != ranked[0]
+        ):
             if sticky in ranked:
                 ranked.remove(sticky)
             ranked.insert(0, sticky)

@@ -68,35 +68,48 @@ DEFAULT_CAPACITY_TOKENS = 500_000
 
 class LineageConfig(PolicyConfig):
     load_factor: float = Field(
-        default=1.5, ge=1.0, description="a sticky replica keeps its sessions while its load "
-        "is at most this times the mean (plus the slack)"
+        default=1.5,
+        ge=1.0,
+        description="a sticky replica keeps its sessions while its load "
+        "is at most this times the mean (plus the slack)",
     )
     slack_requests: float = Field(
-        default=12.0, ge=0, description="load above the bound a sticky replica may carry, in "
-        "mean per-request prefills (at light load a bound of the mean alone moves sessions)"
+        default=12.0,
+        ge=0,
+        description="load above the bound a sticky replica may carry, in "
+        "mean per-request prefills (at light load a bound of the mean alone moves sessions)",
     )
     session_weight: float = Field(
-        default=1.0, ge=0, description="future load of one live session, in mean per-request "
-        "prefills, when placing a new session"
+        default=1.0,
+        ge=0,
+        description="future load of one live session, in mean per-request "
+        "prefills, when placing a new session",
     )
     cache_weight: float = Field(
-        default=16.0, ge=0, description="weight of a new session's uncached prompt against "
-        "load: above 1, a prefix recomputed elsewhere counts also as the cluster's lost work"
+        default=16.0,
+        ge=0,
+        description="weight of a new session's uncached prompt against "
+        "load: above 1, a prefix recomputed elsewhere counts also as the cluster's lost work",
     )
     session_band: float | None = Field(
-        default=0.25, ge=0, description="a new session that opens with a hot prefix goes only "
-        "to replicas whose live sessions are within this share of the mean above the fewest"
+        default=0.25,
+        ge=0,
+        description="a new session that opens with a hot prefix goes only "
+        "to replicas whose live sessions are within this share of the mean above the fewest",
     )
     hot_after: int = Field(
-        default=2, ge=1, description="new sessions branching where the prompt's cached prefix "
-        "ends that make that prefix hot (a shared preamble, not one conversation's fork)"
+        default=2,
+        ge=1,
+        description="new sessions branching where the prompt's cached prefix "
+        "ends that make that prefix hot (a shared preamble, not one conversation's fork)",
     )
     inflight_tokens: float = Field(
         default=256.0, ge=0, description="load of one in-flight request besides its prefill"
     )
     queue_weight: float = Field(
-        default=1.0, ge=0, description="load of one request the engine reports waiting, in "
-        "mean per-request prefills"
+        default=1.0,
+        ge=0,
+        description="load of one request the engine reports waiting, in mean per-request prefills",
     )
     session_idle_s: float = Field(
         default=900.0, gt=0, description="a session not seen this long no longer counts as live"
@@ -111,9 +124,12 @@ class LineageConfig(PolicyConfig):
     index_capacity_factor: float = Field(default=1.0, gt=0, description="index size vs KV")
     vnodes: int = Field(default=DEFAULT_VNODES, ge=1, description="failover ring vnodes")
     evicted_fraction: float = Field(
-        default=0.5, ge=0, le=1, description="with KV cache events: a sticky replica holding "
+        default=0.5,
+        ge=0,
+        le=1,
+        description="with KV cache events: a sticky replica holding "
         "less than this share of the best replica's cached prefix (or none of it) counts as "
-        "having evicted the session, which is then placed again"
+        "having evicted the session, which is then placed again",
     )
 
 
@@ -191,9 +207,10 @@ class Lineage:
         hashes = request.prefix_hashes
         if hashes:
             self._block_tokens = request.block_tokens or 1
-            if self.config.session_band is not None and self.sessions.replica_of(
-                request.session_key, self._now
-            ) is None:
+            if (
+                self.config.session_band is not None
+                and self.sessions.replica_of(request.session_key, self._now) is None
+            ):
                 self._count_branch(hashes, self.index.matched(replica, hashes))
             self.index.record(replica, hashes, self._block_tokens)
         self.sessions.place(request.session_key, replica, self._now)

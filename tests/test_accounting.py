@@ -33,7 +33,9 @@ async def test_tokens_latency_and_cost_match_what_the_engines_reported() -> None
             messages = [{"role": "user", "content": "a shared preamble " * 50}]
             for i in range(6):
                 raw = await client.chat.completions.with_raw_response.create(
-                    model=MODEL, messages=messages, max_tokens=5,
+                    model=MODEL,
+                    messages=messages,
+                    max_tokens=5,
                     extra_headers={"X-Session-Id": f"s{i % 2}"},
                 )
                 usage = raw.parse().usage
@@ -64,5 +66,8 @@ async def test_tokens_latency_and_cost_match_what_the_engines_reported() -> None
 
 
 async def test_tokens_off_installs_no_observer() -> None:
-    async with sim_engines(1, "instant") as engines, gateway(engines, metrics={"tokens": False}) as gw:
+    async with (
+        sim_engines(1, "instant") as engines,
+        gateway(engines, metrics={"tokens": False}) as gw,
+    ):
         assert gw.state.observers == []

@@ -16,7 +16,9 @@ async def test_default_settings_serve_from_embedded_sim() -> None:
     try:
         state = app.state.gateway
         assert sorted(state.cluster.members) == ["sim-0", "sim-1"]
-        async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="k", max_retries=0) as client:
+        async with openai.AsyncOpenAI(
+            base_url=server.url + "/v1", api_key="k", max_retries=0
+        ) as client:
             out = await client.chat.completions.with_raw_response.create(
                 model="kvgate-sim", messages=[{"role": "user", "content": "hello"}], max_tokens=3
             )

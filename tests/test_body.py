@@ -19,7 +19,10 @@ def receiver(*messages: dict[str, Any]):  # type: ignore[no-untyped-def]
 
 
 async def test_read_body_joins_chunks_and_enforces_limit() -> None:
-    rx = receiver({"type": "http.request", "body": b"ab", "more_body": True}, {"type": "http.request", "body": b"c"})
+    rx = receiver(
+        {"type": "http.request", "body": b"ab", "more_body": True},
+        {"type": "http.request", "body": b"c"},
+    )
     assert await read_body(rx, 10, None) == b"abc"
     with pytest.raises(PayloadTooLarge):
         await read_body(receiver({"type": "http.request", "body": b"x" * 11}), 10, None)
@@ -32,12 +35,17 @@ async def test_read_body_joins_chunks_and_enforces_limit() -> None:
         await read_body(receiver({"type": "http.disconnect"}), 10, None)
 
 
-@pytest.mark.parametrize("value", [None, b"application/json", b"application/json; charset=utf-8", b"application/vnd.x+json"])
+@pytest.mark.parametrize(
+    "value",
+    [None, b"application/json", b"application/json; charset=utf-8", b"application/vnd.x+json"],
+)
 def test_content_type_accepted(value: bytes | None) -> None:
     check_content_type(value)
 
 
-@pytest.mark.parametrize("value", [b"text/plain", b"multipart/form-data; boundary=x", b"application/xml"])
+@pytest.mark.parametrize(
+    "value", [b"text/plain", b"multipart/form-data; boundary=x", b"application/xml"]
+)
 def test_content_type_refused(value: bytes) -> None:
     with pytest.raises(UnsupportedMediaType):
         check_content_type(value)
@@ -45,7 +53,17 @@ def test_content_type_refused(value: bytes) -> None:
 
 @pytest.mark.parametrize(
     "raw",
-    [b"", b"{", b"[1, 2]", b'"s"', b'{"a": "\xff"}', b'{"a": 1e999}', b'{"a": NaN}', b"\x00\x01", b"null"],
+    [
+        b"",
+        b"{",
+        b"[1, 2]",
+        b'"s"',
+        b'{"a": "\xff"}',
+        b'{"a": 1e999}',
+        b'{"a": NaN}',
+        b"\x00\x01",
+        b"null",
+    ],
 )
 def test_parse_json_refuses_malformed(raw: bytes) -> None:
     with pytest.raises(InvalidJSON):
@@ -130,7 +148,8 @@ def test_validate_prompt_shapes(prompt: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    "prompt", [None, 3, [], [1, "a"], [[]], {"a": 1}, [True], [1, True], [[1, 2], [3, False]], [1.0]]
+    "prompt",
+    [None, 3, [], [1, "a"], [[]], {"a": 1}, [True], [1, True], [[1, 2], [3, False]], [1.0]],
 )
 def test_validate_prompt_errors(prompt: Any) -> None:
     with pytest.raises(BadRequest) as info:
@@ -145,8 +164,12 @@ def test_validate_ok() -> None:
 def test_form_field_reads_a_small_field_only() -> None:
     from gateway.body import check_multipart, form_field
 
-    form = (b'--b\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper\r\n'
-            b'--b\r\nContent-Disposition: form-data; name="file"; filename="a"\r\n\r\n' + b"\0" * 100 + b"\r\n--b--\r\n")
+    form = (
+        b'--b\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper\r\n'
+        b'--b\r\nContent-Disposition: form-data; name="file"; filename="a"\r\n\r\n'
+        + b"\0" * 100
+        + b"\r\n--b--\r\n"
+    )
     assert form_field(form, b"model") == "whisper"
     assert form_field(form, b"language") is None
     check_multipart(b"multipart/form-data; boundary=b")
@@ -159,15 +182,29 @@ def test_new_routes_validate_their_own_fields() -> None:
 
     good = [
         (E.RESPONSES, {"model": "m", "input": "hi"}),
-        (E.RESPONSES, {"model": "m", "previous_response_id": "resp_1", "input": [{"role": "user", "content": "x"}]}),
-        (E.MESSAGES, {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}),
+        (
+            E.RESPONSES,
+            {
+                "model": "m",
+                "previous_response_id": "resp_1",
+                "input": [{"role": "user", "content": "x"}],
+            },
+        ),
+        (
+            E.MESSAGES,
+            {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]},
+        ),
         (E.SCORE, {"model": "m", "queries": "a", "documents": ["b"]}),
     ]
     for endpoint, body in good:
         assert validate(body, endpoint) == "m"
     bad = [
         (E.RESPONSES, {"model": "m", "input": []}, "input"),
-        (E.RESPONSES, {"model": "m", "input": "x", "previous_response_id": 3}, "previous_response_id"),
+        (
+            E.RESPONSES,
+            {"model": "m", "input": "x", "previous_response_id": 3},
+            "previous_response_id",
+        ),
         (E.MESSAGES, {"model": "m", "messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
         (E.DETOKENIZE, {"model": "m", "tokens": [1, "a"]}, "tokens"),
         (E.TOKENIZE, {"model": "m"}, "prompt"),

@@ -27,19 +27,35 @@ chaos = _load()
 
 def test_chaos_answers_help_and_lists_every_scenario() -> None:
     for flag, expect in (("--help", "usage:"), ("--list", "sigterm")):
-        done = subprocess.run([sys.executable, str(CHAOS), flag], capture_output=True, text=True,
-                              timeout=60, check=False)
+        done = subprocess.run(
+            [sys.executable, str(CHAOS), flag],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert done.returncode == 0, done.stderr
         assert expect in done.stdout
-    assert set(chaos.SCENARIOS) >= {"kill", "stall", "poison", "disconnects", "overload",
-                                    "unsolicited", "slowloris", "oversized", "redis", "fuzz",
-                                    "sigterm"}
+    assert set(chaos.SCENARIOS) >= {
+        "kill",
+        "stall",
+        "poison",
+        "disconnects",
+        "overload",
+        "unsolicited",
+        "slowloris",
+        "oversized",
+        "redis",
+        "fuzz",
+        "sigterm",
+    }
 
 
 def test_table_prints_one_row_per_scenario_with_the_failed_targets() -> None:
     ok = chaos.Row("a", requests=3, checks={"no_gw5xx": True})
-    bad = chaos.Row("b", requests=1, gw5xx=1, checks={"no_gw5xx": False, "inflight_0": True},
-                    notes=["why"])
+    bad = chaos.Row(
+        "b", requests=1, gw5xx=1, checks={"no_gw5xx": False, "inflight_0": True}, notes=["why"]
+    )
     out = chaos.table([ok, bad])
     lines = out.splitlines()
     assert lines[2].startswith("a ") and lines[2].endswith("PASS")

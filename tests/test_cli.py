@@ -33,7 +33,9 @@ def test_parser_lists_feature_subcommands() -> None:
     assert "serve" in help_text and "check-config" in help_text
 
 
-def test_serve_refuses_bad_config_and_multi_worker_sim(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_serve_refuses_bad_config_and_multi_worker_sim(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("nope: 1\n")
     assert main(["serve", "-c", str(bad)]) == 2
@@ -49,9 +51,19 @@ def free_port() -> int:
 
 def test_kvgate_serve_without_arguments_answers_openai_requests() -> None:
     port = free_port()
-    env = {**os.environ, "KVGATE_SIM__PROFILE": "instant", "KVGATE_SIM__REPLICAS": "2", "KVGATE_SERVER__PORT": str(port)}
-    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    env = {
+        **os.environ,
+        "KVGATE_SIM__PROFILE": "instant",
+        "KVGATE_SIM__REPLICAS": "2",
+        "KVGATE_SERVER__PORT": str(port),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "serve"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -63,8 +75,14 @@ def test_kvgate_serve_without_arguments_answers_openai_requests() -> None:
             assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
             assert time.monotonic() < deadline, "kvgate serve did not become ready"
             time.sleep(0.1)
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions",
-                       json={"model": "kvgate-sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        r = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json={
+                "model": "kvgate-sim",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 2,
+            },
+        )
         assert r.status_code == 200 and r.headers["x-kvgate-replica"].startswith("sim-")
         # An idle client connection outlives the 5 s after which httpx and the openai SDK
         # drop theirs (and uvicorn, by default, its own): the client closes first.

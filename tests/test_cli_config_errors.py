@@ -37,7 +37,9 @@ def test_invalid_json_in_the_environment(
     assert "KVGATE_REPLICAS" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("url", ["http://10.0.0.5:8000#frag", "http://10.0.0.5:8000/?x=1", "http://10.0.0.5:8000#"])
+@pytest.mark.parametrize(
+    "url", ["http://10.0.0.5:8000#frag", "http://10.0.0.5:8000/?x=1", "http://10.0.0.5:8000#"]
+)
 def test_replica_urls_with_a_query_or_fragment_are_refused(url: str) -> None:
     # The request path is appended to the URL: it would land in the fragment or the query.
     with pytest.raises(ConfigError, match="fragment"):
@@ -46,13 +48,20 @@ def test_replica_urls_with_a_query_or_fragment_are_refused(url: str) -> None:
 
 async def test_a_client_fragment_never_reaches_the_engine() -> None:
     # RFC 9110 7.1: a fragment is not part of the request target; the query still goes along.
-    body = orjson.dumps({"model": "kvgate-sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
-    async with sim_engines(1, "instant") as engines, gateway(engines, health={"interval_s": 60}) as gw:
+    body = orjson.dumps(
+        {"model": "kvgate-sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    )
+    async with (
+        sim_engines(1, "instant") as engines,
+        gateway(engines, health={"interval_s": 60}) as gw,
+    ):
         reader, writer = await asyncio.open_connection(gw.server.host, gw.server.port)
         writer.write(
             b"POST /v1/chat/completions?a=1#frag HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
             b"content-length: %d\r\n\r\n%s" % (len(body), body)
         )
-        assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 3)).startswith(b"HTTP/1.1 200")
+        assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 3)).startswith(
+            b"HTTP/1.1 200"
+        )
         writer.close()
         assert engines[0].request_log[-1].query == "a=1"

@@ -32,10 +32,20 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def _serve(*args: str, **env: str) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     port = _free_port()
-    environ = {**os.environ, "KVGATE_SIM__PROFILE": "instant", "KVGATE_SIM__REPLICAS": "2",
-               "KVGATE_SERVER__PORT": str(port), **env}
-    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", *args], cwd=ROOT,
-                            env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    environ = {
+        **os.environ,
+        "KVGATE_SIM__PROFILE": "instant",
+        "KVGATE_SIM__REPLICAS": "2",
+        "KVGATE_SERVER__PORT": str(port),
+        **env,
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "serve", *args],
+        cwd=ROOT,
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -81,8 +91,17 @@ async def _wait_ready(port: int, proc: asyncio.subprocess.Process) -> None:
 async def _serve_file(config: Path) -> AsyncIterator[tuple[asyncio.subprocess.Process, int]]:
     port = _free_port()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.cli", "serve", "-c", str(config), "--port", str(port),
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "serve",
+        "-c",
+        str(config),
+        "--port",
+        str(port),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         await _wait_ready(port, proc)
@@ -94,17 +113,26 @@ async def _serve_file(config: Path) -> AsyncIterator[tuple[asyncio.subprocess.Pr
 
 
 def _config(path: Path, engines: list[SimEngine], **server: object) -> Path:
-    path.write_text(yaml.safe_dump({
-        "server": {"drain_timeout_s": 10, "drain_delay_s": 0.5, **server},
-        "replicas": [{"id": f"e{e.index}", "url": e.url} for e in engines],
-        "health": {"interval_s": 0.5},
-        "scrape": {"enabled": False},
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "server": {"drain_timeout_s": 10, "drain_delay_s": 0.5, **server},
+                "replicas": [{"id": f"e{e.index}", "url": e.url} for e in engines],
+                "health": {"interval_s": 0.5},
+                "scrape": {"enabled": False},
+            }
+        )
+    )
     return path
 
 
-STREAM = {"model": "kvgate-sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 300,
-          "stream": True, "ignore_eos": True}
+STREAM = {
+    "model": "kvgate-sim",
+    "messages": [{"role": "user", "content": "hi"}],
+    "max_tokens": 300,
+    "stream": True,
+    "ignore_eos": True,
+}
 
 
 async def _stream_all(http: httpx.AsyncClient, url: str) -> tuple[str, list[str]]:
@@ -113,7 +141,10 @@ async def _stream_all(http: httpx.AsyncClient, url: str) -> tuple[str, list[str]
 
 
 async def test_sigterm_drains_streams_in_flight_then_exits(tmp_path: Path) -> None:
-    async with sim_engines(1, "tiny") as engines, _serve_file(_config(tmp_path / "c.yaml", engines)) as (proc, port):
+    async with (
+        sim_engines(1, "tiny") as engines,
+        _serve_file(_config(tmp_path / "c.yaml", engines)) as (proc, port),
+    ):
         url = f"http://127.0.0.1:{port}"
         async with httpx.AsyncClient(timeout=20) as http:
             streaming = asyncio.create_task(_stream_all(http, url))

@@ -10,7 +10,9 @@ A, B = ReplicaId("a"), ReplicaId("b")
 
 
 def cluster(clock: FakeClock | None = None) -> Cluster:
-    return Cluster([ReplicaState(A, "http://a"), ReplicaState(B, "http://b")], clock=clock or FakeClock())
+    return Cluster(
+        [ReplicaState(A, "http://a"), ReplicaState(B, "http://b")], clock=clock or FakeClock()
+    )
 
 
 def test_view_is_cached_until_something_changes() -> None:

@@ -44,7 +44,9 @@ async def _handler(call: CallState, receive: ScriptedReceive, started: asyncio.E
         call.close_watcher()
 
 
-async def _run(receive: ScriptedReceive, *messages: MutableMapping[str, Any]) -> tuple[CallState, str]:
+async def _run(
+    receive: ScriptedReceive, *messages: MutableMapping[str, Any]
+) -> tuple[CallState, str]:
     started = asyncio.Event()
     call = CallState(None)
     task = asyncio.create_task(_handler(call, receive, started))
@@ -62,7 +64,9 @@ async def _run(receive: ScriptedReceive, *messages: MutableMapping[str, Any]) ->
 async def test_disconnect_cancels_the_request(bare_yield: bool) -> None:
     receive = ScriptedReceive(bare_yield=bare_yield)
     call, outcome = await _run(
-        receive, {"type": "http.request", "body": b"", "more_body": False}, {"type": "http.disconnect"}
+        receive,
+        {"type": "http.request", "body": b"", "more_body": False},
+        {"type": "http.disconnect"},
     )
     assert outcome == "cancelled"
     assert call.disconnected

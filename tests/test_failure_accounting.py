@@ -53,15 +53,22 @@ def test_passive_evidence_never_ejects_the_last_replica() -> None:
 
 
 async def test_over_long_requests_eject_nobody_and_others_see_no_503() -> None:
-    async with sim_engines(3, "tiny") as engines, gateway(
-        engines,
-        timeouts={"response_headers_s": 0.3},
-        health={"failure_threshold": 1, "interval_s": 60},
-        models={"discover": False},
-    ) as gw:
+    async with (
+        sim_engines(3, "tiny") as engines,
+        gateway(
+            engines,
+            timeouts={"response_headers_s": 0.3},
+            health={"failure_threshold": 1, "interval_s": 60},
+            models={"discover": False},
+        ) as gw,
+    ):
         state = gw.state
         async with httpx.AsyncClient(base_url=gw.url, timeout=10) as http:
-            long = {"model": "kvgate-sim", "messages": [{"role": "user", "content": "x"}], "max_tokens": 900}
+            long = {
+                "model": "kvgate-sim",
+                "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": 900,
+            }
             bad = await asyncio.gather(*(http.post(CHAT, json=long) for _ in range(4)))
             assert all(r.status_code == 504 for r in bad), [r.status_code for r in bad]
             assert all(state.cluster.is_healthy(ReplicaId(f"e{i}")) for i in range(3))
@@ -76,11 +83,18 @@ async def test_over_long_requests_eject_nobody_and_others_see_no_503() -> None:
 
 
 async def test_a_replica_answering_500_for_one_request_is_not_ejected() -> None:
-    async with sim_engines(2, "instant", faults=FaultConfig(error=500)) as engines, gateway(
-        engines, health={"failure_threshold": 1, "interval_s": 60}, models={"discover": False}
-    ) as gw:
+    async with (
+        sim_engines(2, "instant", faults=FaultConfig(error=500)) as engines,
+        gateway(
+            engines, health={"failure_threshold": 1, "interval_s": 60}, models={"discover": False}
+        ) as gw,
+    ):
         async with httpx.AsyncClient(base_url=gw.url, timeout=10) as http:
-            body = {"model": "kvgate-sim", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+            body = {
+                "model": "kvgate-sim",
+                "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": 2,
+            }
             for _ in range(3):
                 assert (await http.post(CHAT, json=body)).status_code == 500
         assert all(gw.state.cluster.is_healthy(ReplicaId(f"e{i}")) for i in range(2))
@@ -98,28 +112,39 @@ def test_an_ejection_is_a_warning_with_its_evidence(caplog: pytest.LogCaptureFix
 async def test_a_probe_ejection_says_what_the_probe_saw(caplog: pytest.LogCaptureFixture) -> None:
     async with sim_engines(2, "instant") as engines:
         cluster = Cluster([ReplicaState(ReplicaId(f"e{e.index}"), e.url) for e in engines])
-        m = HealthMonitor(cluster, make_client("h1", Timeouts(0.5, 0.5, 0.5)), HealthSettings(failure_threshold=1))
+        m = HealthMonitor(
+            cluster, make_client("h1", Timeouts(0.5, 0.5, 0.5)), HealthSettings(failure_threshold=1)
+        )
         await engines[0].set_faults(FaultConfig(unhealthy=True))
         with caplog.at_level(logging.WARNING, logger="kvgate.health"):
             assert not await m.probe(ReplicaId("e0"))
         await m.client.aclose()
-    assert any("e0 ejected" in r.getMessage() and "answered 503" in r.getMessage() for r in caplog.records)
+    assert any(
+        "e0 ejected" in r.getMessage() and "answered 503" in r.getMessage() for r in caplog.records
+    )
 
 
 async def test_a_stalled_replica_is_ejected_by_its_canary_and_the_request_moves() -> None:
     """`/health` still answers but the engine never does: the request that timed out
     there is innocent (the canary timed out too), so it goes to the other replica."""
-    async with sim_engines(2, "tiny") as engines, gateway(
-        engines,
-        timeouts={"response_headers_s": 0.3},
-        health={"interval_s": 60, "canary_timeout_s": 0.3},
-        models={"discover": False},
-        routing={"policy": "round_robin"},
-    ) as gw:
+    async with (
+        sim_engines(2, "tiny") as engines,
+        gateway(
+            engines,
+            timeouts={"response_headers_s": 0.3},
+            health={"interval_s": 60, "canary_timeout_s": 0.3},
+            models={"discover": False},
+            routing={"policy": "round_robin"},
+        ) as gw,
+    ):
         engines[0].faults.config = FaultConfig(stall=0)
         state = gw.state
         async with httpx.AsyncClient(base_url=gw.url, timeout=10) as http:
-            body = {"model": "kvgate-sim", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+            body = {
+                "model": "kvgate-sim",
+                "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": 2,
+            }
             got = await asyncio.gather(*(http.post(CHAT, json=body) for _ in range(4)))
             assert [r.status_code for r in got] == [200] * 4
             assert {r.headers["x-kvgate-replica"] for r in got} == {"e1"}
@@ -130,14 +155,21 @@ async def test_a_stalled_replica_is_ejected_by_its_canary_and_the_request_moves(
 
 
 async def test_a_stalled_last_replica_is_not_ejected() -> None:
-    async with sim_engines(1, "tiny", faults=FaultConfig(stall=0)) as engines, gateway(
-        engines,
-        timeouts={"response_headers_s": 0.3},
-        health={"interval_s": 60, "canary_timeout_s": 0.3},
-        models={"discover": False},
-    ) as gw:
+    async with (
+        sim_engines(1, "tiny", faults=FaultConfig(stall=0)) as engines,
+        gateway(
+            engines,
+            timeouts={"response_headers_s": 0.3},
+            health={"interval_s": 60, "canary_timeout_s": 0.3},
+            models={"discover": False},
+        ) as gw,
+    ):
         async with httpx.AsyncClient(base_url=gw.url, timeout=10) as http:
-            body = {"model": "kvgate-sim", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+            body = {
+                "model": "kvgate-sim",
+                "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": 2,
+            }
             r = await http.post(CHAT, json=body)
         # Still a timeout to the client (nowhere else to go), and the message says why.
         assert r.status_code == 504 and "stalled" in r.text, r.text
@@ -147,17 +179,24 @@ async def test_a_stalled_last_replica_is_not_ejected() -> None:
 async def test_a_stream_whose_replica_stalls_after_its_headers_fails_over() -> None:
     """Streams get their headers before the prefill: a stalled engine sends them and then
     nothing. The first chunk is read inside the attempt, so that case fails over too."""
-    async with sim_engines(2, "tiny") as engines, gateway(
-        engines,
-        timeouts={"read_s": 0.3, "response_headers_s": 0.3},
-        health={"interval_s": 60, "canary_timeout_s": 0.3},
-        models={"discover": False},
-        routing={"policy": "round_robin"},
-    ) as gw:
+    async with (
+        sim_engines(2, "tiny") as engines,
+        gateway(
+            engines,
+            timeouts={"read_s": 0.3, "response_headers_s": 0.3},
+            health={"interval_s": 60, "canary_timeout_s": 0.3},
+            models={"discover": False},
+            routing={"policy": "round_robin"},
+        ) as gw,
+    ):
         engines[0].faults.config = FaultConfig(stall=0)
         async with httpx.AsyncClient(base_url=gw.url, timeout=10) as http:
-            body = {"model": "kvgate-sim", "stream": True, "max_tokens": 3,
-                    "messages": [{"role": "user", "content": "x"}]}
+            body = {
+                "model": "kvgate-sim",
+                "stream": True,
+                "max_tokens": 3,
+                "messages": [{"role": "user", "content": "x"}],
+            }
             got = [await http.post(CHAT, json=body) for _ in range(3)]
         assert [r.status_code for r in got] == [200] * 3
         assert all(r.text.rstrip().endswith("data: [DONE]") for r in got)

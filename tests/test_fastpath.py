@@ -40,7 +40,11 @@ async def test_a_middleware_added_the_usual_way_runs_on_the_fast_path() -> None:
         server = await start_server(app)
         try:
             async with httpx.AsyncClient(base_url=server.url) as http:
-                body = {"model": "kvgate-sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+                body = {
+                    "model": "kvgate-sim",
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 1,
+                }
                 chat = await http.post("/v1/chat/completions", json=body)
                 health = await http.get("/health")
                 missing = await http.post("/v1/nothing", json={})

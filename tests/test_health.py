@@ -19,7 +19,9 @@ R = ReplicaId("r0")
 
 def monitor(clock: FakeClock, url: str = "http://127.0.0.1:9", **cfg: object) -> HealthMonitor:
     cluster = Cluster([ReplicaState(R, url)], clock=clock)
-    settings = HealthSettings(**{"failure_threshold": 3, "success_threshold": 2, "cooldown_s": 5.0, **cfg})  # type: ignore[arg-type]
+    settings = HealthSettings(
+        **{"failure_threshold": 3, "success_threshold": 2, "cooldown_s": 5.0, **cfg}
+    )  # type: ignore[arg-type]
     return HealthMonitor(cluster, make_client("aiohttp", Timeouts(0.5, 0.5, 0.5)), settings)
 
 
@@ -57,11 +59,15 @@ def test_half_open_failure_re_ejects_at_once() -> None:
 def test_passive_detection_can_be_disabled() -> None:
     refused = UpstreamConnectError("refused")
     m = monitor(FakeClock(), failure_threshold=1, passive=False)
-    m.cluster.set_members([ReplicaState(R, "http://127.0.0.1:9"), ReplicaState(ReplicaId("r1"), "http://127.0.0.1:9")])
+    m.cluster.set_members(
+        [ReplicaState(R, "http://127.0.0.1:9"), ReplicaState(ReplicaId("r1"), "http://127.0.0.1:9")]
+    )
     m.passive_failure(R, refused)
     assert m.state(R) is Health.HEALTHY
     m2 = monitor(FakeClock(), failure_threshold=1)
-    m2.cluster.set_members([ReplicaState(R, "http://127.0.0.1:9"), ReplicaState(ReplicaId("r1"), "http://127.0.0.1:9")])
+    m2.cluster.set_members(
+        [ReplicaState(R, "http://127.0.0.1:9"), ReplicaState(ReplicaId("r1"), "http://127.0.0.1:9")]
+    )
     m2.passive_failure(R, refused)
     assert m2.state(R) is Health.EJECTED
 
@@ -84,12 +90,26 @@ async def test_probe_against_real_engine() -> None:
 
 async def test_session_moves_off_a_down_replica_and_stays_moved() -> None:
     async with sim_engines(3, "instant") as engines:
-        health = {"interval_s": 0.05, "timeout_s": 0.5, "failure_threshold": 1, "success_threshold": 1, "cooldown_s": 0.1}
-        async with gateway(engines, health=health) as gw, httpx.AsyncClient(base_url=gw.url) as http:
+        health = {
+            "interval_s": 0.05,
+            "timeout_s": 0.5,
+            "failure_threshold": 1,
+            "success_threshold": 1,
+            "cooldown_s": 0.1,
+        }
+        async with (
+            gateway(engines, health=health) as gw,
+            httpx.AsyncClient(base_url=gw.url) as http,
+        ):
+
             async def served() -> str:
                 r = await http.post(
                     "/v1/chat/completions",
-                    json={"model": "kvgate-sim", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1},
+                    json={
+                        "model": "kvgate-sim",
+                        "messages": [{"role": "user", "content": "x"}],
+                        "max_tokens": 1,
+                    },
                     headers={"x-session-id": "sticky"},
                 )
                 assert r.status_code == 200

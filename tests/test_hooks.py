@@ -34,7 +34,12 @@ async def gw(engines: list[SimEngine]) -> AsyncIterator[RunningGateway]:
 
 
 def chat(**extra: Any) -> dict[str, Any]:
-    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, **extra}
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 3,
+        **extra,
+    }
 
 
 async def test_observers_get_outcomes_with_usage(gw: RunningGateway) -> None:
@@ -42,7 +47,9 @@ async def test_observers_get_outcomes_with_usage(gw: RunningGateway) -> None:
     gw.state.observers.append(seen.append)
     async with httpx.AsyncClient(base_url=gw.url) as http:
         await http.post("/v1/chat/completions", json=chat())
-        await http.post("/v1/chat/completions", json=chat(stream=True, stream_options={"include_usage": True}))
+        await http.post(
+            "/v1/chat/completions", json=chat(stream=True, stream_options={"include_usage": True})
+        )
         await http.post("/v1/chat/completions", json=chat(model="nope"))
     plain, streamed, missing = seen
     assert plain.ok and plain.status == 200 and plain.replica in {"e0", "e1"} and not plain.stream
@@ -73,7 +80,9 @@ class Gate:
         self.finished_on: list[str | None] = []
         self.refuse = False
 
-    def classify(self, request: RouteRequest, body: Any, headers: list[tuple[bytes, bytes]]) -> RouteRequest:
+    def classify(
+        self, request: RouteRequest, body: Any, headers: list[tuple[bytes, bytes]]
+    ) -> RouteRequest:
         self.classified.append(request)
         return request
 
@@ -98,13 +107,22 @@ async def test_admission_gate_is_called_and_released(gw: RunningGateway) -> None
     gate = Gate()
     gw.state.admission = gate  # type: ignore[assignment]
     async with openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client:
-        await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "a"}], extra_headers={"X-Priority": "interactive", "X-Tenant-Id": "acme"})
+        await client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "a"}],
+            extra_headers={"X-Priority": "interactive", "X-Tenant-Id": "acme"},
+        )
         assert len(gate.classified) == 1 and len(gate.waited) == 1
         assert gate.finished_on == gate.waited
-        assert gate.classified[0].priority_class == "interactive" and gate.classified[0].tenant == "acme"
+        assert (
+            gate.classified[0].priority_class == "interactive"
+            and gate.classified[0].tenant == "acme"
+        )
         gate.refuse = True
         with pytest.raises(openai.RateLimitError) as info:
-            await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "a"}])
+            await client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "a"}]
+            )
         assert info.value.response.headers["retry-after"] == "2"
     assert all(n == 0 for n in gw.state.cluster.in_flight.values())
 
@@ -147,7 +165,9 @@ class PrefillThenDecode:
         return await ctx.open_leg(first, ctx.raw_body, None)
 
 
-async def test_dispatcher_takes_over_or_declines(gw: RunningGateway, engines: list[SimEngine]) -> None:
+async def test_dispatcher_takes_over_or_declines(
+    gw: RunningGateway, engines: list[SimEngine]
+) -> None:
     dispatcher = PrefillThenDecode()
     gw.state.dispatcher = dispatcher
     async with httpx.AsyncClient(base_url=gw.url) as http:
@@ -156,7 +176,9 @@ async def test_dispatcher_takes_over_or_declines(gw: RunningGateway, engines: li
         s = await http.post("/v1/chat/completions", json=chat(stream=True))
         assert s.status_code == 200 and b"[DONE]" in s.content
     assert len(dispatcher.calls) == 2
-    assert dispatcher.calls[0].headers and any(k == b"x-request-id" for k, _ in dispatcher.calls[0].headers)
+    assert dispatcher.calls[0].headers and any(
+        k == b"x-request-id" for k, _ in dispatcher.calls[0].headers
+    )
     assert sum(len(e.request_log) for e in engines) == 3
     assert all(n == 0 for n in gw.state.cluster.in_flight.values())
 
@@ -175,7 +197,9 @@ class Recording:
     def placed(self, request: RouteRequest, replica: ReplicaId) -> None:
         self.placed_calls.append((request.request_id, replica))
 
-    def finished(self, request: RouteRequest, replica: ReplicaId, ok: bool, latency_s: float) -> None:
+    def finished(
+        self, request: RouteRequest, replica: ReplicaId, ok: bool, latency_s: float
+    ) -> None:
         self.finished_calls.append((replica, ok))
 
 
@@ -185,7 +209,9 @@ async def test_router_abilities_are_called(engines: list[SimEngine]) -> None:
         router = getattr(composed, "scorer", composed)  # the routing layer may wrap the policy
         assert type(router).__name__ == "Recording" and gw.state.router_placed is not None
         async with httpx.AsyncClient(base_url=gw.url) as http:
-            r = await http.post("/v1/chat/completions", json=chat(), headers={"x-request-id": "abc"})
+            r = await http.post(
+                "/v1/chat/completions", json=chat(), headers={"x-request-id": "abc"}
+            )
         assert r.headers["x-kvgate-replica"] == "e0"
         assert router.placed_calls == [("abc", "e0")] and router.finished_calls == [("e0", True)]
         text = gw.state.metrics.render().decode()

@@ -12,7 +12,9 @@ def chat(*messages: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return {"model": "m", "messages": list(messages), **extra}
 
 
-def key(body: dict[str, Any], endpoint: Endpoint = Endpoint.CHAT, header: str | None = None) -> tuple[str, str]:
+def key(
+    body: dict[str, Any], endpoint: Endpoint = Endpoint.CHAT, header: str | None = None
+) -> tuple[str, str]:
     return session_key(body, endpoint, header)
 
 
@@ -45,7 +47,11 @@ def test_later_turns_keep_the_conversation_key() -> None:
         {"role": "assistant", "content": "Day 1: ..."},
         {"role": "user", "content": "and day 2?"},
     )
-    turn3 = chat(*turn2["messages"], {"role": "assistant", "content": "Day 2"}, {"role": "user", "content": "thanks"})
+    turn3 = chat(
+        *turn2["messages"],
+        {"role": "assistant", "content": "Day 2"},
+        {"role": "user", "content": "thanks"},
+    )
     assert key(turn1) == key(turn2) == key(turn3)
 
 
@@ -61,8 +67,24 @@ def test_model_is_part_of_the_conversation_key() -> None:
 
 
 def test_content_parts_and_tool_calls_are_hashed() -> None:
-    a = chat({"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": "x"}}]})
-    b = chat({"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": "y"}}]})
+    a = chat(
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "hi"},
+                {"type": "image_url", "image_url": {"url": "x"}},
+            ],
+        }
+    )
+    b = chat(
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "hi"},
+                {"type": "image_url", "image_url": {"url": "y"}},
+            ],
+        }
+    )
     assert key(a)[0] != key(b)[0]
     tools = chat({"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]})
     assert key(tools)[1] == "conversation"
@@ -81,7 +103,15 @@ def test_completions_key_on_leading_characters() -> None:
 
 def test_route_request_fields() -> None:
     body = chat(SYSTEM, {"role": "user", "content": "x" * 4000}, max_tokens=7, stream=True)
-    req = route_request(body, Endpoint.CHAT, "rid", block_tokens=16, max_prefix_blocks=8, tenant="t", priority_class="hi")
+    req = route_request(
+        body,
+        Endpoint.CHAT,
+        "rid",
+        block_tokens=16,
+        max_prefix_blocks=8,
+        tenant="t",
+        priority_class="hi",
+    )
     assert req.request_id == "rid" and req.model == "m" and req.stream
     assert req.max_tokens == 7 and req.tenant == "t" and req.priority_class == "hi"
     assert len(req.prefix_hashes) == 8 and req.block_tokens == 16
@@ -91,7 +121,11 @@ def test_route_request_fields() -> None:
 
 def test_prefix_hashes_share_a_prefix_across_turns_and_depend_on_model() -> None:
     t1 = chat(SYSTEM, {"role": "user", "content": "y" * 1000})
-    t2 = chat(*t1["messages"], {"role": "assistant", "content": "z" * 500}, {"role": "user", "content": "more"})
+    t2 = chat(
+        *t1["messages"],
+        {"role": "assistant", "content": "z" * 500},
+        {"role": "user", "content": "more"},
+    )
     r1 = route_request(t1, Endpoint.CHAT, "1", block_tokens=16, max_prefix_blocks=1000)
     r2 = route_request(t2, Endpoint.CHAT, "2", block_tokens=16, max_prefix_blocks=1000)
     n = len(r1.prefix_hashes)
@@ -105,7 +139,9 @@ def test_prefix_hashes_share_a_prefix_across_turns_and_depend_on_model() -> None
 
 
 def test_max_completion_tokens_and_embeddings() -> None:
-    req = route_request(chat({"role": "user", "content": "x"}, max_completion_tokens=3), Endpoint.CHAT, "r")
+    req = route_request(
+        chat({"role": "user", "content": "x"}, max_completion_tokens=3), Endpoint.CHAT, "r"
+    )
     assert req.max_tokens == 3
     emb = route_request({"model": "m", "input": ["a", "b"]}, Endpoint.EMBEDDINGS, "r")
     assert emb.endpoint is Endpoint.EMBEDDINGS and emb.key_source == "conversation"
@@ -114,23 +150,41 @@ def test_max_completion_tokens_and_embeddings() -> None:
 def test_messages_and_responses_conversations_keep_their_key_across_turns() -> None:
     from gateway.types import Endpoint as E
 
-    first = {"model": "m", "system": "sys", "messages": [{"role": "user", "content": [{"type": "text", "text": "q1"}]}]}
-    later = {**first, "messages": [*first["messages"], {"role": "assistant", "content": "a"},  # type: ignore[list-item]
-                                   {"role": "user", "content": "q2"}]}
+    first = {
+        "model": "m",
+        "system": "sys",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "q1"}]}],
+    }
+    later = {
+        **first,
+        "messages": [
+            *first["messages"],
+            {"role": "assistant", "content": "a"},  # type: ignore[list-item]
+            {"role": "user", "content": "q2"},
+        ],
+    }
     other = {**first, "messages": [{"role": "user", "content": "another"}]}
     k1, k2, k3 = (route_request(b, E.MESSAGES, "r").session_key for b in (first, later, other))
     assert k1 == k2 != k3
     r1 = route_request({"model": "m", "instructions": "i", "input": "q1"}, E.RESPONSES, "r")
     r2 = route_request(
-        {"model": "m", "instructions": "i", "input": [
-            {"role": "user", "content": [{"type": "input_text", "text": "q1"}]},
-            {"type": "function_call_output", "call_id": "c", "output": "42"},
-        ]},
-        E.RESPONSES, "r",
+        {
+            "model": "m",
+            "instructions": "i",
+            "input": [
+                {"role": "user", "content": [{"type": "input_text", "text": "q1"}]},
+                {"type": "function_call_output", "call_id": "c", "output": "42"},
+            ],
+        },
+        E.RESPONSES,
+        "r",
     )
     assert r1.session_key == r2.session_key and r2.prompt_tokens > r1.prompt_tokens
     # The same prompt as Anthropic's body and as chat's hashes alike (the same KV on an engine).
-    chat = {"model": "m", "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "q1"}]}
+    chat = {
+        "model": "m",
+        "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "q1"}],
+    }
     as_chat = route_request(chat, E.CHAT, "r", max_prefix_blocks=8, block_tokens=1)
     as_messages = route_request(first, E.MESSAGES, "r", max_prefix_blocks=8, block_tokens=1)
     assert as_chat.prefix_hashes and as_chat.prefix_hashes == as_messages.prefix_hashes

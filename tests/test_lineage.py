@@ -50,7 +50,11 @@ class Run:
     def body(self, body: dict[str, Any], endpoint: Endpoint = Endpoint.CHAT) -> str:
         """Through `route_request`, with the conversation key of chat bodies."""
         request = route_request(
-            body, endpoint, "r", block_tokens=BT, max_prefix_blocks=4096,
+            body,
+            endpoint,
+            "r",
+            block_tokens=BT,
+            max_prefix_blocks=4096,
             lineage=self.convs.key_for,
         )
         assert request.key_source == "lineage"
@@ -91,8 +95,13 @@ def test_completions_and_token_ids_grow_alike() -> None:
 def test_tool_calls_and_results_extend_the_lineage() -> None:
     run = Run()
     base = [{"role": "system", "content": PREAMBLE}, {"role": "user", "content": "fix the bug"}]
-    call = {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{}"}}]}
+    call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{}"}}
+        ],
+    }
     result = {"role": "tool", "tool_call_id": "c1", "content": "file text " * 50}
     k1 = run(hashes({"model": "m", "messages": base}))
     k2 = run(hashes({"model": "m", "messages": [*base, call, result]}))
@@ -217,8 +226,14 @@ def test_sessions_resolved_together_keep_apart_when_they_differ_past_the_last_bl
     keys: dict[int, set[str]] = {n: set() for n in hist}
     for turn in range(3):
         requests = {
-            n: route_request(growing(h), Endpoint.CHAT, "r", block_tokens=256,
-                             max_prefix_blocks=4096, lineage=convs.key_for)
+            n: route_request(
+                growing(h),
+                Endpoint.CHAT,
+                "r",
+                block_tokens=256,
+                max_prefix_blocks=4096,
+                lineage=convs.key_for,
+            )
             for n, h in hist.items()
         }
         for n, r in requests.items():

@@ -26,7 +26,11 @@ def test_every_loadtest_compiles() -> None:
 @pytest.mark.parametrize("script", SCRIPTS, ids=[p.stem for p in SCRIPTS])
 def test_benchmark_answers_help(script: Path) -> None:
     done = subprocess.run(
-        [sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, str(script), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     assert "usage:" in done.stdout
@@ -41,10 +45,23 @@ def _pooled_module() -> Any:
 
 
 def _run(ttfts: dict[str, list[float]], cost: dict[str, float]) -> dict[str, Any]:
-    results = [{"phase": ph, "pool": "domestic", "ttft": t, "ok": True, "uncached": 0, "at": 0.0,
-                "sid": "s"} for ph, ts in ttfts.items() for t in ts]
-    return {"results": results,
-            "cost": {ph: {"all": [c, 1000, 10, 1, 990, 900]} for ph, c in cost.items()}}
+    results = [
+        {
+            "phase": ph,
+            "pool": "domestic",
+            "ttft": t,
+            "ok": True,
+            "uncached": 0,
+            "at": 0.0,
+            "sid": "s",
+        }
+        for ph, ts in ttfts.items()
+        for t in ts
+    ]
+    return {
+        "results": results,
+        "cost": {ph: {"all": [c, 1000, 10, 1, 990, 900]} for ph, c in cost.items()},
+    }
 
 
 def test_pooled_verdict_takes_p99_and_cost_over_every_seed(tmp_path: Path, capsys: Any) -> None:
@@ -52,14 +69,26 @@ def test_pooled_verdict_takes_p99_and_cost_over_every_seed(tmp_path: Path, capsy
     fast, slow = [0.1] * 99, [0.1] * 98 + [0.5, 0.5]
     # Seed 1's dynamic low phase loses on its own (p99 of 100 = the slowest, 0.4 s vs
     # 0.3 s); pooled over 200 requests its one slow request falls above the p99.
-    s1 = {"static": _run({"low": [0.1] * 99 + [0.3], "peak": fast, "low-2": fast},
-                         {"low": 1.0, "peak": 1.0, "low-2": 1.0}),
-          "dynamic": _run({"low": fast + [0.4], "peak": fast, "low-2": fast},
-                          {"low": 0.8, "peak": 1.2, "low-2": 0.9})}
-    s2 = {"static": _run({"low": [0.1] * 99 + [0.3], "peak": slow, "low-2": fast},
-                         {"low": 1.0, "peak": 1.0, "low-2": 1.0}),
-          "dynamic": _run({"low": fast + [0.1], "peak": fast, "low-2": fast},
-                          {"low": 0.7, "peak": 1.0, "low-2": 0.6})}
+    s1 = {
+        "static": _run(
+            {"low": [0.1] * 99 + [0.3], "peak": fast, "low-2": fast},
+            {"low": 1.0, "peak": 1.0, "low-2": 1.0},
+        ),
+        "dynamic": _run(
+            {"low": fast + [0.4], "peak": fast, "low-2": fast},
+            {"low": 0.8, "peak": 1.2, "low-2": 0.9},
+        ),
+    }
+    s2 = {
+        "static": _run(
+            {"low": [0.1] * 99 + [0.3], "peak": slow, "low-2": fast},
+            {"low": 1.0, "peak": 1.0, "low-2": 1.0},
+        ),
+        "dynamic": _run(
+            {"low": fast + [0.1], "peak": fast, "low-2": fast},
+            {"low": 0.7, "peak": 1.0, "low-2": 0.6},
+        ),
+    }
     paths = []
     for seed, runs in ((1, s1), (2, s2)):
         path = tmp_path / f"d{seed}.json"
@@ -80,11 +109,27 @@ def test_pooled_verdict_takes_p99_and_cost_over_every_seed(tmp_path: Path, capsy
 def test_router_comparison_runs_kvgate_and_reports_missing_routers(tmp_path: Path) -> None:
     done = subprocess.run(
         [
-            sys.executable, str(LOADTESTS / "bench_routers.py"), "--routers", "kvgate,vllm,sglang",
-            "--router-bin", str(tmp_path), "--levels", "1", "--modes", "plain",
-            "--duration", "0.4", "--warmup", "0.1", "--repeat", "1",
+            sys.executable,
+            str(LOADTESTS / "bench_routers.py"),
+            "--routers",
+            "kvgate,vllm,sglang",
+            "--router-bin",
+            str(tmp_path),
+            "--levels",
+            "1",
+            "--modes",
+            "plain",
+            "--duration",
+            "0.4",
+            "--warmup",
+            "0.1",
+            "--repeat",
+            "1",
         ],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     rows = {line.split()[0]: line.split() for line in done.stdout.splitlines() if line.split()}
@@ -100,10 +145,22 @@ def test_router_comparison_runs_kvgate_and_reports_missing_routers(tmp_path: Pat
 def test_lineage_benchmark_help_names_its_routers_and_cells() -> None:
     done = subprocess.run(
         [sys.executable, str(LOADTESTS / "bench_lineage.py"), "--help"],
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     flat = "".join(done.stdout.split())  # argparse wraps lines at hyphens
-    for name in ("kvgate", "sglang-cache_aware", "sglang-manual", "vllm-consistent_hash",
-                 "vllm-cache_aware", "--kvgate-policy", "growing", "turns", "--check-sticky"):
+    for name in (
+        "kvgate",
+        "sglang-cache_aware",
+        "sglang-manual",
+        "vllm-consistent_hash",
+        "vllm-cache_aware",
+        "--kvgate-policy",
+        "growing",
+        "turns",
+        "--check-sticky",
+    ):
         assert name in flat

@@ -30,16 +30,28 @@ def test_series_and_per_app_registry() -> None:
     m.upstream_failure("a", "upstream_timeout")
     cluster.acquire(ReplicaId("a"))
     s = samples(m)
-    assert s[("kvgate_requests_total", (("endpoint", "chat"), ("replica", "a"), ("status", "200")))] == 2
-    assert s[("kvgate_request_duration_seconds_count", (("endpoint", "chat"), ("stream", "true")))] == 2
+    assert (
+        s[("kvgate_requests_total", (("endpoint", "chat"), ("replica", "a"), ("status", "200")))]
+        == 2
+    )
+    assert (
+        s[("kvgate_request_duration_seconds_count", (("endpoint", "chat"), ("stream", "true")))]
+        == 2
+    )
     assert s[("kvgate_ttfb_seconds_count", (("endpoint", "chat"), ("stream", "true")))] == 2
     assert s[("kvgate_errors_total", (("code", "invalid_json"),))] == 1
     assert s[("kvgate_retries_total", (("reason", "upstream_connect_error"),))] == 1
-    assert s[("kvgate_routing_decisions_total", (("policy", "consistent_hash"), ("reason", "ring")))] == 1
+    assert (
+        s[("kvgate_routing_decisions_total", (("policy", "consistent_hash"), ("reason", "ring")))]
+        == 1
+    )
     assert s[("kvgate_client_disconnects_total", (("phase", "mid_stream"),))] == 1
     assert s[("kvgate_in_flight", (("replica", "a"),))] == 1
     assert s[("kvgate_replica_healthy", (("replica", "a"),))] == 1
-    assert ("kvgate_requests_total", (("endpoint", "chat"), ("replica", "a"), ("status", "200"))) not in samples(other)
+    assert (
+        "kvgate_requests_total",
+        (("endpoint", "chat"), ("replica", "a"), ("status", "200")),
+    ) not in samples(other)
 
 
 def test_features_can_register_their_own_series() -> None:
@@ -56,7 +68,9 @@ def test_reference_table_matches_the_registry() -> None:
 
     documented = {
         (name, kind, tuple(sorted(label.strip() for label in labels.split(","))))
-        for name, kind, labels in re.findall(r"^\| (kvgate_\w+) \| (\w+) \| ([^|]*) \|$", module.__doc__ or "", re.MULTILINE)
+        for name, kind, labels in re.findall(
+            r"^\| (kvgate_\w+) \| (\w+) \| ([^|]*) \|$", module.__doc__ or "", re.MULTILINE
+        )
     }
     cluster = Cluster([ReplicaState(ReplicaId("a"), "http://a")])
     m = GatewayMetrics(cluster)
@@ -79,5 +93,11 @@ def test_reference_table_matches_the_registry() -> None:
         labels = set()
         for s in family.samples:
             labels |= {k for k in s.labels if k != "le"}
-        actual.add((family.name if family.type != "counter" else family.name + "_total", family.type, tuple(sorted(labels))))
+        actual.add(
+            (
+                family.name if family.type != "counter" else family.name + "_total",
+                family.type,
+                tuple(sorted(labels)),
+            )
+        )
     assert documented == actual

@@ -12,8 +12,10 @@ from gateway.types import ReplicaId
 
 
 async def test_models_union_discovery_and_404_per_model() -> None:
-    engines = [SimEngine(PROFILES["instant"], index=0, model_name="alpha"),
-               SimEngine(PROFILES["instant"], index=1, model_name="beta")]
+    engines = [
+        SimEngine(PROFILES["instant"], index=0, model_name="alpha"),
+        SimEngine(PROFILES["instant"], index=1, model_name="beta"),
+    ]
     for e in engines:
         await e.start()
     try:
@@ -25,10 +27,20 @@ async def test_models_union_discovery_and_404_per_model() -> None:
                 assert ids == ["alpha", "beta"]
                 # Each model goes only to the replica serving it, whatever the session.
                 for i in range(6):
-                    r = await http.post("/v1/chat/completions", headers={"x-session-id": f"s{i}"},
-                                        json={"model": "beta", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1})
+                    r = await http.post(
+                        "/v1/chat/completions",
+                        headers={"x-session-id": f"s{i}"},
+                        json={
+                            "model": "beta",
+                            "messages": [{"role": "user", "content": "x"}],
+                            "max_tokens": 1,
+                        },
+                    )
                     assert r.status_code == 200 and r.headers["x-kvgate-replica"] == "e1"
-                r = await http.post("/v1/chat/completions", json={"model": "gamma", "messages": [{"role": "user", "content": "x"}]})
+                r = await http.post(
+                    "/v1/chat/completions",
+                    json={"model": "gamma", "messages": [{"role": "user", "content": "x"}]},
+                )
                 assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
                 # A replica that goes away drops out of /v1/models once the cache expires.
                 state.cluster.set_healthy(ReplicaId("e0"), False)
@@ -54,7 +66,11 @@ async def test_engines_behind_an_api_key_are_discovered_with_the_gateways_own_ke
         async with httpx.AsyncClient(base_url=gw.url) as http:
             listed = (await http.get("/v1/models")).json()["data"]
             assert [m["id"] for m in listed] == ["alpha"]
-            chat = {"model": "alpha", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
+            chat = {
+                "model": "alpha",
+                "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": 1,
+            }
             # Proxied requests carry the gateway's engine key, never the client's.
             bare = await http.post("/v1/chat/completions", json=chat)
             other = await http.post(

@@ -12,7 +12,11 @@ from gateway.sim.server import SimEngine
 from gateway.testing.servers import gateway, sim_engines
 
 MODEL = "kvgate-sim"
-LONG = {"model": MODEL, "messages": [{"role": "user", "content": "tell me everything"}], "max_tokens": 3000}
+LONG = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "tell me everything"}],
+    "max_tokens": 3000,
+}
 
 
 @pytest.fixture
@@ -31,7 +35,9 @@ async def wait_for(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-
 
 
 @pytest.mark.parametrize("client_kind", ["h1", "aiohttp", "httpx"])
-async def test_mid_stream_disconnect_aborts_engine(engines: list[SimEngine], client_kind: str) -> None:
+async def test_mid_stream_disconnect_aborts_engine(
+    engines: list[SimEngine], client_kind: str
+) -> None:
     engine = engines[0]
     async with gateway(engines, upstream={"client": client_kind}) as gw:
         async with (
@@ -53,12 +59,16 @@ async def test_mid_stream_disconnect_aborts_engine(engines: list[SimEngine], cli
 
 
 @pytest.mark.parametrize("client_kind", ["h1", "aiohttp", "httpx"])
-async def test_disconnect_before_response_aborts_engine(engines: list[SimEngine], client_kind: str) -> None:
+async def test_disconnect_before_response_aborts_engine(
+    engines: list[SimEngine], client_kind: str
+) -> None:
     engine = engines[0]
     async with gateway(engines, upstream={"client": client_kind}) as gw:
         async with httpx.AsyncClient(base_url=gw.url, timeout=httpx.Timeout(10, read=0.5)) as http:
             with pytest.raises(httpx.ReadTimeout):
-                await http.post("/v1/chat/completions", json=LONG)  # non-streaming: nothing until the end
+                await http.post(
+                    "/v1/chat/completions", json=LONG
+                )  # non-streaming: nothing until the end
         await wait_for(lambda: engine.aborted == 1)
         await wait_for(lambda: gw.state.cluster.in_flight["e0"] == 0)
         metrics = gw.state.metrics.render().decode()

@@ -21,7 +21,12 @@ MODEL = "kvgate-sim"
 
 
 def body(**extra: Any) -> dict[str, Any]:
-    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, **extra}
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 3,
+        **extra,
+    }
 
 
 def all_zero(gw: RunningGateway) -> bool:
@@ -63,15 +68,21 @@ async def test_success_paths(gw: RunningGateway, http: httpx.AsyncClient) -> Non
     assert all_zero(gw)
 
 
-async def test_upstream_error_is_relayed_and_released(gw: RunningGateway, http: httpx.AsyncClient, engines: list[SimEngine]) -> None:
+async def test_upstream_error_is_relayed_and_released(
+    gw: RunningGateway, http: httpx.AsyncClient, engines: list[SimEngine]
+) -> None:
     replica = await owner_of(http, "err")
     await engine_of(engines, replica).set_faults(FaultConfig(error=500))
     resp = await http.post("/v1/chat/completions", json=body(), headers={"x-session-id": "err"})
-    assert resp.status_code == 500 and resp.headers["x-kvgate-replica"] == replica  # 500 is not retried
+    assert (
+        resp.status_code == 500 and resp.headers["x-kvgate-replica"] == replica
+    )  # 500 is not retried
     assert all_zero(gw)
 
 
-async def test_retry_on_503_goes_to_another_replica(gw: RunningGateway, http: httpx.AsyncClient, engines: list[SimEngine]) -> None:
+async def test_retry_on_503_goes_to_another_replica(
+    gw: RunningGateway, http: httpx.AsyncClient, engines: list[SimEngine]
+) -> None:
     replica = await owner_of(http, "retry")
     await engine_of(engines, replica).set_faults(FaultConfig(error=503))
     outcomes: list[RequestOutcome] = []
@@ -82,18 +93,27 @@ async def test_retry_on_503_goes_to_another_replica(gw: RunningGateway, http: ht
     assert outcomes[0].retries == 1 and outcomes[0].replica == resp.headers["x-kvgate-replica"]
     text = gw.state.metrics.render().decode()
     assert 'kvgate_retries_total{reason="upstream_unavailable"} 1.0' in text
-    assert f'kvgate_upstream_failures_total{{kind="upstream_unavailable",replica="{replica}"}} 1.0' in text
+    assert (
+        f'kvgate_upstream_failures_total{{kind="upstream_unavailable",replica="{replica}"}} 1.0'
+        in text
+    )
 
 
-async def test_retry_on_connection_refused(gw: RunningGateway, http: httpx.AsyncClient, engines: list[SimEngine]) -> None:
+async def test_retry_on_connection_refused(
+    gw: RunningGateway, http: httpx.AsyncClient, engines: list[SimEngine]
+) -> None:
     replica = await owner_of(http, "refused")
     await engine_of(engines, replica).set_faults(FaultConfig(refuse=True))
-    resp = await http.post("/v1/chat/completions", json=body(stream=True), headers={"x-session-id": "refused"})
+    resp = await http.post(
+        "/v1/chat/completions", json=body(stream=True), headers={"x-session-id": "refused"}
+    )
     assert resp.status_code == 200 and resp.headers["x-kvgate-replica"] != replica
     assert all_zero(gw)
 
 
-async def test_all_replicas_failing_is_bounded(gw: RunningGateway, http: httpx.AsyncClient, engines: list[SimEngine]) -> None:
+async def test_all_replicas_failing_is_bounded(
+    gw: RunningGateway, http: httpx.AsyncClient, engines: list[SimEngine]
+) -> None:
     for engine in engines:
         await engine.set_faults(FaultConfig(error=503))
     seen: list[int] = []
@@ -118,7 +138,9 @@ async def test_retries_never_repeat_a_replica(engines: list[SimEngine]) -> None:
         assert all_zero(gw)
 
 
-async def test_openai_client_sees_success_after_failover(gw: RunningGateway, engines: list[SimEngine]) -> None:
+async def test_openai_client_sees_success_after_failover(
+    gw: RunningGateway, engines: list[SimEngine]
+) -> None:
     await engines[0].set_faults(FaultConfig(refuse=True))
     async with openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client:
         for i in range(6):
@@ -152,9 +174,17 @@ async def test_cancellation_releases_everything(engines: list[SimEngine]) -> Non
             sent.append(message)
 
         scope = {
-            "type": "http", "method": "POST", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
-            "headers": [(b"content-type", b"application/json")], "query_string": b"", "root_path": "",
-            "scheme": "http", "server": ("test", 80), "client": ("127.0.0.1", 1), "http_version": "1.1",
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/chat/completions",
+            "raw_path": b"/v1/chat/completions",
+            "headers": [(b"content-type", b"application/json")],
+            "query_string": b"",
+            "root_path": "",
+            "scheme": "http",
+            "server": ("test", 80),
+            "client": ("127.0.0.1", 1),
+            "http_version": "1.1",
             "asgi": {"version": "3.0"},
         }
         async with app.router.lifespan_context(app):

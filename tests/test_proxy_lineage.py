@@ -47,7 +47,9 @@ async def converse(client: openai.AsyncOpenAI, task: str, turns: int, layout: st
                 for i, text in enumerate(history)
             ]
         raw = await client.chat.completions.with_raw_response.create(
-            model=MODEL, messages=messages, max_tokens=8  # type: ignore[arg-type]
+            model=MODEL,
+            messages=messages,
+            max_tokens=8,  # type: ignore[arg-type]
         )
         replicas.append(raw.headers["x-kvgate-replica"])
         answer = raw.parse().choices[0].message.content or ""

@@ -37,7 +37,7 @@ def observe(gw: RunningGateway) -> list[RequestOutcome]:
 
 
 def events(raw: bytes) -> list[bytes]:
-    return [e[len(b"data: "):] for e in raw.split(b"\n\n") if e]
+    return [e[len(b"data: ") :] for e in raw.split(b"\n\n") if e]
 
 
 async def raw_stream(gw: RunningGateway, path: str, body: dict[str, Any]) -> bytes:
@@ -47,12 +47,17 @@ async def raw_stream(gw: RunningGateway, path: str, body: dict[str, Any]) -> byt
         return response.content
 
 
-async def test_stream_without_include_usage_hides_usage_but_observers_get_it(gw: RunningGateway) -> None:
+async def test_stream_without_include_usage_hides_usage_but_observers_get_it(
+    gw: RunningGateway,
+) -> None:
     seen = observe(gw)
     async with openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client:
         for _ in range(2):  # the second turn hits the prefix cache
             stream = await client.chat.completions.create(
-                model=MODEL, messages=MESSAGES, max_tokens=5, stream=True  # type: ignore[arg-type]
+                model=MODEL,
+                messages=MESSAGES,
+                max_tokens=5,
+                stream=True,  # type: ignore[arg-type]
             )
             chunks = [chunk async for chunk in stream]
             assert all(chunk.usage is None for chunk in chunks)
@@ -77,7 +82,10 @@ async def test_client_that_asked_for_usage_gets_it(gw: RunningGateway) -> None:
     seen = observe(gw)
     async with openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client:
         stream = await client.chat.completions.create(
-            model=MODEL, messages=MESSAGES, max_tokens=3, stream=True,  # type: ignore[arg-type]
+            model=MODEL,
+            messages=MESSAGES,
+            max_tokens=3,
+            stream=True,  # type: ignore[arg-type]
             stream_options={"include_usage": True},
         )
         chunks = [chunk async for chunk in stream]
@@ -88,9 +96,15 @@ async def test_client_that_asked_for_usage_gets_it(gw: RunningGateway) -> None:
 
 async def test_continuous_usage_stats_is_not_stripped(gw: RunningGateway) -> None:
     seen = observe(gw)
-    raw = await raw_stream(gw, "/v1/chat/completions", {
-        "messages": MESSAGES, "max_tokens": 3, "stream_options": {"continuous_usage_stats": True},
-    })
+    raw = await raw_stream(
+        gw,
+        "/v1/chat/completions",
+        {
+            "messages": MESSAGES,
+            "max_tokens": 3,
+            "stream_options": {"continuous_usage_stats": True},
+        },
+    )
     parsed = [orjson.loads(e) for e in events(raw)[:-1]]
     assert parsed[-1]["choices"] == [] and parsed[-1]["usage"]["completion_tokens"] == 3
     assert seen[0].completion_tokens == 3
@@ -111,9 +125,15 @@ async def test_composes_with_the_admission_payload_rewrite() -> None:
         async with gateway(engines, replicas=replicas, admission={"enabled": True}) as gw:
             assert gw.state.admission is not None
             seen = observe(gw)
-            raw = await raw_stream(gw, "/v1/chat/completions", {
-                "messages": MESSAGES, "max_tokens": 3, "priority": "batch",
-            })
+            raw = await raw_stream(
+                gw,
+                "/v1/chat/completions",
+                {
+                    "messages": MESSAGES,
+                    "max_tokens": 3,
+                    "priority": "batch",
+                },
+            )
         records = [r for e in engines for r in e.request_log]
     assert b'"choices":[]' not in raw and b'"usage":null' in raw
     assert raw.endswith(b"data: [DONE]\n\n")

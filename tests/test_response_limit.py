@@ -41,12 +41,18 @@ class _HostileEngine:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 length = next(
-                    (int(line.split(b":")[1]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:")),
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.lower().split(b"\r\n")
+                        if line.startswith(b"content-length:")
+                    ),
                     0,
                 )
                 request = head + await reader.readexactly(length)
                 if not request.startswith(b"POST"):
-                    writer.write(b'HTTP/1.1 200 OK\r\ncontent-length: 38\r\n\r\n{"object":"list","data":[{"id":"m"}]}\n')
+                    writer.write(
+                        b'HTTP/1.1 200 OK\r\ncontent-length: 38\r\n\r\n{"object":"list","data":[{"id":"m"}]}\n'
+                    )
                     continue
                 writer.write(self.head)
                 while self.sent < self.total:
@@ -78,20 +84,31 @@ def _chunk() -> bytes:
 @pytest.mark.parametrize(
     ("head", "piece"),
     [
-        (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 536870912\r\n\r\n", lambda: _PIECE),
-        (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n", _chunk),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 536870912\r\n\r\n",
+            lambda: _PIECE,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n",
+            _chunk,
+        ),
     ],
     ids=["huge-content-length", "endless-chunked"],
 )
-async def test_oversized_non_streaming_body_is_a_clean_502(head: bytes, piece: Callable[[], bytes]) -> None:
+async def test_oversized_non_streaming_body_is_a_clean_502(
+    head: bytes, piece: Callable[[], bytes]
+) -> None:
     engine = _HostileEngine(head, piece, total=512 << 20)
-    async with engine.running(), gateway(
-        [],
-        replicas=[{"id": "hostile", "url": engine.url, "models": ["m"]}],
-        limits={"max_response_bytes": LIMIT},
-        health={"interval_s": 60},
-        scrape={"enabled": False},
-    ) as gw:
+    async with (
+        engine.running(),
+        gateway(
+            [],
+            replicas=[{"id": "hostile", "url": engine.url, "models": ["m"]}],
+            limits={"max_response_bytes": LIMIT},
+            health={"interval_s": 60},
+            scrape={"enabled": False},
+        ) as gw,
+    ):
         before = _rss()
         async with httpx.AsyncClient(base_url=gw.url, timeout=15) as http:
             resp = await http.post(CHAT, json=BODY)
@@ -108,17 +125,21 @@ async def test_oversized_non_streaming_body_is_a_clean_502(head: bytes, piece: C
 async def test_streams_are_not_bounded() -> None:
     sse = b"data: " + b"y" * 1000 + b"\n\n"
     engine = _HostileEngine(
-        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n" % (len(sse) * 3000),
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n"
+        % (len(sse) * 3000),
         lambda: sse,
         total=len(sse) * 3000,
     )
-    async with engine.running(), gateway(
-        [],
-        replicas=[{"id": "hostile", "url": engine.url, "models": ["m"]}],
-        limits={"max_response_bytes": LIMIT},
-        health={"interval_s": 60},
-        scrape={"enabled": False},
-    ) as gw:
+    async with (
+        engine.running(),
+        gateway(
+            [],
+            replicas=[{"id": "hostile", "url": engine.url, "models": ["m"]}],
+            limits={"max_response_bytes": LIMIT},
+            health={"interval_s": 60},
+            scrape={"enabled": False},
+        ) as gw,
+    ):
         async with httpx.AsyncClient(base_url=gw.url, timeout=15) as http:
             resp = await http.post(CHAT, json={**BODY, "stream": True})
         assert resp.status_code == 200, resp.text

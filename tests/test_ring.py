@@ -110,7 +110,9 @@ def test_head_lookup_matches_the_full_ranking_head() -> None:
         head = ring.lookup(k, in_flight=inflight, members=members, depth=5)
         assert head.ranked[:5] == full.ranked[:5] and len(set(head.ranked)) == len(head.ranked)
         assert (head.owner, head.first_eligible, head.reason) == (
-            full.owner, full.first_eligible, full.reason
+            full.owner,
+            full.first_eligible,
+            full.reason,
         )
         # Deep enough, the head lookup is the full ranking.
         assert ring.lookup(k, in_flight=inflight, members=members, depth=40).ranked == full.ranked

@@ -11,17 +11,36 @@ from gateway.types import ClusterView, EngineLoad, ReplicaId, ReplicaState, Rout
 NOW = 500.0
 
 
-def replica(i: int, *, healthy: bool = True, models: frozenset[str] = frozenset(),
-            waiting: float | None = 0.0) -> ReplicaState:
-    load = None if waiting is None else EngineLoad(waiting=waiting, running=0, kv_usage=0.1,
-                                                   scraped_at=NOW)
-    return ReplicaState(ReplicaId(f"r{i}"), f"http://127.0.0.1:{9100 + i}", healthy=healthy,
-                        models=models, load=load)
+def replica(
+    i: int,
+    *,
+    healthy: bool = True,
+    models: frozenset[str] = frozenset(),
+    waiting: float | None = 0.0,
+) -> ReplicaState:
+    load = (
+        None
+        if waiting is None
+        else EngineLoad(waiting=waiting, running=0, kv_usage=0.1, scraped_at=NOW)
+    )
+    return ReplicaState(
+        ReplicaId(f"r{i}"),
+        f"http://127.0.0.1:{9100 + i}",
+        healthy=healthy,
+        models=models,
+        load=load,
+    )
 
 
 def req(model: str = "m", session: str = "s") -> RouteRequest:
-    return RouteRequest(request_id="q1", model=model, session_key=SessionKey(session),
-                        prefix_hashes=(1, 2, 3), block_tokens=16, prompt_tokens=48)
+    return RouteRequest(
+        request_id="q1",
+        model=model,
+        session_key=SessionKey(session),
+        prefix_hashes=(1, 2, 3),
+        block_tokens=16,
+        prompt_tokens=48,
+    )
 
 
 def cview(*replicas: ReplicaState) -> ClusterView:
@@ -61,8 +80,10 @@ def test_unknown_filter_lists_known_filters() -> None:
 
 
 def test_third_party_policy_loads_by_import_string() -> None:
-    r = router("sample_third_party_policy:Reverse",
-               policies={"sample_third_party_policy:Reverse": {"label": "custom"}})
+    r = router(
+        "sample_third_party_policy:Reverse",
+        policies={"sample_third_party_policy:Reverse": {"label": "custom"}},
+    )
     assert isinstance(r.scorer, Reverse)
     choice = r.choose(req(), cview(replica(0), replica(1), replica(2)))
     assert choice.ranked == ("r2", "r1", "r0") and choice.reason == "custom"
@@ -103,7 +124,9 @@ def test_saturated_and_unknown_replicas_are_demoted_not_dropped() -> None:
     assert r.choose(req(), cview(replica(0), stale)).ranked == ("r0", "r3")
     # All saturated: the scorer's order stands.
     assert r.choose(req(), cview(replica(1, waiting=None), replica(2, waiting=10))).ranked == (
-        "r2", "r1")
+        "r2",
+        "r1",
+    )
 
 
 def test_without_not_saturated_filter_order_is_the_scorers() -> None:
@@ -127,7 +150,9 @@ def test_narrowed_view_is_reused_per_snapshot() -> None:
     assert seen[0] is seen[1] and len(seen[0]) == 1
 
 
-@pytest.mark.parametrize("name", ["round_robin", "consistent_hash", "least_load", "prefix_affinity"])
+@pytest.mark.parametrize(
+    "name", ["round_robin", "consistent_hash", "least_load", "prefix_affinity"]
+)
 def test_every_builtin_composes(name: str) -> None:
     r = router(name)
     v = cview(replica(0), replica(1), replica(2))

@@ -55,7 +55,11 @@ def test_errors_name_their_dotted_key(tmp_path: Path) -> None:
     problems = check_config(cfg)
     keys = [p.split(":", 1)[0] for p in problems]
     assert keys == [
-        "server.port", "server.bogus", "replicas.0.url", "replicas.1.weight", "health.interval_s",
+        "server.port",
+        "server.bogus",
+        "replicas.0.url",
+        "replicas.1.weight",
+        "health.interval_s",
         "routing.policy",
     ]
     assert "unknown setting" in problems[1] and "known policies" in problems[-1]
@@ -113,8 +117,19 @@ def _yaml_keys(data: Any, prefix: str = "") -> set[str]:
 def test_example_yaml_is_valid_and_documents_every_core_setting() -> None:
     assert check_config(EXAMPLE) == []
     documented = _yaml_keys(yaml.safe_load(EXAMPLE.read_text()))
-    core = {"server", "replicas", "sim", "routing", "session", "health", "retries", "timeouts",
-            "limits", "models", "upstream"}
+    core = {
+        "server",
+        "replicas",
+        "sim",
+        "routing",
+        "session",
+        "health",
+        "retries",
+        "timeouts",
+        "limits",
+        "models",
+        "upstream",
+    }
     expected = {k for k in _leaf_keys(KvgateSettings) if k.split(".")[0] in core}
     missing = expected - documented
     assert not missing, f"settings missing from gateway.example.yaml: {sorted(missing)}"

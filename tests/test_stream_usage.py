@@ -13,10 +13,16 @@ def event(obj: object, sep: bytes = b"\n\n") -> bytes:
     return b"data: " + orjson.dumps(obj) + sep
 
 
-USAGE = {"prompt_tokens": 1540, "completion_tokens": 3, "total_tokens": 1543,
-         "prompt_tokens_details": {"cached_tokens": 1536}}
-TOKENS = [event({"id": "c", "choices": [{"index": 0, "delta": {"content": t}}], "usage": None})
-          for t in ("Hel", 'lo "usage":{ \n\n', "!")]
+USAGE = {
+    "prompt_tokens": 1540,
+    "completion_tokens": 3,
+    "total_tokens": 1543,
+    "prompt_tokens_details": {"cached_tokens": 1536},
+}
+TOKENS = [
+    event({"id": "c", "choices": [{"index": 0, "delta": {"content": t}}], "usage": None})
+    for t in ("Hel", 'lo "usage":{ \n\n', "!")
+]
 USAGE_EVENT = event({"id": "c", "choices": [], "usage": USAGE})
 DONE = b"data: [DONE]\n\n"
 STREAM = b"".join(TOKENS) + USAGE_EVENT + DONE
@@ -63,8 +69,11 @@ def test_after_the_usage_event_chunks_pass_untouched() -> None:
 
 
 def test_crlf_boundaries_and_usage_in_choice_chunks_kept() -> None:
-    crlf = [event({"choices": [{"delta": {}}], "usage": None}, b"\r\n\r\n"),
-            event({"choices": [], "usage": USAGE}, b"\r\n\r\n"), b"data: [DONE]\r\n\r\n"]
+    crlf = [
+        event({"choices": [{"delta": {}}], "usage": None}, b"\r\n\r\n"),
+        event({"choices": [], "usage": USAGE}, b"\r\n\r\n"),
+        b"data: [DONE]\r\n\r\n",
+    ]
     out, stripper = run(split(b"".join(crlf), random.Random(1)))
     assert b"".join(out) == crlf[0] + crlf[2] and stripper.usage == USAGE
     # Usage on a chunk that has choices (continuous stats) is not the usage-only event.
@@ -105,4 +114,7 @@ def test_inject_usage() -> None:
     assert injected[0]["stream_options"] == {"continuous_usage_stats": True, "include_usage": True}
     assert inject_usage({**body, "stream_options": {"include_usage": True}}) is None
     assert inject_usage({**body, "stream_options": "yes"}) is None
-    assert inject_usage({"model": "m"}) is None and inject_usage({"model": "m", "stream": False}) is None
+    assert (
+        inject_usage({"model": "m"}) is None
+        and inject_usage({"model": "m", "stream": False}) is None
+    )

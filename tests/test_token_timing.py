@@ -19,8 +19,13 @@ def event(obj: object) -> bytes:
 
 
 def chat(delta: dict[str, object], **extra: object) -> bytes:
-    return event({"object": "chat.completion.chunk",
-                  "choices": [{"index": 0, "delta": delta, "finish_reason": None}], **extra})
+    return event(
+        {
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
+            **extra,
+        }
+    )
 
 
 def completion(text: str) -> bytes:
@@ -132,8 +137,12 @@ def test_a_stream_without_tokens_records_nothing() -> None:
 PREFILL_TOKENS_PER_S = 800.0
 DECODE_STEP_S = 0.04
 FIXED = PROFILES["tiny"].scaled(
-    name="fixed", prefill_tokens_per_s=PREFILL_TOKENS_PER_S, decode_base_s=DECODE_STEP_S,
-    decode_per_seq_s=0.0, attention_s_per_token=0.0, step_overhead_s=0.0,
+    name="fixed",
+    prefill_tokens_per_s=PREFILL_TOKENS_PER_S,
+    decode_base_s=DECODE_STEP_S,
+    decode_per_seq_s=0.0,
+    attention_s_per_token=0.0,
+    step_overhead_s=0.0,
 )
 
 
@@ -146,7 +155,9 @@ async def test_timing_of_a_real_simulated_stream_matches_the_profile_within_10_p
     try:
         async with httpx.AsyncClient() as http:
             body: dict[str, object] = {
-                "model": "kvgate-sim", "max_tokens": 16, "stream": True,
+                "model": "kvgate-sim",
+                "max_tokens": 16,
+                "stream": True,
                 "stream_options": {"include_usage": True},
             }
             if kind == "chat":

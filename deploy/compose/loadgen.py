@@ -12,10 +12,15 @@ SYSTEM = "You are a terse travel agent. " * 20
 
 
 def chat(base: str, messages: list[dict[str, str]], session: str) -> str:
-    body = {"model": "kvgate-sim", "messages": messages, "max_tokens": random.randint(8, 64),
-            "stream": True}
+    body = {
+        "model": "kvgate-sim",
+        "messages": messages,
+        "max_tokens": random.randint(8, 64),
+        "stream": True,
+    }
     request = urllib.request.Request(
-        base + "/v1/chat/completions", data=json.dumps(body).encode(),
+        base + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
         headers={"content-type": "application/json", "x-session-id": session},
     )
     text = []
@@ -36,7 +41,9 @@ def main() -> None:
         history = conversations.setdefault(session, [{"role": "system", "content": SYSTEM}])
         history.append({"role": "user", "content": f"Plan day {turn} of the trip."})
         try:
-            history.append({"role": "assistant", "content": chat(random.choice(GATEWAYS), history, session)})
+            history.append(
+                {"role": "assistant", "content": chat(random.choice(GATEWAYS), history, session)}
+            )
         except (urllib.error.URLError, OSError) as exc:
             print(f"request failed: {exc}", file=sys.stderr)
             history.pop()

@@ -88,9 +88,7 @@ class SaturationThresholds(BaseModel):
         return SaturationThresholds(
             max_waiting=None if self.max_waiting is None else self.max_waiting * keep,
             max_kv_usage=None if self.max_kv_usage is None else self.max_kv_usage * keep,
-            max_inflight=(
-                None if self.max_inflight is None else places(self.max_inflight)
-            ),
+            max_inflight=(None if self.max_inflight is None else places(self.max_inflight)),
             max_prompt_tokens=(
                 None if self.max_prompt_tokens is None else places(self.max_prompt_tokens)
             ),

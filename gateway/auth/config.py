@@ -22,8 +22,10 @@ class Limits(_Frozen):
         None, ge=1, description="prompt tokens: estimated from the body, settled from `usage`"
     )
     output_tokens_per_minute: int | None = Field(
-        None, ge=1, description="completion tokens: max_tokens (or a default) before the "
-        "response, settled from `usage` after it"
+        None,
+        ge=1,
+        description="completion tokens: max_tokens (or a default) before the "
+        "response, settled from `usage` after it",
     )
     concurrent_requests: int | None = Field(None, ge=1)
 
@@ -44,8 +46,9 @@ class Grants(_Frozen):
     """What a key or a tenant may use (empty: anything)."""
 
     max_priority: str | None = Field(
-        None, description="best priority class it may ask for (admission.classes order); "
-        "requests naming a better one get 403, requests naming none get this class at best"
+        None,
+        description="best priority class it may ask for (admission.classes order); "
+        "requests naming a better one get 403, requests naming none get this class at best",
     )
     models: tuple[str, ...] = Field((), description="models it may call (public names)")
     pools: tuple[str, ...] = Field((), description="card pools its requests may land on")
@@ -83,13 +86,17 @@ class AuthSettings(_Frozen):
         None, description="YAML or JSON file holding a list of keys, same fields as `keys`"
     )
     redis_keys: bool = Field(
-        False, description="also read keys from the shared store's Redis (store.backend: "
-        "redis), managed with `kvgate keys`; re-read every `redis_refresh_s`"
+        False,
+        description="also read keys from the shared store's Redis (store.backend: "
+        "redis), managed with `kvgate keys`; re-read every `redis_refresh_s`",
     )
     redis_refresh_s: float = Field(0.5, gt=0, le=60)
     quota_timeout_s: float = Field(
-        0.25, gt=0, le=5, description="budget of the one Redis call a quota check makes; past "
-        "it (or while the store is degraded) this gateway's own counts decide"
+        0.25,
+        gt=0,
+        le=5,
+        description="budget of the one Redis call a quota check makes; past "
+        "it (or while the store is degraded) this gateway's own counts decide",
     )
     tenants: dict[str, Grants] = Field(
         default_factory=dict, description="tenant name -> ceilings and quotas shared by its keys"

@@ -154,7 +154,9 @@ class LocalLimiter:
     async def acquire(self, scopes: Sequence[Scope]) -> Ticket | Verdict:
         return self.acquire_now(scopes)
 
-    def acquire_now(self, scopes: Sequence[Scope], ticket_id: str | None = None) -> Ticket | Verdict:
+    def acquire_now(
+        self, scopes: Sequence[Scope], ticket_id: str | None = None
+    ) -> Ticket | Verdict:
         counters = self.counters
         now = counters.wall()
         usages = [counters.usage(scope_name(s), now) for s in scopes]

@@ -120,7 +120,10 @@ def headers_for(limits: Limits, usage: Usage, elapsed: float) -> list[tuple[byte
         out += [
             (b"x-ratelimit-limit-requests", str(rpm).encode()),
             (b"x-ratelimit-remaining-requests", str(max(0, math.floor(rpm - used))).encode()),
-            (b"x-ratelimit-reset-requests", reset_text(wait_s(previous, current, elapsed, rpm, rpm)).encode()),
+            (
+                b"x-ratelimit-reset-requests",
+                reset_text(wait_s(previous, current, elapsed, rpm, rpm)).encode(),
+            ),
         ]
     best: tuple[float, int, float] | None = None  # (remaining, limit, reset)
     for i in (1, 2):

@@ -12,16 +12,22 @@ from gateway.auth.principal import Principal
 class AuthMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.requests = Counter(
-            "kvgate_key_requests", "Proxied requests per API key, tenant and status class.",
-            ["key", "tenant", "status"], registry=registry,
+            "kvgate_key_requests",
+            "Proxied requests per API key, tenant and status class.",
+            ["key", "tenant", "status"],
+            registry=registry,
         )
         self.tokens = Counter(
-            "kvgate_key_tokens", "Tokens per API key and tenant, from the engines' usage.",
-            ["key", "tenant", "kind"], registry=registry,
+            "kvgate_key_tokens",
+            "Tokens per API key and tenant, from the engines' usage.",
+            ["key", "tenant", "kind"],
+            registry=registry,
         )
         self.refusals = Counter(
-            "kvgate_auth_refusals", "Requests refused by the front door, by reason.",
-            ["reason"], registry=registry,
+            "kvgate_auth_refusals",
+            "Requests refused by the front door, by reason.",
+            ["reason"],
+            registry=registry,
         )
 
         # (key, tenant, status class) -> children: `labels()` costs microseconds per call.

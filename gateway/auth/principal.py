@@ -46,7 +46,9 @@ def _stricter(a: str | None, b: str | None, order: Sequence[str]) -> str | None:
     return a if rank.get(a, len(order)) >= rank.get(b, len(order)) else b
 
 
-def principal_of(key: KeySettings, tenants: Mapping[str, Grants], classes: Sequence[str]) -> Principal:
+def principal_of(
+    key: KeySettings, tenants: Mapping[str, Grants], classes: Sequence[str]
+) -> Principal:
     tenant_name = key.tenant or key.name
     tenant = tenants.get(tenant_name) or Grants()
     return Principal(

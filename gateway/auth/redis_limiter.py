@@ -116,8 +116,13 @@ class RedisLimiter:
         index = int(now / WINDOW_S)
         elapsed = now / WINDOW_S - index
         keys: list[str] = []
-        args: list[Any] = [elapsed, int(3 * WINDOW_S * 1000), int(now * 1000),
-                           int(CONCURRENCY_LEASE_S * 1000), ticket_id]
+        args: list[Any] = [
+            elapsed,
+            int(3 * WINDOW_S * 1000),
+            int(now * 1000),
+            int(CONCURRENCY_LEASE_S * 1000),
+            ticket_id,
+        ]
         names = self.store.keys
         for scope in scopes:
             name = scope_name(scope)
@@ -133,7 +138,9 @@ class RedisLimiter:
             return local
         usages = [
             Usage(
-                tuple((float(raw[2 + 7 * s + 2 * j]), float(raw[3 + 7 * s + 2 * j])) for j in range(3)),
+                tuple(
+                    (float(raw[2 + 7 * s + 2 * j]), float(raw[3 + 7 * s + 2 * j])) for j in range(3)
+                ),
                 int(float(raw[8 + 7 * s])),
             )
             for s in range(len(scopes))

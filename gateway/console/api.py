@@ -55,8 +55,14 @@ def _json(payload: object) -> Response:
 
 
 def _bad_request(message: str, param: str) -> Response:
-    body = {"error": {"message": message, "type": "invalid_request_error", "param": param,
-                      "code": "invalid_value"}}
+    body = {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": param,
+            "code": "invalid_value",
+        }
+    }
     return Response(orjson.dumps(body), 400, media_type="application/json")
 
 
@@ -89,7 +95,9 @@ def console_routes(rt: ConsoleRuntime) -> list[BaseRoute]:
         try:
             since = float(raw)
         except ValueError:
-            return _bad_request(f"since must be a number (wall-clock seconds), not {raw!r}", "since")
+            return _bad_request(
+                f"since must be a number (wall-clock seconds), not {raw!r}", "since"
+            )
         rt.watch.touch()
         return Response(rt.sampler.since(since), media_type="application/json", headers=_NO_CACHE)
 
@@ -108,6 +116,8 @@ def console_routes(rt: ConsoleRuntime) -> list[BaseRoute]:
     routes.append(Route("/admin/history", history, methods=["GET"], name="admin_history"))
     routes.append(Route(base, asset("index.html"), methods=["GET"], name="console"))
     routes += [
-        Route(f"{base}/{name}", asset(name), methods=["GET"]) for name in ASSETS if name != "index.html"
+        Route(f"{base}/{name}", asset(name), methods=["GET"])
+        for name in ASSETS
+        if name != "index.html"
     ]
     return routes

@@ -13,18 +13,20 @@ from prometheus_client import CollectorRegistry
 # (series name, labels as sorted items) -> value
 Samples = dict[str, dict[tuple[tuple[str, str], ...], float]]
 
-SERIES = frozenset({
-    "kvgate_requests_total",
-    "kvgate_errors_total",
-    "kvgate_routing_decisions_total",
-    "kvgate_retries_total",
-    "kvgate_admission_queue_depth",
-    "kvgate_admission_wait_seconds_count",
-    "kvgate_admission_wait_seconds_sum",
-    "kvgate_admission_rejected_total",
-    "kvgate_pd_decisions_total",
-    "kvgate_pd_handoffs_total",
-})
+SERIES = frozenset(
+    {
+        "kvgate_requests_total",
+        "kvgate_errors_total",
+        "kvgate_routing_decisions_total",
+        "kvgate_retries_total",
+        "kvgate_admission_queue_depth",
+        "kvgate_admission_wait_seconds_count",
+        "kvgate_admission_wait_seconds_sum",
+        "kvgate_admission_rejected_total",
+        "kvgate_pd_decisions_total",
+        "kvgate_pd_handoffs_total",
+    }
+)
 
 
 def read_series(registry: CollectorRegistry, names: Iterable[str] = SERIES) -> Samples:

@@ -74,24 +74,26 @@ class Fleet:
         for r in view.replicas:
             load = r.load
             fresh = view.load_of(r)
-            rows.append({
-                "id": r.id,
-                "health": health.state(r.id).value if r.healthy else Health.EJECTED.value,
-                "healthy": r.healthy,
-                "engine": self.engine_kind(r.id),
-                "pool": r.pool,
-                "role": r.role.value,
-                "weight": r.weight,
-                "in_flight": view.inflight(r.id),
-                "waiting": load.waiting if load else None,
-                "running": load.running if load else None,
-                "kv_usage": load.kv_usage if load else None,
-                "prefix_hit_rate": load.prefix_hit_rate if load else None,
-                "kv_capacity_tokens": r.kv_capacity_tokens,
-                "load_age_s": round(view.now - load.scraped_at, 3) if load else None,
-                "load_stale": load is not None and fresh is None,
-                "ring_share": shares.get(r.id, 0.0),
-            })
+            rows.append(
+                {
+                    "id": r.id,
+                    "health": health.state(r.id).value if r.healthy else Health.EJECTED.value,
+                    "healthy": r.healthy,
+                    "engine": self.engine_kind(r.id),
+                    "pool": r.pool,
+                    "role": r.role.value,
+                    "weight": r.weight,
+                    "in_flight": view.inflight(r.id),
+                    "waiting": load.waiting if load else None,
+                    "running": load.running if load else None,
+                    "kv_usage": load.kv_usage if load else None,
+                    "prefix_hit_rate": load.prefix_hit_rate if load else None,
+                    "kv_capacity_tokens": r.kv_capacity_tokens,
+                    "load_age_s": round(view.now - load.scraped_at, 3) if load else None,
+                    "load_stale": load is not None and fresh is None,
+                    "ring_share": shares.get(r.id, 0.0),
+                }
+            )
         return rows
 
     # -- pools ------------------------------------------------------------------------

@@ -17,8 +17,14 @@ _LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 
 
 def _forbidden(message: str) -> Response:
-    body = {"error": {"message": message, "type": "permission_error", "param": None,
-                      "code": "forbidden"}}
+    body = {
+        "error": {
+            "message": message,
+            "type": "permission_error",
+            "param": None,
+            "code": "forbidden",
+        }
+    }
     return Response(orjson.dumps(body), 403, media_type="application/json")
 
 

@@ -76,12 +76,19 @@ def sessions(rt: ConsoleRuntime) -> dict[str, Any]:
         ],
         "moves": dict(m.sessions.moves),
         "recent_moves": [
-            {"at": mv.at, "key": str(mv.key)[:48], "from": mv.source, "to": mv.target,
-             "reason": mv.reason}
+            {
+                "at": mv.at,
+                "key": str(mv.key)[:48],
+                "from": mv.source,
+                "to": mv.target,
+                "reason": mv.reason,
+            }
             for mv in reversed(m.sessions.recent_moves)
         ],
         "routing_decisions": {k: int(v) for k, v in sorted(decisions.items())},
-        "lineage": None if lineage is None else {
+        "lineage": None
+        if lineage is None
+        else {
             "blocks": len(lineage.index),
             "capacity_blocks": lineage.index.capacity,
             "conversations": lineage.index.lineages,
@@ -108,8 +115,12 @@ def _cost(rt: ConsoleRuntime) -> dict[str, Any] | None:
         }
     return {
         "weights": dict(snap.weights),
-        "last_change": {"code": snap.code, "reason": snap.reason, "at": snap.changed_at,
-                        "version": snap.version},
+        "last_change": {
+            "code": snap.code,
+            "reason": snap.reason,
+            "at": snap.changed_at,
+            "version": snap.version,
+        },
         "status": snap.status,
         "pools": per_pool,
     }
@@ -126,13 +137,15 @@ def traffic(rt: ConsoleRuntime) -> dict[str, Any]:
         "measuring_since": rt.watch.since,
         "requests_per_s": _round(rates.get("requests")),
         "errors_per_s": _round(rates.get("errors")),
-        "tokens_per_s": _round(prompt + output) if prompt is not None and output is not None
+        "tokens_per_s": _round(prompt + output)
+        if prompt is not None and output is not None
         else None,
         "output_tokens_per_s": _round(output),
         "cached_share": _round(cached / prompt if prompt and cached is not None else None, 4),
         "totals": None if totals is None else {k: int(v) for k, v in totals.items()},
         "cached_share_total": _round(totals["cached"] / totals["prompt"], 4)
-        if totals and totals["prompt"] else None,
+        if totals and totals["prompt"]
+        else None,
         "money": _cost(rt),
     }
 
@@ -147,20 +160,24 @@ def admission(rt: ConsoleRuntime) -> dict[str, Any]:
     total = series.get("kvgate_admission_wait_seconds_sum", {})
     waits = by_label(count, "priority_class")
     wait_sum = by_label(total, "priority_class")
-    rejected = by_label(series.get("kvgate_admission_rejected_total", {}), "priority_class", "reason")
+    rejected = by_label(
+        series.get("kvgate_admission_rejected_total", {}), "priority_class", "reason"
+    )
     classes = []
     for c in gate.settings.classes:
         n = waits.get(c.name, 0.0)
-        classes.append({
-            "name": c.name,
-            "queued": int(depth.get(c.name, 0)),
-            "waits": int(n),
-            "mean_wait_s": _round(wait_sum.get(c.name, 0.0) / n) if n else None,
-            "rejected": {
-                reason: int(rejected.get(f"{c.name}/{reason}", 0))
-                for reason in ("queue_full", "timeout")
-            },
-        })
+        classes.append(
+            {
+                "name": c.name,
+                "queued": int(depth.get(c.name, 0)),
+                "waits": int(n),
+                "mean_wait_s": _round(wait_sum.get(c.name, 0.0) / n) if n else None,
+                "rejected": {
+                    reason: int(rejected.get(f"{c.name}/{reason}", 0))
+                    for reason in ("queue_full", "timeout")
+                },
+            }
+        )
     return {
         "enabled": True,
         "queued": len(gate.room),
@@ -181,8 +198,12 @@ def pd(rt: ConsoleRuntime) -> dict[str, Any]:
     return {
         "enabled": enabled,
         "decisions": [
-            {"decision": name.split("/", 1)[0], "reason": name.split("/", 1)[1],
-             "count": int(v), "per_s": _round(rates.get(f"pd:{name}"))}
+            {
+                "decision": name.split("/", 1)[0],
+                "reason": name.split("/", 1)[1],
+                "count": int(v),
+                "per_s": _round(rates.get(f"pd:{name}")),
+            }
             for name, v in sorted(decisions.items())
         ],
         "handoffs": [

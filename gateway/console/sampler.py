@@ -141,7 +141,8 @@ class Sampler:
             "output_tokens_per_s": output,
             "cached_share": cached / prompt if prompt and cached is not None else None,
             "live_sessions": self.measurements.live_sessions(self._live_session_s)
-            if measuring else None,
+            if measuring
+            else None,
             "queued": by_label(series["kvgate_admission_queue_depth"], "priority_class"),
             "weights": fleet.pool_weights(),
             "pd_per_s": {k[3:]: v for k, v in rates.items() if k.startswith("pd:")},

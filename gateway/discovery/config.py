@@ -18,13 +18,16 @@ class DnsTarget(_Section):
     """One DNS name; every address it resolves to is one replica."""
 
     name: str = Field(
-        ..., min_length=1, description="DNS name, e.g. _http._tcp.vllm.default.svc.cluster.local "
+        ...,
+        min_length=1,
+        description="DNS name, e.g. _http._tcp.vllm.default.svc.cluster.local "
         "(SRV) or vllm.default.svc.cluster.local (A/AAAA); a relative name uses the resolver's "
-        "search domains"
+        "search domains",
     )
     record: Literal["srv", "a"] = Field(
-        "srv", description="srv: port from each record, id from its target name; a: every A "
-        "(else AAAA) address on `port`, id from the address"
+        "srv",
+        description="srv: port from each record, id from its target name; a: every A "
+        "(else AAAA) address on `port`, id from the address",
     )
     port: int | None = Field(None, ge=1, le=65535, description="engine port (record: a only)")
     scheme: Literal["http", "https"] = "http"
@@ -48,13 +51,16 @@ class DiscoverySettings(_Section):
     interval_s: float = Field(10.0, gt=0, description="seconds between two resolutions")
     timeout_s: float = Field(2.0, gt=0, description="one resolution's time limit")
     nameservers: tuple[str, ...] = Field(
-        (), description="'ip' or 'ip:port' of the DNS servers to ask; empty = the system's "
-        "resolv.conf"
+        (),
+        description="'ip' or 'ip:port' of the DNS servers to ask; empty = the system's resolv.conf",
     )
     remove_after: int = Field(
-        2, ge=1, le=100, description="consecutive resolutions a replica must be missing from "
+        2,
+        ge=1,
+        le=100,
+        description="consecutive resolutions a replica must be missing from "
         "before it leaves the ring (a record missing once, e.g. a truncated answer, moves "
-        "no session)"
+        "no session)",
     )
 
     @field_validator("nameservers")

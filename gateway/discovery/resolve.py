@@ -80,7 +80,9 @@ class DnsResolver:
         except (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer):
             return None
         except dns.exception.Timeout as exc:
-            raise DiscoveryError(f"{rdtype} {name}: no answer in {self._resolver.lifetime} s") from exc
+            raise DiscoveryError(
+                f"{rdtype} {name}: no answer in {self._resolver.lifetime} s"
+            ) from exc
         except dns.exception.DNSException as exc:
             raise DiscoveryError(f"{rdtype} {name}: {exc}") from exc
 

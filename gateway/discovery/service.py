@@ -33,15 +33,20 @@ class Resolver(Protocol):
 class DiscoveryMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.replicas = Gauge(
-            "kvgate_discovery_replicas", "Replicas the last answer for each DNS target named",
-            ["target"], registry=registry,
+            "kvgate_discovery_replicas",
+            "Replicas the last answer for each DNS target named",
+            ["target"],
+            registry=registry,
         )
         self.lookups = Counter(
-            "kvgate_discovery_lookups", "DNS resolutions per target and result (ok, empty, "
-            "error)", ["target", "result"], registry=registry,
+            "kvgate_discovery_lookups",
+            "DNS resolutions per target and result (ok, empty, error)",
+            ["target", "result"],
+            registry=registry,
         )
         self.changes = Counter(
-            "kvgate_discovery_membership_changes", "Member lists changed by DNS discovery",
+            "kvgate_discovery_membership_changes",
+            "Member lists changed by DNS discovery",
             registry=registry,
         )
 
@@ -111,7 +116,10 @@ class DnsDiscovery:
                 found.setdefault(rid, replica)  # the first target naming an id wins
         misses: dict[ReplicaId, int] = {}
         for rid, replica in self._current.items():
-            if rid not in found and (n := self._misses.get(rid, 0) + 1) < self.settings.remove_after:
+            if (
+                rid not in found
+                and (n := self._misses.get(rid, 0) + 1) < self.settings.remove_after
+            ):
                 misses[rid] = n
                 found[rid] = replica
         self._misses = misses
@@ -132,7 +140,9 @@ class DnsDiscovery:
             self.metrics.changes.inc()
         log.warning(
             "discovery: %d replica(s) from DNS now (added %s, removed %s)",
-            len(found), sorted(after - before) or "none", sorted(before - after) or "none",
+            len(found),
+            sorted(after - before) or "none",
+            sorted(before - after) or "none",
         )
         return True
 

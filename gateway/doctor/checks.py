@@ -40,9 +40,14 @@ class Finding:
         return self.severity == "severe"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"code": self.code, "severity": self.severity, "replica": self.replica,
-                "title": self.title, "evidence": list(self.evidence),
-                "suggestion": self.suggestion}
+        return {
+            "code": self.code,
+            "severity": self.severity,
+            "replica": self.replica,
+            "title": self.title,
+            "evidence": list(self.evidence),
+            "suggestion": self.suggestion,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +88,15 @@ class EngineFacts:
             mnbt, mnbt_source = hints.max_num_batched_tokens, "--max-num-batched-tokens"
         elif isinstance(args.get("chunked_prefill_size"), int):
             mnbt, mnbt_source = args["chunked_prefill_size"], "server_info chunked_prefill_size"
-        return cls(snap.kv_capacity_tokens, hints.max_model_len or snap.max_model_len, seqs,
-                   seqs_source, mnbt, mnbt_source, snap.block_size or 16)
+        return cls(
+            snap.kv_capacity_tokens,
+            hints.max_model_len or snap.max_model_len,
+            seqs,
+            seqs_source,
+            mnbt,
+            mnbt_source,
+            snap.block_size or 16,
+        )
 
 
 def _pow2_at_most(value: float, floor: int) -> int:
@@ -107,9 +119,16 @@ def _max_usage(samples: Sequence[EngineSnapshot]) -> float:
 def check_engine(url: str, samples: Sequence[EngineSnapshot], hints: Hints) -> list[Finding]:
     last = samples[-1]
     if last.error is not None or last.reading is None:
-        return [Finding("unreachable", "severe", url, "engine did not answer",
-                        (f"GET {url}/metrics: {last.error}",),
-                        "check the engine process and its --port; nothing else can be read")]
+        return [
+            Finding(
+                "unreachable",
+                "severe",
+                url,
+                "engine did not answer",
+                (f"GET {url}/metrics: {last.error}",),
+                "check the engine process and its --port; nothing else can be read",
+            )
+        ]
     ok = [s for s in samples if s.reading is not None]
     facts = EngineFacts.of(last, hints)
     out: list[Finding] = []
@@ -131,20 +150,28 @@ def _kv_starved(url: str, f: EngineFacts, snap: EngineSnapshot) -> list[Finding]
     fit_len = f.capacity // STARVED_SEQUENCES // f.block_size * f.block_size
     evidence = (
         f"KV capacity {blocks} = {f.capacity:,} tokens",
-        (f"max_model_len {f.max_model_len:,}: {f.capacity:,} // {f.max_model_len:,} = {full}"
-        " full-length sequence(s) fit at once"),
-        (f"max_num_seqs {f.max_num_seqs} ({f.seqs_source}) x max_model_len would need"
-        f" {f.max_num_seqs * f.max_model_len:,} tokens"
-        f" ({f.capacity / (f.max_num_seqs * f.max_model_len):.1%} of that is there)"),
+        (
+            f"max_model_len {f.max_model_len:,}: {f.capacity:,} // {f.max_model_len:,} = {full}"
+            " full-length sequence(s) fit at once"
+        ),
+        (
+            f"max_num_seqs {f.max_num_seqs} ({f.seqs_source}) x max_model_len would need"
+            f" {f.max_num_seqs * f.max_model_len:,} tokens"
+            f" ({f.capacity / (f.max_num_seqs * f.max_model_len):.1%} of that is there)"
+        ),
     )
-    return [Finding(
-        "kv_starved", "severe" if full < 1 else "warning", url,
-        "KV cache too small for the configured max_model_len",
-        evidence,
-        f"give KV more memory (a smaller max_num_batched_tokens, a higher"
-        f" gpu_memory_utilization, kv_cache_dtype fp8, more tensor parallelism), or set"
-        f" max_model_len <= {fit_len:,} so {STARVED_SEQUENCES} full-length sequences fit",
-    )]
+    return [
+        Finding(
+            "kv_starved",
+            "severe" if full < 1 else "warning",
+            url,
+            "KV cache too small for the configured max_model_len",
+            evidence,
+            f"give KV more memory (a smaller max_num_batched_tokens, a higher"
+            f" gpu_memory_utilization, kv_cache_dtype fp8, more tensor parallelism), or set"
+            f" max_model_len <= {fit_len:,} so {STARVED_SEQUENCES} full-length sequences fit",
+        )
+    ]
 
 
 def _preempting(url: str, samples: Sequence[EngineSnapshot], f: EngineFacts) -> list[Finding]:
@@ -156,23 +183,32 @@ def _preempting(url: str, samples: Sequence[EngineSnapshot], f: EngineFacts) -> 
     running = max(s.reading.running for s in samples if s.reading is not None)
     window = samples[-1].at - samples[0].at
     now = delta is not None and delta > 0 and len(samples) > 1
-    evidence = [f"preemptions: {total:,.0f} since start"
-                + (f", {delta:,.0f} in the last {window:.1f} s" if len(samples) > 1 else ""),
-                f"KV usage peaked at {usage:.0%} with {running:.0f} requests running"]
+    evidence = [
+        f"preemptions: {total:,.0f} since start"
+        + (f", {delta:,.0f} in the last {window:.1f} s" if len(samples) > 1 else ""),
+        f"KV usage peaked at {usage:.0%} with {running:.0f} requests running",
+    ]
     per_seq = f.capacity / running if f.capacity and running else None
     if per_seq is not None:
-        evidence.append(f"{f.capacity:,} KV tokens / {running:.0f} running ="
-                        f" {per_seq:,.0f} tokens per running request")
+        evidence.append(
+            f"{f.capacity:,} KV tokens / {running:.0f} running ="
+            f" {per_seq:,.0f} tokens per running request"
+        )
     severe = now and usage >= KV_FULL
     target = max(1, int(running * 0.75)) if running else 1
-    return [Finding(
-        "preemptions", "severe" if severe else "warning", url,
-        "requests are preempted (KV full: their KV is dropped and recomputed)"
-        if severe else "requests were preempted earlier",
-        tuple(evidence),
-        f"cap the batch at what KV holds: max_num_seqs ~{target} (now {f.max_num_seqs},"
-        f" {f.seqs_source}), or give KV more memory",
-    )]
+    return [
+        Finding(
+            "preemptions",
+            "severe" if severe else "warning",
+            url,
+            "requests are preempted (KV full: their KV is dropped and recomputed)"
+            if severe
+            else "requests were preempted earlier",
+            tuple(evidence),
+            f"cap the batch at what KV holds: max_num_seqs ~{target} (now {f.max_num_seqs},"
+            f" {f.seqs_source}), or give KV more memory",
+        )
+    ]
 
 
 def _queue_growing(url: str, samples: Sequence[EngineSnapshot], f: EngineFacts) -> list[Finding]:
@@ -184,24 +220,36 @@ def _queue_growing(url: str, samples: Sequence[EngineSnapshot], f: EngineFacts) 
         return []
     running = samples[-1].reading.running if samples[-1].reading is not None else 0.0
     window = samples[-1].at - samples[0].at
-    return [Finding(
-        "queue_growing_kv_full", "warning", url,
-        "waiting queue grows while the KV cache is full",
-        (f"waiting {' -> '.join(f'{w:.0f}' for w in waits)} over {window:.1f} s",
-         (f"KV usage up to {usage:.0%}, {running:.0f} running of max_num_seqs {f.max_num_seqs}"
-         f" ({f.seqs_source}): KV, not max_num_seqs, limits the batch")),
-        "more KV per replica (see kv_starved / max_num_batched_tokens) or more replicas;"
-        " lowering max_num_seqs will not help while KV is the limit",
-    )]
+    return [
+        Finding(
+            "queue_growing_kv_full",
+            "warning",
+            url,
+            "waiting queue grows while the KV cache is full",
+            (
+                f"waiting {' -> '.join(f'{w:.0f}' for w in waits)} over {window:.1f} s",
+                (
+                    f"KV usage up to {usage:.0%}, {running:.0f} running of max_num_seqs {f.max_num_seqs}"
+                    f" ({f.seqs_source}): KV, not max_num_seqs, limits the batch"
+                ),
+            ),
+            "more KV per replica (see kv_starved / max_num_batched_tokens) or more replicas;"
+            " lowering max_num_seqs will not help while KV is the limit",
+        )
+    ]
 
 
 def _mnbt_too_big(url: str, f: EngineFacts, b: Budget | None) -> list[Finding]:
     if not f.mnbt or not f.capacity or f.mnbt <= MNBT_SHARE * f.capacity:
         return []
     rec = min(f.mnbt // 2, MNBT_CAP, _pow2_at_most(f.capacity / 4, f.block_size))
-    evidence = [(f"max_num_batched_tokens {f.mnbt:,} ({f.mnbt_source}) vs KV capacity"
-                f" {f.capacity:,} tokens: one step may schedule {f.mnbt / f.capacity:.0%} of"
-                " everything the KV holds")]
+    evidence = [
+        (
+            f"max_num_batched_tokens {f.mnbt:,} ({f.mnbt_source}) vs KV capacity"
+            f" {f.capacity:,} tokens: one step may schedule {f.mnbt / f.capacity:.0%} of"
+            " everything the KV holds"
+        )
+    ]
     if b is not None:
         from gateway.plan.memory import activation_bytes
 
@@ -210,16 +258,22 @@ def _mnbt_too_big(url: str, f: EngineFacts, b: Budget | None) -> list[Finding]:
         then = activation_bytes(b.model, rec, s.max_num_seqs, s.tp, s.expert_parallel)
         freed = (now - then) / 2**30
         gained = int((now - then) // b.kv_bytes_per_token) if b.kv_bytes_per_token else 0
-        evidence.append(f"activations for {f.mnbt:,} tokens ~{now / 2**30:.2f} GiB, for"
-                        f" {rec:,} ~{then / 2**30:.2f} GiB: {freed:.2f} GiB ="
-                        f" {gained:,} more KV tokens at {b.kv_bytes_per_token:,.0f} B/token")
-    return [Finding(
-        "max_num_batched_tokens_high", "warning", url,
-        "max_num_batched_tokens far above what the KV budget allows",
-        tuple(evidence),
-        f"set max_num_batched_tokens {rec:,}: the activation peak vLLM profiles shrinks"
-        " and its memory goes to KV (chunked prefill keeps long prompts working)",
-    )]
+        evidence.append(
+            f"activations for {f.mnbt:,} tokens ~{now / 2**30:.2f} GiB, for"
+            f" {rec:,} ~{then / 2**30:.2f} GiB: {freed:.2f} GiB ="
+            f" {gained:,} more KV tokens at {b.kv_bytes_per_token:,.0f} B/token"
+        )
+    return [
+        Finding(
+            "max_num_batched_tokens_high",
+            "warning",
+            url,
+            "max_num_batched_tokens far above what the KV budget allows",
+            tuple(evidence),
+            f"set max_num_batched_tokens {rec:,}: the activation peak vLLM profiles shrinks"
+            " and its memory goes to KV (chunked prefill keeps long prompts working)",
+        )
+    ]
 
 
 def _frozen(url: str, samples: Sequence[EngineSnapshot]) -> list[Finding]:
@@ -230,17 +284,27 @@ def _frozen(url: str, samples: Sequence[EngineSnapshot]) -> list[Finding]:
     if not busy or any(m is None or m > 0 for m in moved):
         return []
     window = samples[-1].at - samples[0].at
-    return [Finding(
-        "stale_metrics", "warning", url, "metrics do not move while requests run",
-        ((f"{samples[-1].reading.running if samples[-1].reading else 0:.0f} running, but the"
-         f" prompt and generation token counters did not change in {window:.1f} s"),),
-        "the engine is hung or /metrics is served from a cache: check the engine's log",
-    )]
+    return [
+        Finding(
+            "stale_metrics",
+            "warning",
+            url,
+            "metrics do not move while requests run",
+            (
+                (
+                    f"{samples[-1].reading.running if samples[-1].reading else 0:.0f} running, but the"
+                    f" prompt and generation token counters did not change in {window:.1f} s"
+                ),
+            ),
+            "the engine is hung or /metrics is served from a cache: check the engine's log",
+        )
+    ]
 
 
 # ---- across replicas ------------------------------------------------------------------
-def check_cluster(latest: Mapping[str, EngineSnapshot], gateway: GatewaySnapshot | None,
-                  hints: Hints) -> list[Finding]:
+def check_cluster(
+    latest: Mapping[str, EngineSnapshot], gateway: GatewaySnapshot | None, hints: Hints
+) -> list[Finding]:
     out = _hot(latest)
     if gateway is not None:
         out += _gateway(gateway, hints)
@@ -251,8 +315,9 @@ def check_cluster(latest: Mapping[str, EngineSnapshot], gateway: GatewaySnapshot
 
 
 def _hot(latest: Mapping[str, EngineSnapshot]) -> list[Finding]:
-    loads = {u: s.reading.running + s.reading.waiting
-             for u, s in latest.items() if s.reading is not None}
+    loads = {
+        u: s.reading.running + s.reading.waiting for u, s in latest.items() if s.reading is not None
+    }
     if len(loads) < 2:
         return []
     url, top = max(loads.items(), key=lambda kv: kv[1])
@@ -261,30 +326,52 @@ def _hot(latest: Mapping[str, EngineSnapshot]) -> list[Finding]:
     if top < HOT_MIN or top < HOT_FACTOR * mean + 2:
         return []
     shown = ", ".join(f"{v:.0f}" for v in loads.values())
-    return [Finding(
-        "hot_replica", "warning", url, "one replica is much busier than the others",
-        (f"running + waiting per replica: {shown}",
-         f"{top:.0f} here vs a mean of {mean:.1f} on the others ({top / max(mean, 1):.1f}x)"),
-        "a few long sessions stuck to one replica (raise the lineage policy's load bound), a"
-        " replica missing from the gateway's list, or clients bypassing the gateway",
-    )]
+    return [
+        Finding(
+            "hot_replica",
+            "warning",
+            url,
+            "one replica is much busier than the others",
+            (
+                f"running + waiting per replica: {shown}",
+                f"{top:.0f} here vs a mean of {mean:.1f} on the others ({top / max(mean, 1):.1f}x)",
+            ),
+            "a few long sessions stuck to one replica (raise the lineage policy's load bound), a"
+            " replica missing from the gateway's list, or clients bypassing the gateway",
+        )
+    ]
 
 
 def _gateway(g: GatewaySnapshot, hints: Hints) -> list[Finding]:
     if g.error is not None:
-        return [Finding("gateway_unreachable", "warning", g.url, "gateway did not answer",
-                        (f"GET {g.url}/metrics: {g.error}",), "check the gateway process")]
+        return [
+            Finding(
+                "gateway_unreachable",
+                "warning",
+                g.url,
+                "gateway did not answer",
+                (f"GET {g.url}/metrics: {g.error}",),
+                "check the gateway process",
+            )
+        ]
     out: list[Finding] = []
     for replica, age in sorted(g.scrape_age_s.items()):
         if age > hints.stale_after_s:
             errors = g.scrape_errors.get(replica, 0.0)
-            out.append(Finding(
-                "stale_metrics", "warning", replica, "the gateway's view of this replica is old",
-                (f"kvgate_scrape_age_seconds {age:.1f} > {hints.stale_after_s:g}",
-                 f"kvgate_scrape_errors_total {errors:.0f}"),
-                "the gateway routes on stale load (treated as saturated): check that the"
-                " replica's /metrics answers within scrape.timeout_s",
-            ))
+            out.append(
+                Finding(
+                    "stale_metrics",
+                    "warning",
+                    replica,
+                    "the gateway's view of this replica is old",
+                    (
+                        f"kvgate_scrape_age_seconds {age:.1f} > {hints.stale_after_s:g}",
+                        f"kvgate_scrape_errors_total {errors:.0f}",
+                    ),
+                    "the gateway routes on stale load (treated as saturated): check that the"
+                    " replica's /metrics answers within scrape.timeout_s",
+                )
+            )
     return out
 
 
@@ -306,8 +393,9 @@ def engine_hit_rate(latest: Mapping[str, EngineSnapshot]) -> float | None:
     return sum(rates) / len(rates) if rates else None
 
 
-def _hit_vs_routing(latest: Mapping[str, EngineSnapshot], g: GatewaySnapshot,
-                    hints: Hints) -> list[Finding]:
+def _hit_vs_routing(
+    latest: Mapping[str, EngineSnapshot], g: GatewaySnapshot, hints: Hints
+) -> list[Finding]:
     total = sum(g.decisions.values())
     hit = engine_hit_rate(latest)
     if hit is None or total < HIT_MIN_DECISIONS:
@@ -320,25 +408,36 @@ def _hit_vs_routing(latest: Mapping[str, EngineSnapshot], g: GatewaySnapshot,
     elif expected is None or hit >= expected - 0.2:
         return []
     shares = ", ".join(f"{k} {v:.0f}" for k, v in sorted(g.decisions.items()))
-    return [Finding(
-        "hit_rate_low", "warning", "cluster",
-        "engine prefix hit rate far below what the gateway's routing predicts",
-        (f"gateway decisions: {shares}: {share:.0%} went to the replica holding their prefix",
-         f"engines' prefix hit rate {hit:.1%}, expected at least {expected:.0%}"),
-        "the engines evict what routing kept together (KV too small for the sessions' working"
-        " set: see KV capacity), or they hash blocks differently (block size, salt)",
-    )]
+    return [
+        Finding(
+            "hit_rate_low",
+            "warning",
+            "cluster",
+            "engine prefix hit rate far below what the gateway's routing predicts",
+            (
+                f"gateway decisions: {shares}: {share:.0%} went to the replica holding their prefix",
+                f"engines' prefix hit rate {hit:.1%}, expected at least {expected:.0%}",
+            ),
+            "the engines evict what routing kept together (KV too small for the sessions' working"
+            " set: see KV capacity), or they hash blocks differently (block size, salt)",
+        )
+    ]
 
 
 def _hit_vs_expected(latest: Mapping[str, EngineSnapshot], expected: float) -> list[Finding]:
     hit = engine_hit_rate(latest)
     if hit is None or hit >= expected - 0.2:
         return []
-    return [Finding(
-        "hit_rate_low", "warning", "cluster", "engine prefix hit rate far below the expected",
-        (f"engines' prefix hit rate {hit:.1%}, expected {expected:.0%} (--expected-hit-rate)",),
-        "a routing or eviction problem: route through kvgate, and check KV capacity",
-    )]
+    return [
+        Finding(
+            "hit_rate_low",
+            "warning",
+            "cluster",
+            "engine prefix hit rate far below the expected",
+            (f"engines' prefix hit rate {hit:.1%}, expected {expected:.0%} (--expected-hit-rate)",),
+            "a routing or eviction problem: route through kvgate, and check KV capacity",
+        )
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,8 +451,9 @@ class Diagnosis:
         return any(f.severe for f in self.findings)
 
 
-def diagnose(samples: Mapping[str, Sequence[EngineSnapshot]], gateway: GatewaySnapshot | None,
-             hints: Hints) -> Diagnosis:
+def diagnose(
+    samples: Mapping[str, Sequence[EngineSnapshot]], gateway: GatewaySnapshot | None, hints: Hints
+) -> Diagnosis:
     findings: list[Finding] = []
     for url, series in samples.items():
         findings += check_engine(url, series, hints)

@@ -49,7 +49,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 async def collect(
-    urls: list[str], gateway: str | None, *, samples: int, interval: float, timeout: float,
+    urls: list[str],
+    gateway: str | None,
+    *,
+    samples: int,
+    interval: float,
+    timeout: float,
     api_key: str | None = None,
 ) -> tuple[dict[str, list[EngineSnapshot]], GatewaySnapshot | None]:
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
@@ -79,7 +84,9 @@ def _hints(args: argparse.Namespace) -> Hints:
         if not args.card:
             raise ValueError("--model needs --card")
         settings = EngineSettings(
-            tp=args.tp, weight_dtype=args.weights, kv_dtype=args.kv_dtype,
+            tp=args.tp,
+            weight_dtype=args.weights,
+            kv_dtype=args.kv_dtype,
             max_num_seqs=args.max_num_seqs or 256,
             max_num_batched_tokens=args.max_num_batched_tokens or 8192,
             max_model_len=args.max_model_len,
@@ -87,8 +94,14 @@ def _hints(args: argparse.Namespace) -> Hints:
         budget = plan_budget(resolve_model(args.model), get_card(args.card), settings)
     if args.expected_hit_rate is not None and not 0 <= args.expected_hit_rate <= 1:
         raise ValueError("--expected-hit-rate is a fraction in [0, 1]")
-    return Hints(args.max_num_seqs, args.max_num_batched_tokens, args.max_model_len,
-                 args.expected_hit_rate, args.stale_after, budget)
+    return Hints(
+        args.max_num_seqs,
+        args.max_num_batched_tokens,
+        args.max_model_len,
+        args.expected_hit_rate,
+        args.stale_after,
+        budget,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,17 +111,26 @@ def run(args: argparse.Namespace) -> int:
         if args.samples < 1 or args.interval < 0:
             raise ValueError("--samples must be >= 1 and --interval >= 0")
         hints = _hints(args)
-        series, gateway = asyncio.run(collect(
-            args.urls, args.gateway, samples=args.samples, interval=args.interval,
-            timeout=args.timeout, api_key=args.api_key,
-        ))
+        series, gateway = asyncio.run(
+            collect(
+                args.urls,
+                args.gateway,
+                samples=args.samples,
+                interval=args.interval,
+                timeout=args.timeout,
+                api_key=args.api_key,
+            )
+        )
     except (GatewayError, ValueError) as exc:
         message = exc.message if isinstance(exc, GatewayError) else str(exc)
         print(f"kvgate doctor: {message}", file=sys.stderr)
         return 2
     result = diagnose(series, gateway, hints)
-    print(orjson.dumps(as_dict(result), option=orjson.OPT_INDENT_2).decode() if args.json
-          else render(result))
+    print(
+        orjson.dumps(as_dict(result), option=orjson.OPT_INDENT_2).decode()
+        if args.json
+        else render(result)
+    )
     return 1 if result.severe else 0
 
 
@@ -121,13 +143,19 @@ def _engine_row(url: str, s: EngineSnapshot) -> str:
     cap = f"{r.kv_capacity_tokens:,}" if r.kv_capacity_tokens else "-"
     mml = f"{s.max_model_len:,}" if s.max_model_len else "-"
     pre = f"{s.counters['preemptions']:,.0f}" if "preemptions" in s.counters else "-"
-    return (f"{url:32} {r.kind.value:6} {r.running:>7.0f} {r.waiting:>7.0f} {usage:>6}"
-            f" {cap:>11} {mml:>9} {hit:>6} {pre:>8}")
+    return (
+        f"{url:32} {r.kind.value:6} {r.running:>7.0f} {r.waiting:>7.0f} {usage:>6}"
+        f" {cap:>11} {mml:>9} {hit:>6} {pre:>8}"
+    )
 
 
 def render(d: Diagnosis) -> str:
-    lines = [(f"{'engine':32} {'kind':6} {'running':>7} {'waiting':>7} {'KV':>6} {'KV tokens':>11}"
-             f" {'max len':>9} {'hit':>6} {'preempt':>8}")]
+    lines = [
+        (
+            f"{'engine':32} {'kind':6} {'running':>7} {'waiting':>7} {'KV':>6} {'KV tokens':>11}"
+            f" {'max len':>9} {'hit':>6} {'preempt':>8}"
+        )
+    ]
     lines += [_engine_row(u, s) for u, s in d.engines.items()]
     lines.append("")
     if not d.findings:
@@ -157,5 +185,4 @@ def as_dict(d: Diagnosis) -> dict[str, Any]:
             "max_model_len": s.max_model_len,
             "counters": dict(s.counters),
         }
-    return {"engines": engines, "findings": [f.as_dict() for f in d.findings],
-            "severe": d.severe}
+    return {"engines": engines, "findings": [f.as_dict() for f in d.findings], "severe": d.severe}

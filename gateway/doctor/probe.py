@@ -103,8 +103,15 @@ def parse_engine(url: str, text: str, at: float) -> EngineSnapshot:
     index = index_samples(text)
     blocks, size, util = _cache_config(index)
     counters = {k: v for k, names in _COUNTERS.items() if (v := _first(index, names)) is not None}
-    return EngineSnapshot(url, at, reading=reading, num_gpu_blocks=blocks, block_size=size,
-                          gpu_memory_utilization=util, counters=counters)
+    return EngineSnapshot(
+        url,
+        at,
+        reading=reading,
+        num_gpu_blocks=blocks,
+        block_size=size,
+        gpu_memory_utilization=util,
+        counters=counters,
+    )
 
 
 def _json(response: httpx.Response) -> Any:
@@ -145,9 +152,15 @@ async def probe_engine(client: httpx.AsyncClient, url: str) -> EngineSnapshot:
     except MetricsFormatError as exc:
         return EngineSnapshot(url, at, error=exc.message)
     return EngineSnapshot(
-        url, at, reading=snap.reading, num_gpu_blocks=snap.num_gpu_blocks,
-        block_size=snap.block_size, gpu_memory_utilization=snap.gpu_memory_utilization,
-        max_model_len=max_len, counters=snap.counters, server_args=args,
+        url,
+        at,
+        reading=snap.reading,
+        num_gpu_blocks=snap.num_gpu_blocks,
+        block_size=snap.block_size,
+        gpu_memory_utilization=snap.gpu_memory_utilization,
+        max_model_len=max_len,
+        counters=snap.counters,
+        server_args=args,
     )
 
 
@@ -165,7 +178,8 @@ def parse_gateway(url: str, text: str, at: float) -> GatewaySnapshot:
         return out
 
     return GatewaySnapshot(
-        url, at,
+        url,
+        at,
         scrape_age_s=by("kvgate_scrape_age_seconds", "replica"),
         in_flight=by("kvgate_in_flight", "replica"),
         decisions=by("kvgate_routing_decisions_total", "reason"),

@@ -71,8 +71,10 @@ class KVEventsSettings(_Section):
         description="worth of a cached block by where it lives, against recomputing it (0)",
     )
     warmup_s: float = Field(
-        60.0, ge=0, description="after losing events it could not replay, a replica's index "
-        "is trusted again this long after it restarted"
+        60.0,
+        ge=0,
+        description="after losing events it could not replay, a replica's index "
+        "is trusted again this long after it restarted",
     )
     max_blocks_per_replica: int = Field(1 << 21, ge=1, description="index bound per replica")
     bridge_max_entries: int = Field(500_000, ge=1, description="prompt blocks mapped at most")

@@ -121,7 +121,9 @@ class EventIndex:
         bit = medium_bit(e.medium)
         keys, media, counts = r.keys, r.media, r.by_medium
         parent = seed if e.parent_block_hash is not None else None
-        for h, key in zip(e.block_hashes, chain_keys(e.token_ids, e.block_size, seed, e.extra_keys)):
+        for h, key in zip(
+            e.block_hashes, chain_keys(e.token_ids, e.block_size, seed, e.extra_keys)
+        ):
             keys.pop(h, None)  # re-insert: newest last, for the bound below
             keys[h] = key
             bits = media.get(key, 0)

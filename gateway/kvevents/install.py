@@ -61,8 +61,13 @@ def install(state: GatewayState) -> None:
     intake = EventIntake(sources, feed, replay_timeout_s=settings.replay_timeout_s)
     tok = settings.tokenizer
     stage = TokenStage(
-        make_renderer(tok), bridge, block_size=settings.block_size, workers=tok.workers,
-        max_pending=tok.max_pending, timeout_s=tok.timeout_s, metrics=metrics,
+        make_renderer(tok),
+        bridge,
+        block_size=settings.block_size,
+        workers=tok.workers,
+        max_pending=tok.max_pending,
+        timeout_s=tok.timeout_s,
+        metrics=metrics,
     )
     state.cluster.set_cache_evidence(evidence)
     state.services.extend((stage, intake))

@@ -72,7 +72,9 @@ class FeedSink(Protocol):
 class _Sub:
     __slots__ = ("monitor", "replay", "socket", "source", "tracker")
 
-    def __init__(self, source: Source, socket: zmq.Socket[bytes], monitor: zmq.Socket[bytes]) -> None:
+    def __init__(
+        self, source: Source, socket: zmq.Socket[bytes], monitor: zmq.Socket[bytes]
+    ) -> None:
         self.source = source
         self.socket = socket
         self.monitor = monitor

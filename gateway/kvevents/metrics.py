@@ -15,15 +15,14 @@ from gateway.types import ReplicaId
 class _IndexCollector(Collector):
     """Blocks per replica and medium, and each replica's sync state, read at scrape time."""
 
-    def __init__(
-        self, index: EventIndex, states: Callable[[], dict[ReplicaId, SyncState]]
-    ) -> None:
+    def __init__(self, index: EventIndex, states: Callable[[], dict[ReplicaId, SyncState]]) -> None:
         self._index = index
         self._states = states
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         blocks = GaugeMetricFamily(
-            "kvgate_kv_index_blocks", "Blocks the event-fed index holds",
+            "kvgate_kv_index_blocks",
+            "Blocks the event-fed index holds",
             labels=["replica", "medium"],
         )
         orphans = GaugeMetricFamily(
@@ -32,7 +31,8 @@ class _IndexCollector(Collector):
             labels=["replica"],
         )
         state = GaugeMetricFamily(
-            "kvgate_kv_events_state", "1 for the replica's current sync state",
+            "kvgate_kv_events_state",
+            "1 for the replica's current sync state",
             labels=["replica", "state"],
         )
         for rid in sorted(self._index.replicas()):
@@ -62,22 +62,24 @@ class KVEventMetrics:
         self.batches = Counter(
             "kvgate_kv_events_batches", "Event batches applied", ["replica"], registry=r
         )
-        self.events = Counter(
-            "kvgate_kv_events", "Events applied", ["replica", "type"], registry=r
-        )
-        self.gaps = Counter(
-            "kvgate_kv_events_gaps", "Sequence gaps seen", ["replica"], registry=r
-        )
+        self.events = Counter("kvgate_kv_events", "Events applied", ["replica", "type"], registry=r)
+        self.gaps = Counter("kvgate_kv_events_gaps", "Sequence gaps seen", ["replica"], registry=r)
         self.missed = Counter(
-            "kvgate_kv_events_missed_batches", "Batches lost in sequence gaps", ["replica"],
+            "kvgate_kv_events_missed_batches",
+            "Batches lost in sequence gaps",
+            ["replica"],
             registry=r,
         )
         self.resyncs = Counter(
-            "kvgate_kv_events_resyncs", "Index restarts and replays, by cause and outcome",
-            ["replica", "reason"], registry=r,
+            "kvgate_kv_events_resyncs",
+            "Index restarts and replays, by cause and outcome",
+            ["replica", "reason"],
+            registry=r,
         )
         self.malformed_total = Counter(
-            "kvgate_kv_events_malformed", "Messages that could not be decoded", ["replica"],
+            "kvgate_kv_events_malformed",
+            "Messages that could not be decoded",
+            ["replica"],
             registry=r,
         )
         self.disconnects = Counter(
@@ -86,27 +88,36 @@ class KVEventMetrics:
         self.lag = Gauge(
             "kvgate_kv_events_lag_seconds",
             "Publisher timestamp to applied, last batch (wall clocks of two hosts)",
-            ["replica"], registry=r,
+            ["replica"],
+            registry=r,
         )
         self.lag_hist = Histogram(
-            "kvgate_kv_events_lag", "Publisher timestamp to applied, per batch (seconds)",
-            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0), registry=r,
+            "kvgate_kv_events_lag",
+            "Publisher timestamp to applied, per batch (seconds)",
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0),
+            registry=r,
         )
         self.evidence = Counter(
             "kvgate_kv_evidence_lookups",
             "Routing lookups answered from events (precise) or left to the approximate index",
-            ["outcome"], registry=r,
+            ["outcome"],
+            registry=r,
         )
         self.tokenize = Counter(
-            "kvgate_kv_tokenize_jobs", "Prompts handed to the tokenizer stage, by outcome",
-            ["outcome"], registry=r,
+            "kvgate_kv_tokenize_jobs",
+            "Prompts handed to the tokenizer stage, by outcome",
+            ["outcome"],
+            registry=r,
         )
         self.tokenize_seconds = Histogram(
-            "kvgate_kv_tokenize_seconds", "Tokenizer stage time per prompt (worker thread)",
-            buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0), registry=r,
+            "kvgate_kv_tokenize_seconds",
+            "Tokenizer stage time per prompt (worker thread)",
+            buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0),
+            registry=r,
         )
         self.bridge_entries = Gauge(
-            "kvgate_kv_bridge_entries", "Prompt blocks mapped to engine token blocks",
+            "kvgate_kv_bridge_entries",
+            "Prompt blocks mapped to engine token blocks",
             registry=r,
         )
         self._registry = registry
@@ -114,7 +125,9 @@ class KVEventMetrics:
     def watch(self, index: EventIndex, states: Callable[[], dict[ReplicaId, SyncState]]) -> None:
         self._registry.register(_IndexCollector(index, states))
 
-    def batch(self, replica: ReplicaId, stored: int, removed: int, cleared: int, lag: float) -> None:
+    def batch(
+        self, replica: ReplicaId, stored: int, removed: int, cleared: int, lag: float
+    ) -> None:
         self.batches.labels(replica).inc()
         if stored:
             self.events.labels(replica, "BlockStored").inc(stored)

@@ -115,8 +115,10 @@ def _text_prompt(body: Mapping[str, Any]) -> str | list[int] | None:
         prompt = prompt[0]
     if isinstance(prompt, str):
         return prompt
-    if isinstance(prompt, list) and prompt and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in prompt
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
     ):
         return prompt
     return None
@@ -194,7 +196,9 @@ class HFRenderer:
             if self._template is None or not isinstance(messages, list):
                 return None
             text = self._template.render(
-                messages=messages, add_generation_prompt=True, tools=body.get("tools"),
+                messages=messages,
+                add_generation_prompt=True,
+                tools=body.get("tools"),
                 **self._specials,
             )
             enc = self._tok.encode(text, add_special_tokens=False)

@@ -22,7 +22,9 @@ ROOT_SEED = 0x6B76_6B76  # separates these keys from the gateway's byte-stream h
 
 def root_seed(lora_id: int | None = None) -> int:
     """Seed of a chain's first block: blocks of different adapters never share keys."""
-    return ROOT_SEED if lora_id is None else _xxh3(lora_id.to_bytes(8, "big", signed=True), ROOT_SEED)
+    return (
+        ROOT_SEED if lora_id is None else _xxh3(lora_id.to_bytes(8, "big", signed=True), ROOT_SEED)
+    )
 
 
 def _token_bytes(ids: Sequence[int]) -> bytes:

@@ -28,8 +28,15 @@ GPU = "GPU"
 # Field order of the positional layouts (BlockStored's 4th was `num_toks_per_block` in the
 # oldest versions: same position, same meaning).
 _STORED_FIELDS = (
-    "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
-    "lora_name", "extra_keys", "group_idx",
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+    "group_idx",
 )
 _REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
 
@@ -235,12 +242,20 @@ def _to_struct(event: Event, positional: bool) -> Any:
     if isinstance(event, BlockStored):
         if positional:
             return _ArrayStored(
-                list(event.block_hashes), event.parent_block_hash, list(event.token_ids),
-                event.block_size, event.lora_id, event.medium,
+                list(event.block_hashes),
+                event.parent_block_hash,
+                list(event.token_ids),
+                event.block_size,
+                event.lora_id,
+                event.medium,
             )
         return _MapStored(
-            list(event.block_hashes), event.parent_block_hash, list(event.token_ids),
-            event.block_size, event.lora_id, event.medium,
+            list(event.block_hashes),
+            event.parent_block_hash,
+            list(event.token_ids),
+            event.block_size,
+            event.lora_id,
+            event.medium,
             extra_keys=list(event.extra_keys) if event.extra_keys is not None else None,
             group_idx=event.group_idx,
         )

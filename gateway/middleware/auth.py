@@ -66,9 +66,14 @@ class AuthMiddleware:
             return
         key = presented_key(scope["headers"])
         if key is None:
-            await self._refuse(scope, send, Unauthorized(
-                "You didn't provide an API key. Send it as 'Authorization: Bearer YOUR_KEY'."
-            ), "no_key")
+            await self._refuse(
+                scope,
+                send,
+                Unauthorized(
+                    "You didn't provide an API key. Send it as 'Authorization: Bearer YOUR_KEY'."
+                ),
+                "no_key",
+            )
             return
         principal = self.ring.lookup(key)
         if principal is None:
@@ -77,9 +82,14 @@ class AuthMiddleware:
             )
             return
         if not principal.admin and self.needs_admin(scope["path"]):
-            await self._refuse(scope, send, Forbidden(
-                f"API key {principal.name!r} may not call {scope['path']} (admin keys only)."
-            ), "not_admin")
+            await self._refuse(
+                scope,
+                send,
+                Forbidden(
+                    f"API key {principal.name!r} may not call {scope['path']} (admin keys only)."
+                ),
+                "not_admin",
+            )
             return
         scope[SCOPE_KEY] = principal
         await self.app(scope, receive, send)

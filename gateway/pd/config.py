@@ -84,8 +84,10 @@ class ModelPDSettings(_Frozen):
         50.0, gt=0, description="auto: disaggregate only if the KV moves within this"
     )
     max_prefill_queue: int = Field(
-        2, ge=1, description="auto: stay colocated while every prefill replica has this many "
-        "requests in flight (a queued prefill would cost more TTFT than it saves)"
+        2,
+        ge=1,
+        description="auto: stay colocated while every prefill replica has this many "
+        "requests in flight (a queued prefill would cost more TTFT than it saves)",
     )
     prefill_timeout_s: float = Field(
         60.0, gt=0, description="prefill leg budget; past it the request is served colocated"
@@ -135,9 +137,10 @@ class PDSettings(_Frozen):
     )
     seed: int | None = Field(None, description="seed of the bootstrap-room generator (tests)")
     allow_client_fields: bool = Field(
-        False, description="forward a client's own kv_transfer_params / bootstrap_host, "
+        False,
+        description="forward a client's own kv_transfer_params / bootstrap_host, "
         "_port, _room (a client doing its own PD); off, they are stripped, since they make "
-        "an engine connect where the client says"
+        "an engine connect where the client says",
     )
 
     def for_model(self, model: str) -> ModelPDSettings | None:

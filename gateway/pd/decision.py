@@ -31,8 +31,17 @@ PREFILL_BUSY: Final = "prefill_replicas_busy"
 PAYS: Final = "uncached_long_transfer_cheap"
 
 REASONS: Final = (
-    NOT_CONFIGURED, MODE_NEVER, UNSUPPORTED, SHORT_PROMPT, NO_PD_REPLICAS,
-    MODE_ALWAYS, NO_COLOCATED, MOSTLY_CACHED, OVER_BUDGET, PREFILL_BUSY, PAYS,
+    NOT_CONFIGURED,
+    MODE_NEVER,
+    UNSUPPORTED,
+    SHORT_PROMPT,
+    NO_PD_REPLICAS,
+    MODE_ALWAYS,
+    NO_COLOCATED,
+    MOSTLY_CACHED,
+    OVER_BUDGET,
+    PREFILL_BUSY,
+    PAYS,
 )
 
 
@@ -74,6 +83,7 @@ def without_client_pd_fields(body: dict[str, Any]) -> dict[str, Any] | None:
     ):
         return {k: v for k, v in body.items() if k not in CLIENT_PD_FIELDS}
     return None
+
 
 _SPLITTABLE = frozenset((Endpoint.CHAT, Endpoint.COMPLETIONS))
 

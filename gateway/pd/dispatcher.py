@@ -134,7 +134,8 @@ class PDDispatcher:
         pool = self.settings.for_pool(prefill.pool)
         decode_view = self._role_view(view, request.model, Role.DECODE)
         same = tuple(
-            r for r in decode_view.replicas
+            r
+            for r in decode_view.replicas
             if self.settings.for_pool(r.pool).protocol is pool.protocol
         )
         if not same:
@@ -144,7 +145,8 @@ class PDDispatcher:
                 same, view.now, view.stale_after, view.in_flight, cache_evidence=view.cache_evidence
             )
         decodes = tuple(
-            r for r in self._decode_policy.choose(request, decode_view).ranked
+            r
+            for r in self._decode_policy.choose(request, decode_view).ranked
             if r in decode_view.by_id
         )
         if not decodes:
@@ -163,7 +165,9 @@ class PDDispatcher:
                 r for r in view.replicas if r.role is role and r.healthy and r.serves(model)
             )
         return ClusterView(
-            replicas, view.now, view.stale_after, view.in_flight,
+            replicas,
+            view.now,
+            view.stale_after,
+            view.in_flight,
             cache_evidence=view.cache_evidence,
         )
-

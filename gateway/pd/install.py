@@ -16,7 +16,9 @@ def install(state: GatewayState) -> None:
     settings: PDSettings = state.settings.pd
     members = tuple(state.cluster.members.values())
     if settings.enabled or any(r.role is not Role.BOTH for r in members):
-        state.wrap_router("pd_colocated", lambda inner: ColocatedFirst(inner, settings.serves_whole))
+        state.wrap_router(
+            "pd_colocated", lambda inner: ColocatedFirst(inner, settings.serves_whole)
+        )
     if not settings.enabled:
         return
     decode_policy = build_policy(settings.decode_policy, None, PolicyContext(replicas=members))

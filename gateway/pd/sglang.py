@@ -103,9 +103,7 @@ async def handoff(
     The decode leg cannot move to another replica (the prefill engine waits for this one
     in the room), so any failure before the first byte cancels both and falls back.
     """
-    payload = orjson.dumps(
-        with_bootstrap(body, prefill_host, bootstrap_port, new_room(rng))
-    )
+    payload = orjson.dumps(with_bootstrap(body, prefill_host, bootstrap_port, new_room(rng)))
     prefill = asyncio.create_task(
         _prefill(open_leg, prefill_replica, payload, cfg.prefill_timeout_s)
     )

@@ -14,8 +14,17 @@ from gateway.plan.fit import Target
 from gateway.plan.memory import Budget, EngineSettings, budget
 from gateway.plan.shapes import DTYPE_BYTES, KV_DTYPES, ModelShape
 
-_POOL_KEYS = {"card", "tp", "price", "label", "weights", "kv_dtype",
-              "gpu_memory_utilization", "max_num_batched_tokens", "max_num_seqs"}
+_POOL_KEYS = {
+    "card",
+    "tp",
+    "price",
+    "label",
+    "weights",
+    "kv_dtype",
+    "gpu_memory_utilization",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+}
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -31,10 +40,16 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--cards-file", help="YAML adding or overriding card types")
     p.add_argument("--list-cards", action="store_true", help="print the card table and exit")
     p.add_argument("--tp", "--tensor-parallel-size", type=int, default=1, dest="tp")
-    p.add_argument("--weights", "--quantization", dest="weights", choices=sorted(DTYPE_BYTES),
-                   help="weight dtype (default: the model's)")
-    p.add_argument("--kv-dtype", "--kv-cache-dtype", dest="kv_dtype", default="bf16",
-                   choices=KV_DTYPES)
+    p.add_argument(
+        "--weights",
+        "--quantization",
+        dest="weights",
+        choices=sorted(DTYPE_BYTES),
+        help="weight dtype (default: the model's)",
+    )
+    p.add_argument(
+        "--kv-dtype", "--kv-cache-dtype", dest="kv_dtype", default="bf16", choices=KV_DTYPES
+    )
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--max-num-seqs", type=int, default=256)
@@ -50,8 +65,13 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     target.add_argument("--context", type=int, help="tokens per sequence to fit")
     target.add_argument("--concurrency", type=int, default=1, help="sequences at once")
     pd = p.add_argument_group("prefill/decode hand-off")
-    pd.add_argument("--prompt", type=int, action="append", default=[],
-                    help="prompt length to judge a hand-off for (repeatable)")
+    pd.add_argument(
+        "--prompt",
+        type=int,
+        action="append",
+        default=[],
+        help="prompt length to judge a hand-off for (repeatable)",
+    )
     pd.add_argument("--link", default="100gbe", help="10gbe, 100gbe, 400g-ib, nvlink or Gbit/s")
     pd.add_argument("--cached", type=int, default=0, help="prompt tokens already cached")
     tr = p.add_argument_group("from a trace (runs kvgate simulate)")
@@ -59,8 +79,13 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     tr.add_argument("--ttft", type=float, default=2.0, help="target TTFT, seconds")
     tr.add_argument("--percentile", default="p90", choices=("p50", "p90", "p99", "mean"))
     tr.add_argument("--price", type=float, help="price per card-hour of --card")
-    tr.add_argument("--compare", action="append", default=[], metavar="POOL",
-                    help="another pool, e.g. card=ascend-910b,tp=8,price=1.2 (repeatable)")
+    tr.add_argument(
+        "--compare",
+        action="append",
+        default=[],
+        metavar="POOL",
+        help="another pool, e.g. card=ascend-910b,tp=8,price=1.2 (repeatable)",
+    )
     tr.add_argument("--max-replicas", type=int, default=64)
     tr.add_argument("--policy", default=None, help="routing policy (default: the gateway's)")
     tr.add_argument("--speedup", type=float, default=1.0)
@@ -79,13 +104,19 @@ def _fail(message: str) -> int:
 
 def settings_from(args: argparse.Namespace, **over: Any) -> EngineSettings:
     values: dict[str, Any] = {
-        "tp": args.tp, "gpu_memory_utilization": args.gpu_memory_utilization,
-        "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
+        "tp": args.tp,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "max_model_len": args.max_model_len,
+        "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
-        "cuda_graphs": not args.enforce_eager, "kv_dtype": args.kv_dtype,
-        "weight_dtype": args.weights, "block_size": args.block_size,
-        "expert_parallel": args.expert_parallel, "weights_gib": args.weights_gib,
-        "activation_gib": args.activation_gib, "cuda_graph_gib": args.cuda_graph_gib,
+        "cuda_graphs": not args.enforce_eager,
+        "kv_dtype": args.kv_dtype,
+        "weight_dtype": args.weights,
+        "block_size": args.block_size,
+        "expert_parallel": args.expert_parallel,
+        "weights_gib": args.weights_gib,
+        "activation_gib": args.activation_gib,
+        "cuda_graph_gib": args.cuda_graph_gib,
     }
     values.update(over)
     return EngineSettings(**values)
@@ -105,16 +136,22 @@ def parse_pool(spec: str) -> dict[str, str]:
     return out
 
 
-def _pool_budget(model: ModelShape, cards: Any, args: argparse.Namespace, spec: dict[str, str]
-                 ) -> tuple[str, Budget, float | None]:
+def _pool_budget(
+    model: ModelShape, cards: Any, args: argparse.Namespace, spec: dict[str, str]
+) -> tuple[str, Budget, float | None]:
     card: Card = get_card(spec["card"], cards)
     over: dict[str, Any] = {}
     if "tp" in spec:
         over["tp"] = int(spec["tp"])
         if args.weights_gib is not None:
             over["weights_gib"] = args.weights_gib * args.tp / over["tp"]
-    for key, cast in (("weights", str), ("kv_dtype", str), ("gpu_memory_utilization", float),
-                      ("max_num_batched_tokens", int), ("max_num_seqs", int)):
+    for key, cast in (
+        ("weights", str),
+        ("kv_dtype", str),
+        ("gpu_memory_utilization", float),
+        ("max_num_batched_tokens", int),
+        ("max_num_seqs", int),
+    ):
         if key in spec:
             over["weight_dtype" if key == "weights" else key] = cast(spec[key])
     b = budget(model, card, settings_from(args, **over))
@@ -138,8 +175,13 @@ def run(args: argparse.Namespace) -> int:
         target = Target(args.context, args.concurrency) if args.context else None
         if target is not None and (target.context < 1 or target.concurrency < 1):
             raise ValueError("--context and --concurrency must be positive")
-        report = make_plan(b, target=target, prompts=args.prompt, link_gbps=link_gbps(args.link),
-                           cached_tokens=args.cached)
+        report = make_plan(
+            b,
+            target=target,
+            prompts=args.prompt,
+            link_gbps=link_gbps(args.link),
+            cached_tokens=args.cached,
+        )
         out: dict[str, Any] = {"plan": as_dict(report)}
         text = render(report)
         budgets = [b]
@@ -163,8 +205,9 @@ def run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _trace(args: argparse.Namespace, pools: list[tuple[str, Budget, float | None]]
-           ) -> tuple[str, list[Any], dict[str, Any]]:
+def _trace(
+    args: argparse.Namespace, pools: list[tuple[str, Budget, float | None]]
+) -> tuple[str, list[Any], dict[str, Any]]:
     from gateway.plan.fromtrace import Pool, SimSettings, TraceShape, plan_pools
     from gateway.plan.fromtrace import render as render_trace
     from gateway.policy import DEFAULT_POLICY
@@ -173,29 +216,45 @@ def _trace(args: argparse.Namespace, pools: list[tuple[str, Budget, float | None
     trace = read_trace(args.trace).window(args.start, args.limit)
     if not trace.records:
         raise ValueError(f"{args.trace}: no requests in the chosen window")
-    built = [Pool(label or f"{pb.card.name}-tp{pb.settings.tp}", pb, price)
-             for label, pb, price in pools]
-    sim = SimSettings(policy=args.policy or DEFAULT_POLICY, speedup=args.speedup,
-                      max_replicas=args.max_replicas)
+    built = [
+        Pool(label or f"{pb.card.name}-tp{pb.settings.tp}", pb, price) for label, pb, price in pools
+    ]
+    sim = SimSettings(
+        policy=args.policy or DEFAULT_POLICY, speedup=args.speedup, max_replicas=args.max_replicas
+    )
     progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
-    plans = plan_pools(trace, built, args.ttft, percentile=args.percentile, sim=sim,
-                       progress=progress)
+    plans = plan_pools(
+        trace, built, args.ttft, percentile=args.percentile, sim=sim, progress=progress
+    )
     shape = TraceShape.of(trace)
-    data = {"shape": {"requests": shape.requests, "duration_s": shape.duration_s,
-                      "input_p50": shape.input_p50, "output_p50": shape.output_p50,
-                      "input_output_ratio": shape.ratio},
-            "pools": [p.as_dict() for p in plans]}
+    data = {
+        "shape": {
+            "requests": shape.requests,
+            "duration_s": shape.duration_s,
+            "input_p50": shape.input_p50,
+            "output_p50": shape.output_p50,
+            "input_output_ratio": shape.ratio,
+        },
+        "pools": [p.as_dict() for p in plans],
+    }
     return render_trace(shape, plans, str(args.trace)), plans, data
 
 
 def _list_cards(cards: Any, as_json: bool) -> int:
     if as_json:
-        print(orjson.dumps({n: c.model_dump() for n, c in cards.items()},
-                           option=orjson.OPT_INDENT_2).decode())
+        print(
+            orjson.dumps(
+                {n: c.model_dump() for n, c in cards.items()}, option=orjson.OPT_INDENT_2
+            ).decode()
+        )
         return 0
-    print(f"{'card':13} {'GiB':>6} {'TB/s':>5} {'bf16 TF':>8} {'fp8':>11} {'fp4':>11}"
-          f" {'link GB/s':>9}  interconnect")
+    print(
+        f"{'card':13} {'GiB':>6} {'TB/s':>5} {'bf16 TF':>8} {'fp8':>11} {'fp4':>11}"
+        f" {'link GB/s':>9}  interconnect"
+    )
     for name, c in sorted(cards.items()):
-        print(f"{name:13} {c.memory_gib:>6g} {c.bandwidth_tbs:>5g} {c.bf16_tflops:>8g}"
-              f" {c.fp8:>11} {c.fp4:>11} {c.interconnect_gbs:>9g}  {c.interconnect}")
+        print(
+            f"{name:13} {c.memory_gib:>6g} {c.bandwidth_tbs:>5g} {c.bf16_tflops:>8g}"
+            f" {c.fp8:>11} {c.fp4:>11} {c.interconnect_gbs:>9g}  {c.interconnect}"
+        )
     return 0

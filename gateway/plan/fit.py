@@ -62,8 +62,9 @@ def _target_settings(s: EngineSettings, target: Target) -> EngineSettings:
     )
 
 
-def suggest(model: ModelShape, card: Card, settings: EngineSettings,
-            target: Target) -> list[Suggestion]:
+def suggest(
+    model: ModelShape, card: Card, settings: EngineSettings, target: Target
+) -> list[Suggestion]:
     """Single changes that make `target` fit, cheapest first; [] if it already fits."""
     base_settings = _target_settings(settings, target)
     base = budget(model, card, base_settings)
@@ -79,11 +80,15 @@ def suggest(model: ModelShape, card: Card, settings: EngineSettings,
         b = budget(model, card, base_settings.with_(max_num_batched_tokens=mnbt))
         if _meets(b, target):
             freed = base.activation_gib - b.activation_gib
-            out.append(Suggestion(
-                "max_num_batched_tokens", str(mnbt), b,
-                f"activations {base.activation_gib:.1f} -> {b.activation_gib:.1f} GiB frees"
-                f" {freed:.1f} GiB for KV (short by {short:.1f} GiB)",
-            ))
+            out.append(
+                Suggestion(
+                    "max_num_batched_tokens",
+                    str(mnbt),
+                    b,
+                    f"activations {base.activation_gib:.1f} -> {b.activation_gib:.1f} GiB frees"
+                    f" {freed:.1f} GiB for KV (short by {short:.1f} GiB)",
+                )
+            )
             break
     used = base.weights_gib + base.activation_gib + base.cuda_graph_gib + base.runtime_gib
     util = (used + need) / card.memory_gib
@@ -91,36 +96,52 @@ def suggest(model: ModelShape, card: Card, settings: EngineSettings,
         util = min(MAX_UTILIZATION, round(util + 0.005, 2))
         b = budget(model, card, base_settings.with_(gpu_memory_utilization=util))
         if _meets(b, target):
-            out.append(Suggestion(
-                "gpu_memory_utilization", f"{util:.2f}", b,
-                f"({used:.1f} used + {need:.1f} KV needed) / {card.memory_gib:g} GiB",
-            ))
+            out.append(
+                Suggestion(
+                    "gpu_memory_utilization",
+                    f"{util:.2f}",
+                    b,
+                    f"({used:.1f} used + {need:.1f} KV needed) / {card.memory_gib:g} GiB",
+                )
+            )
     if settings.kv_dtype in ("bf16", "fp16", "fp32") and card.supports("fp8") != "none":
         b = budget(model, card, base_settings.with_(kv_dtype="fp8"))
         if _meets(b, target):
-            out.append(Suggestion(
-                "kv_cache_dtype", "fp8", b,
-                f"halves KV per token: {base.kv_bytes_per_token:,.0f} ->"
-                f" {b.kv_bytes_per_token:,.0f} bytes per card",
-            ))
+            out.append(
+                Suggestion(
+                    "kv_cache_dtype",
+                    "fp8",
+                    b,
+                    f"halves KV per token: {base.kv_bytes_per_token:,.0f} ->"
+                    f" {b.kv_bytes_per_token:,.0f} bytes per card",
+                )
+            )
     for tp in TP_STEPS:
         if tp <= settings.tp:
             continue
         b = budget(model, card, base_settings.with_(tp=tp, weights_gib=_scaled(settings, tp)))
         if _meets(b, target):
-            out.append(Suggestion(
-                "tensor_parallel_size", str(tp), b,
-                f"weights {base.weights_gib:.1f} -> {b.weights_gib:.1f} GiB per card",
-            ))
+            out.append(
+                Suggestion(
+                    "tensor_parallel_size",
+                    str(tp),
+                    b,
+                    f"weights {base.weights_gib:.1f} -> {b.weights_gib:.1f} GiB per card",
+                )
+            )
             break
     if settings.cuda_graphs:
         b = budget(model, card, base_settings.with_(cuda_graphs=False))
         if _meets(b, target):
-            out.append(Suggestion(
-                "enforce_eager", "true", b,
-                f"drops the {base.cuda_graph_gib:.1f} GiB CUDA graph reserve; decode is"
-                " launch-bound without graphs (see the decode estimate)",
-            ))
+            out.append(
+                Suggestion(
+                    "enforce_eager",
+                    "true",
+                    b,
+                    f"drops the {base.cuda_graph_gib:.1f} GiB CUDA graph reserve; decode is"
+                    " launch-bound without graphs (see the decode estimate)",
+                )
+            )
     return out
 
 

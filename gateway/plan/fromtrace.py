@@ -65,9 +65,12 @@ class PoolPlan:
     def as_dict(self) -> dict[str, Any]:
         def point(p: Point) -> dict[str, Any]:
             return {
-                "replicas": p.replicas, "cards": p.replicas * self.pool.cards_per_replica,
-                f"ttft_{self.percentile}_s": p.ttft_s, "ttft_p50_s": p.ttft_p50_s,
-                "hit_rate": p.hit_rate, "errors": p.errors,
+                "replicas": p.replicas,
+                "cards": p.replicas * self.pool.cards_per_replica,
+                f"ttft_{self.percentile}_s": p.ttft_s,
+                "ttft_p50_s": p.ttft_p50_s,
+                "hit_rate": p.hit_rate,
+                "errors": p.errors,
                 "total_tokens_per_s": p.total_tokens_per_s,
                 "output_tokens_per_s": p.output_tokens_per_s,
                 "cost_per_million_total_tokens": p.cost_per_m_total,
@@ -76,11 +79,13 @@ class PoolPlan:
             }
 
         return {
-            "pool": self.pool.label, "card": self.pool.budget.card.name,
+            "pool": self.pool.label,
+            "card": self.pool.budget.card.name,
             "tensor_parallel": self.pool.cards_per_replica,
             "price_per_card_hour": self.pool.price_per_card_hour,
             "kv_tokens_per_replica": self.pool.budget.kv_tokens,
-            "target_ttft_s": self.target_ttft_s, "percentile": self.percentile,
+            "target_ttft_s": self.target_ttft_s,
+            "percentile": self.percentile,
             "requests_over_context": self.too_long,
             "impossible": list(self.impossible),
             "needed": None if self.needed is None else point(self.needed),
@@ -105,8 +110,15 @@ class TraceShape:
         outputs = [r.output_tokens for r in recs] or [0]
         span = recs[-1].arrival_s - recs[0].arrival_s if len(recs) > 1 else 0.0
         total_in, total_out = sum(inputs), sum(outputs)
-        return cls(len(recs), span, statistics.median(inputs), statistics.median(outputs),
-                   total_in / total_out if total_out else math.inf, total_in, total_out)
+        return cls(
+            len(recs),
+            span,
+            statistics.median(inputs),
+            statistics.median(outputs),
+            total_in / total_out if total_out else math.inf,
+            total_in,
+            total_out,
+        )
 
     @property
     def mean_context(self) -> int:
@@ -135,18 +147,37 @@ def _point(pool: Pool, result: SimulationResult, percentile: str) -> Point:
     cost_total = cost_output = None
     replicas = result.options.replicas
     if pool.price_per_card_hour is not None and rep.total_tokens_per_s > 0:
-        cost = compute_cost(rep.prompt_tokens + rep.output_tokens, rep.output_tokens,
-                            pool.price_per_card_hour, rep.total_tokens_per_s,
-                            replicas * pool.cards_per_replica)
+        cost = compute_cost(
+            rep.prompt_tokens + rep.output_tokens,
+            rep.output_tokens,
+            pool.price_per_card_hour,
+            rep.total_tokens_per_s,
+            replicas * pool.cards_per_replica,
+        )
         cost_total, cost_output = cost.per_million_total, cost.per_million_output
-    return Point(replicas, _ttft(result, percentile), _ttft(result, "p50"), rep.hit_rate,
-                 rep.errors, rep.total_tokens_per_s, rep.output_tokens_per_s, cost_total,
-                 cost_output, result.preemptions)
+    return Point(
+        replicas,
+        _ttft(result, percentile),
+        _ttft(result, "p50"),
+        rep.hit_rate,
+        rep.errors,
+        rep.total_tokens_per_s,
+        rep.output_tokens_per_s,
+        cost_total,
+        cost_output,
+        result.preemptions,
+    )
 
 
-def plan_pool(trace: Trace, pool: Pool, target_ttft_s: float, *, percentile: str = "p90",
-              sim: SimSettings | None = None,
-              progress: Callable[[str], None] | None = None) -> PoolPlan:
+def plan_pool(
+    trace: Trace,
+    pool: Pool,
+    target_ttft_s: float,
+    *,
+    percentile: str = "p90",
+    sim: SimSettings | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> PoolPlan:
     if percentile not in TTFT_PERCENTILES:
         raise ValueError(f"percentile must be one of {', '.join(TTFT_PERCENTILES)}")
     if target_ttft_s <= 0:
@@ -158,17 +189,26 @@ def plan_pool(trace: Trace, pool: Pool, target_ttft_s: float, *, percentile: str
     shape = TraceShape.of(trace)
     profile = sim_profile(pool.budget, name=pool.label, context=shape.mean_context)
     limit = min(profile.max_model_len, profile.kv_capacity_tokens)
-    too_long = sum(1 for r in trace.records
-                   if max(1, r.input_tokens) + max(1, r.output_tokens) > limit)
+    too_long = sum(
+        1 for r in trace.records if max(1, r.input_tokens) + max(1, r.output_tokens) > limit
+    )
     points: dict[int, Point] = {}
 
     def run(n: int) -> Point:
         if n not in points:
-            result = simulate(trace, SimulationOptions(
-                replicas=n, policy=o.policy, policy_config=o.extra, profile=profile,
-                speedup=o.speedup, max_output_tokens=o.max_output_tokens, seed=o.seed,
-                sessions=o.sessions,
-            ))
+            result = simulate(
+                trace,
+                SimulationOptions(
+                    replicas=n,
+                    policy=o.policy,
+                    policy_config=o.extra,
+                    profile=profile,
+                    speedup=o.speedup,
+                    max_output_tokens=o.max_output_tokens,
+                    seed=o.seed,
+                    sessions=o.sessions,
+                ),
+            )
             points[n] = _point(pool, result, percentile)
             if progress is not None:
                 p = points[n]
@@ -193,23 +233,27 @@ def plan_pool(trace: Trace, pool: Pool, target_ttft_s: float, *, percentile: str
             else:
                 lo = mid
     ordered = tuple(points[n] for n in sorted(points))
-    return PoolPlan(pool, ordered, points[hi] if hi else None, target_ttft_s, percentile,
-                    too_long)
+    return PoolPlan(pool, ordered, points[hi] if hi else None, target_ttft_s, percentile, too_long)
 
 
-def plan_pools(trace: Trace, pools: Sequence[Pool], target_ttft_s: float, **kwargs: Any
-               ) -> list[PoolPlan]:
+def plan_pools(
+    trace: Trace, pools: Sequence[Pool], target_ttft_s: float, **kwargs: Any
+) -> list[PoolPlan]:
     return [plan_pool(trace, pool, target_ttft_s, **kwargs) for pool in pools]
 
 
 def render(shape: TraceShape, plans: Sequence[PoolPlan], source: str = "") -> str:
     lines = [
-        (f"trace    {source} {shape.requests:,} requests over {shape.duration_s:,.0f} s;"
-        f" input P50 {shape.input_p50:,.0f}, output P50 {shape.output_p50:,.0f} tokens;"
-        f" input:output {shape.ratio:,.0f}:1 by volume"),
+        (
+            f"trace    {source} {shape.requests:,} requests over {shape.duration_s:,.0f} s;"
+            f" input P50 {shape.input_p50:,.0f}, output P50 {shape.output_p50:,.0f} tokens;"
+            f" input:output {shape.ratio:,.0f}:1 by volume"
+        ),
         "",
-        (f"{'pool':16} {'card x tp':>14} {'replicas':>8} {'cards':>6} {'TTFT':>9} {'P50':>8}"
-        f" {'hit':>6} {'total tok/s':>12} {'out tok/s':>10} {'$/M total':>10} {'$/M out':>9}"),
+        (
+            f"{'pool':16} {'card x tp':>14} {'replicas':>8} {'cards':>6} {'TTFT':>9} {'P50':>8}"
+            f" {'hit':>6} {'total tok/s':>12} {'out tok/s':>10} {'$/M total':>10} {'$/M out':>9}"
+        ),
     ]
     for plan in plans:
         p = plan.needed
@@ -224,10 +268,14 @@ def render(shape: TraceShape, plans: Sequence[PoolPlan], source: str = "") -> st
             if best is not None and len(plan.points) > 1:
                 ordered = sorted(plan.points, key=lambda q: q.replicas)
                 if ordered[-1].ttft_s >= 0.9 * ordered[-2].ttft_s:
-                    why = (f"TTFT levels off at {best.ttft_s:.2f} s: one prompt's prefill,"
-                           " more replicas do not shorten it (more tensor parallelism does)")
-            lines.append(f"{plan.pool.label:16} {card:>14}  target not met with up to {tried}"
-                         f" replicas ({why})")
+                    why = (
+                        f"TTFT levels off at {best.ttft_s:.2f} s: one prompt's prefill,"
+                        " more replicas do not shorten it (more tensor parallelism does)"
+                    )
+            lines.append(
+                f"{plan.pool.label:16} {card:>14}  target not met with up to {tried}"
+                f" replicas ({why})"
+            )
             continue
         cost_t = f"{p.cost_per_m_total:.4f}" if p.cost_per_m_total is not None else "-"
         cost_o = f"{p.cost_per_m_output:.2f}" if p.cost_per_m_output is not None else "-"
@@ -240,13 +288,17 @@ def render(shape: TraceShape, plans: Sequence[PoolPlan], source: str = "") -> st
         )
     for plan in plans:
         if plan.too_long:
-            lines.append(f"{plan.pool.label}: {plan.too_long} request(s) longer than the"
-                         f" engine's context ({plan.pool.budget.max_model_len:,} tokens or its"
-                         " KV), rejected at any replica count")
+            lines.append(
+                f"{plan.pool.label}: {plan.too_long} request(s) longer than the"
+                f" engine's context ({plan.pool.budget.max_model_len:,} tokens or its"
+                " KV), rejected at any replica count"
+            )
     if plans:
         t = plans[0]
-        lines.append(f"TTFT is {t.percentile}; target {t.target_ttft_s:g} s with no other"
-                     " errors. Costs per million tokens at the pool's card price.")
+        lines.append(
+            f"TTFT is {t.percentile}; target {t.target_ttft_s:g} s with no other"
+            " errors. Costs per million tokens at the pool's card price."
+        )
         needed = [p for p in plans if p.needed is not None]
         if needed:
             ratio = needed[0].needed

@@ -19,16 +19,18 @@ from gateway.plan.shapes import ModelShape, ShapeError
 from gateway.types import ClusterView, ReplicaId, ReplicaState, Role, RouteRequest, SessionKey
 
 # Gigabit/s.
-LINKS: Mapping[str, float] = MappingProxyType({
-    "10gbe": 10.0,
-    "25gbe": 25.0,
-    "100gbe": 100.0,
-    "200g-ib": 200.0,
-    "400g-ib": 400.0,
-    "pcie4": 256.0,  # x16, one direction
-    "pcie5": 512.0,
-    "nvlink": 7200.0,  # NVLink 4, 900 GB/s
-})
+LINKS: Mapping[str, float] = MappingProxyType(
+    {
+        "10gbe": 10.0,
+        "25gbe": 25.0,
+        "100gbe": 100.0,
+        "200g-ib": 200.0,
+        "400g-ib": 400.0,
+        "pcie4": 256.0,  # x16, one direction
+        "pcie5": 512.0,
+        "nvlink": 7200.0,  # NVLink 4, 900 GB/s
+    }
+)
 _MODEL = "planned"
 
 
@@ -77,23 +79,39 @@ def handoff(
     whole = model.kv_bytes_per_sequence(prompt_tokens, kv_dtype)
     per_token = max(1, math.ceil(whole / prompt_tokens))
     base = pd or ModelPDSettings()
-    cfg = base.model_copy(update={
-        "mode": PDMode.AUTO, "kv_bytes_per_token": per_token, "attention": None,
-        "link_gbps": link,
-    })
-    replicas = tuple(
-        ReplicaState(id=ReplicaId(rid), url=f"http://{rid}.invalid", role=role,
-                     models=frozenset({_MODEL}))
-        for rid, role in (("prefill", Role.PREFILL), ("decode", Role.DECODE),
-                          ("colocated", Role.BOTH))
+    cfg = base.model_copy(
+        update={
+            "mode": PDMode.AUTO,
+            "kv_bytes_per_token": per_token,
+            "attention": None,
+            "link_gbps": link,
+        }
     )
-    request = RouteRequest(request_id="plan", model=_MODEL, session_key=SessionKey("plan"),
-                           prompt_tokens=prompt_tokens)
+    replicas = tuple(
+        ReplicaState(
+            id=ReplicaId(rid), url=f"http://{rid}.invalid", role=role, models=frozenset({_MODEL})
+        )
+        for rid, role in (
+            ("prefill", Role.PREFILL),
+            ("decode", Role.DECODE),
+            ("colocated", Role.BOTH),
+        )
+    )
+    request = RouteRequest(
+        request_id="plan", model=_MODEL, session_key=SessionKey("plan"), prompt_tokens=prompt_tokens
+    )
     cached = min(cached_tokens, prompt_tokens)
-    decision = decide(cfg, request, ClusterView(replicas=replicas),
-                      lambda r: cached if r == "colocated" else 0)
-    return Handoff(prompt_tokens, cached, link, prompt_tokens * per_token,
-                   cfg.transfer_seconds(prompt_tokens), decision)
+    decision = decide(
+        cfg, request, ClusterView(replicas=replicas), lambda r: cached if r == "colocated" else 0
+    )
+    return Handoff(
+        prompt_tokens,
+        cached,
+        link,
+        prompt_tokens * per_token,
+        cfg.transfer_seconds(prompt_tokens),
+        decision,
+    )
 
 
 def transfer_seconds(n_bytes: int, link: float, latency_ms: float = 0.0) -> float:

@@ -96,15 +96,16 @@ def shape_from_config(cfg: Mapping[str, Any], name: str = "config") -> ModelShap
     top = cfg
     text = cfg.get("text_config")
     if isinstance(text, Mapping):
-        cfg = {**text, "quantization_config": cfg.get("quantization_config"),
-               "torch_dtype": text.get("torch_dtype") or cfg.get("torch_dtype")}
+        cfg = {
+            **text,
+            "quantization_config": cfg.get("quantization_config"),
+            "torch_dtype": text.get("torch_dtype") or cfg.get("torch_dtype"),
+        }
     layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers")
     hidden = _int(cfg, "hidden_size", "n_embd", "d_model")
     heads = _int(cfg, "num_attention_heads", "n_head")
     if not (layers and hidden and heads):
-        raise ShapeError(
-            f"{name}: needs num_hidden_layers, hidden_size and num_attention_heads"
-        )
+        raise ShapeError(f"{name}: needs num_hidden_layers, hidden_size and num_attention_heads")
     kv_lora = _int(cfg, "kv_lora_rank")
     rope = _int(cfg, "qk_rope_head_dim")
     nope = _int(cfg, "qk_nope_head_dim")
@@ -128,7 +129,8 @@ def shape_from_config(cfg: Mapping[str, Any], name: str = "config") -> ModelShap
         experts=experts,
         experts_per_token=_int(cfg, "num_experts_per_tok", "experts_per_token") if experts else 0,
         moe_intermediate_size=(_int(cfg, "moe_intermediate_size") or intermediate)
-        if experts else 0,
+        if experts
+        else 0,
         shared_experts=shared,
         dense_layers=_int(cfg, "first_k_dense_replace") if experts else 0,
         kv_lora_rank=kv_lora,

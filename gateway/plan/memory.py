@@ -125,8 +125,9 @@ class Budget:
         return min(self.sequences_at(context), self.settings.max_num_seqs)
 
 
-def activation_bytes(model: ModelShape, tokens: int, max_num_seqs: int, tp: int,
-                     expert_parallel: bool = False) -> float:
+def activation_bytes(
+    model: ModelShape, tokens: int, max_num_seqs: int, tp: int, expert_parallel: bool = False
+) -> float:
     a = ACTIVATION_BYTES
     h = model.hidden_size
     if model.is_mla:
@@ -155,8 +156,9 @@ def cuda_graph_bytes(model: ModelShape, settings: EngineSettings) -> float:
     return largest + len(sizes) * model.layers * GRAPH_BYTES_PER_LAYER
 
 
-def split_issues(model: ModelShape, tp: int, weight_dtype: str,
-                 expert_parallel: bool = False) -> list[Issue]:
+def split_issues(
+    model: ModelShape, tp: int, weight_dtype: str, expert_parallel: bool = False
+) -> list[Issue]:
     """Tensor-parallel splits that cannot be made: not divisible, or not in whole blocks."""
     issues: list[Issue] = []
     block = model.quant_block if weight_dtype == model.weight_dtype else 0
@@ -168,12 +170,14 @@ def split_issues(model: ModelShape, tp: int, weight_dtype: str,
             continue
         shard = dim // tp
         if block and name != "num_attention_heads" and shard % block:
-            issues.append(Issue(
-                "tp_split",
-                f"{name} {dim} / tp {tp} = {shard} per rank, not a multiple of the"
-                f" {block}-wide quantisation block ({shard} = {shard // block} x {block}"
-                f" + {shard % block}): the {weight_dtype} weights cannot be split this way",
-            ))
+            issues.append(
+                Issue(
+                    "tp_split",
+                    f"{name} {dim} / tp {tp} = {shard} per rank, not a multiple of the"
+                    f" {block}-wide quantisation block ({shard} = {shard // block} x {block}"
+                    f" + {shard % block}): the {weight_dtype} weights cannot be split this way",
+                )
+            )
     if model.kv_heads < tp and tp % model.kv_heads and not model.is_mla:
         issues.append(Issue("tp_split", f"tp {tp} is not a multiple of kv heads {model.kv_heads}"))
     return issues
@@ -184,16 +188,20 @@ def capability_issues(card: Card, weight_dtype: str, kv_dtype: str) -> list[Issu
     need = DTYPE_CAPABILITY.get(weight_dtype, "bf16")
     support = card.supports(need)
     if support == "none":
-        issues.append(Issue(
-            "capability", f"{weight_dtype} weights need {need} support, which {card.name} lacks"
-        ))
+        issues.append(
+            Issue(
+                "capability", f"{weight_dtype} weights need {need} support, which {card.name} lacks"
+            )
+        )
     elif support == "weight_only":
-        issues.append(Issue(
-            "capability",
-            f"{card.name} has no {need} tensor cores: {weight_dtype} weights are dequantised"
-            f" per matmul (memory saved, compute at the bf16 rate)",
-            severe=False,
-        ))
+        issues.append(
+            Issue(
+                "capability",
+                f"{card.name} has no {need} tensor cores: {weight_dtype} weights are dequantised"
+                f" per matmul (memory saved, compute at the bf16 rate)",
+                severe=False,
+            )
+        )
     if kv_dtype == "fp8" and card.supports("fp8") == "none":
         issues.append(
             Issue("capability", f"an fp8 KV cache needs fp8 support; {card.name} lacks it")
@@ -208,21 +216,40 @@ def budget(model: ModelShape, card: Card, settings: EngineSettings) -> Budget:
     mml = s.max_model_len or model.max_position or 8192
     usable = card.memory_gib * s.gpu_memory_utilization
     weights = s.weights_gib if s.weights_gib is not None else gib(model.weight_bytes(wdtype) / s.tp)
-    acts = s.activation_gib if s.activation_gib is not None else gib(activation_bytes(
-        model, s.max_num_batched_tokens, s.max_num_seqs, s.tp, s.expert_parallel
-    ))
+    acts = (
+        s.activation_gib
+        if s.activation_gib is not None
+        else gib(
+            activation_bytes(
+                model, s.max_num_batched_tokens, s.max_num_seqs, s.tp, s.expert_parallel
+            )
+        )
+    )
     graphs = 0.0
     if s.cuda_graphs:
-        graphs = s.cuda_graph_gib if s.cuda_graph_gib is not None else gib(
-            cuda_graph_bytes(model, s)
+        graphs = (
+            s.cuda_graph_gib if s.cuda_graph_gib is not None else gib(cuda_graph_bytes(model, s))
         )
     kv = usable - weights - acts - graphs - s.runtime_gib
     per_token = model.kv_bytes_per_token(s.kv_dtype, s.tp)
     blocks = max(0, math.floor(kv * 2**30 / (per_token * s.block_size))) if per_token else 0
     issues = capability_issues(card, wdtype, s.kv_dtype)
     issues += split_issues(model, s.tp, wdtype, s.expert_parallel)
-    result = Budget(model, card, s, wdtype, mml, usable, weights, acts, graphs, s.runtime_gib,
-                    kv, per_token, blocks)
+    result = Budget(
+        model,
+        card,
+        s,
+        wdtype,
+        mml,
+        usable,
+        weights,
+        acts,
+        graphs,
+        s.runtime_gib,
+        kv,
+        per_token,
+        blocks,
+    )
     issues += fit_issues(result)
     return replace(result, issues=tuple(issues))
 
@@ -231,19 +258,23 @@ def fit_issues(b: Budget) -> list[Issue]:
     s = b.settings
     used = b.weights_gib + b.activation_gib + b.cuda_graph_gib + b.runtime_gib
     if b.kv_gib <= 0:
-        return [Issue(
-            "does_not_fit",
-            f"weights {b.weights_gib:.1f} + activations {b.activation_gib:.1f} + CUDA graphs"
-            f" {b.cuda_graph_gib:.1f} + runtime {b.runtime_gib:.1f} = {used:.1f} GiB, over the"
-            f" {b.usable_gib:.1f} GiB that gpu_memory_utilization {s.gpu_memory_utilization:g}"
-            f" leaves of {b.card.memory_gib:g} GiB: no room for KV",
-        )]
+        return [
+            Issue(
+                "does_not_fit",
+                f"weights {b.weights_gib:.1f} + activations {b.activation_gib:.1f} + CUDA graphs"
+                f" {b.cuda_graph_gib:.1f} + runtime {b.runtime_gib:.1f} = {used:.1f} GiB, over the"
+                f" {b.usable_gib:.1f} GiB that gpu_memory_utilization {s.gpu_memory_utilization:g}"
+                f" leaves of {b.card.memory_gib:g} GiB: no room for KV",
+            )
+        ]
     need = gib(b.sequence_bytes(b.max_model_len))
     if need > b.kv_gib:
-        return [Issue(
-            "does_not_fit",
-            f"one max_model_len {b.max_model_len:,} sequence needs {need:.2f} GiB of KV, only"
-            f" {b.kv_gib:.2f} GiB are left ({b.usable_gib:.1f} usable - {used:.1f} for weights,"
-            f" activations, CUDA graphs, runtime)",
-        )]
+        return [
+            Issue(
+                "does_not_fit",
+                f"one max_model_len {b.max_model_len:,} sequence needs {need:.2f} GiB of KV, only"
+                f" {b.kv_gib:.2f} GiB are left ({b.usable_gib:.1f} usable - {used:.1f} for weights,"
+                f" activations, CUDA graphs, runtime)",
+            )
+        ]
     return []

@@ -33,8 +33,12 @@ class Speed:
     step_overhead_s: float
 
     def step_s(self, batch: int, context: int) -> float:
-        return (self.step_overhead_s + self.decode_base_s + self.decode_per_seq_s * batch
-                + self.attention_s_per_token * context * batch)
+        return (
+            self.step_overhead_s
+            + self.decode_base_s
+            + self.decode_per_seq_s * batch
+            + self.attention_s_per_token * context * batch
+        )
 
     def decode_tokens_per_s(self, batch: int, context: int) -> float:
         """All `batch` streams together, each `context` tokens long."""

@@ -10,12 +10,15 @@ from gateway.plan.fromtrace import PoolPlan
 from gateway.plan.memory import Budget
 from gateway.trace.plots import _pyplot
 
-_PARTS = (("weights", "weights_gib", "#4c72b0"), ("activations", "activation_gib", "#dd8452"),
-          ("CUDA graphs", "cuda_graph_gib", "#c44e52"), ("runtime", "runtime_gib", "#8172b3"))
+_PARTS = (
+    ("weights", "weights_gib", "#4c72b0"),
+    ("activations", "activation_gib", "#dd8452"),
+    ("CUDA graphs", "cuda_graph_gib", "#c44e52"),
+    ("runtime", "runtime_gib", "#8172b3"),
+)
 
 
-def write_plot(path: str | Path, budgets: Sequence[Budget], plans: Sequence[PoolPlan] = ()
-               ) -> Path:
+def write_plot(path: str | Path, budgets: Sequence[Budget], plans: Sequence[PoolPlan] = ()) -> Path:
     plt = _pyplot()
     cols = 3 if plans else 1
     fig, axes = plt.subplots(1, cols, figsize=(5.5 * cols, 4.2), squeeze=False)
@@ -40,9 +43,12 @@ def write_plot(path: str | Path, budgets: Sequence[Budget], plans: Sequence[Pool
             axes[0][1].plot(xs, [p.ttft_s for p in plan.points], marker="o", label=plan.pool.label)
             costed = [p for p in plan.points if p.cost_per_m_total is not None]
             if costed:
-                axes[0][2].plot([p.replicas for p in costed],
-                                [p.cost_per_m_total for p in costed], marker="o",
-                                label=plan.pool.label)
+                axes[0][2].plot(
+                    [p.replicas for p in costed],
+                    [p.cost_per_m_total for p in costed],
+                    marker="o",
+                    label=plan.pool.label,
+                )
         axes[0][1].axhline(plans[0].target_ttft_s, color="grey", linestyle="dashed")
         axes[0][1].set_yscale("log")
         axes[0][1].set_xlabel("replicas")

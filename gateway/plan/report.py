@@ -28,35 +28,64 @@ class PlanReport:
         return self.budget.fits and (self.target is None or self.target.met)
 
 
-def make_plan(budget: Budget, *, target: Target | None = None, prompts: Sequence[int] = (),
-              link_gbps: float = 100.0, cached_tokens: int = 0,
-              decode_context: int = 4096) -> PlanReport:
+def make_plan(
+    budget: Budget,
+    *,
+    target: Target | None = None,
+    prompts: Sequence[int] = (),
+    link_gbps: float = 100.0,
+    cached_tokens: int = 0,
+    decode_context: int = 4096,
+) -> PlanReport:
     from gateway.plan.memory import budget as rebudget
 
-    other = rebudget(budget.model, budget.card,
-                     budget.settings.with_(cuda_graphs=not budget.settings.cuda_graphs))
+    other = rebudget(
+        budget.model,
+        budget.card,
+        budget.settings.with_(cuda_graphs=not budget.settings.cuda_graphs),
+    )
     checked = check(budget, target) if target is not None else None
-    fixes = (suggest(budget.model, budget.card, budget.settings, target)
-             if target is not None else [])
-    hands = tuple(handoff(budget.model, p, link_gbps, kv_dtype=budget.settings.kv_dtype,
-                          cached_tokens=cached_tokens) for p in prompts)
-    return PlanReport(budget, speed(budget), speed(other), checked, tuple(fixes), hands,
-                      decode_context)
+    fixes = (
+        suggest(budget.model, budget.card, budget.settings, target) if target is not None else []
+    )
+    hands = tuple(
+        handoff(
+            budget.model,
+            p,
+            link_gbps,
+            kv_dtype=budget.settings.kv_dtype,
+            cached_tokens=cached_tokens,
+        )
+        for p in prompts
+    )
+    return PlanReport(
+        budget, speed(budget), speed(other), checked, tuple(fixes), hands, decode_context
+    )
 
 
 def _decode(s: Speed, context: int, batch: int) -> str:
-    return (f"{s.decode_tokens_per_s(1, context):,.0f} tok/s one stream,"
-            f" {s.decode_tokens_per_s(batch, context):,.0f} tok/s at batch {batch}")
+    return (
+        f"{s.decode_tokens_per_s(1, context):,.0f} tok/s one stream,"
+        f" {s.decode_tokens_per_s(batch, context):,.0f} tok/s at batch {batch}"
+    )
 
 
 def render(r: PlanReport) -> str:
     b, s, m = r.budget, r.budget.settings, r.budget.model
     per_block = b.kv_bytes_per_token * s.block_size
-    graphs = (f"CUDA graphs ({len(capture_sizes(s.max_num_seqs))} sizes)" if s.cuda_graphs
-              else "CUDA graphs (off: enforce_eager)")
+    graphs = (
+        f"CUDA graphs ({len(capture_sizes(s.max_num_seqs))} sizes)"
+        if s.cuda_graphs
+        else "CUDA graphs (off: enforce_eager)"
+    )
     rows = [
-        (("usable (gpu_memory_utilization"
-         f" {s.gpu_memory_utilization:g} x {b.card.memory_gib:g})"), b.usable_gib),
+        (
+            (
+                "usable (gpu_memory_utilization"
+                f" {s.gpu_memory_utilization:g} x {b.card.memory_gib:g})"
+            ),
+            b.usable_gib,
+        ),
         (f"weights ({b.weight_dtype})", b.weights_gib),
         (f"activations (max_num_batched_tokens {s.max_num_batched_tokens:,})", b.activation_gib),
         (graphs, b.cuda_graph_gib),
@@ -67,11 +96,15 @@ def render(r: PlanReport) -> str:
     lines = [
         f"model    {m.name}: {m.layers} layers, {m.attention_kind};"
         f" {total / 1e9:,.1f}B params" + (f", {active / 1e9:,.1f}B active" if m.is_moe else ""),
-        (f"card     {b.card.name} x {s.tp} (tensor parallel {s.tp}): {b.card.memory_gib:g} GiB,"
-        f" {b.card.bandwidth_tbs:g} TB/s, fp8 {b.card.fp8}, fp4 {b.card.fp4}"),
-        (f"engine   max_model_len {b.max_model_len:,}, max_num_seqs {s.max_num_seqs},"
-        f" max_num_batched_tokens {s.max_num_batched_tokens:,}, kv_cache_dtype {s.kv_dtype},"
-        f" block_size {s.block_size}"),
+        (
+            f"card     {b.card.name} x {s.tp} (tensor parallel {s.tp}): {b.card.memory_gib:g} GiB,"
+            f" {b.card.bandwidth_tbs:g} TB/s, fp8 {b.card.fp8}, fp4 {b.card.fp4}"
+        ),
+        (
+            f"engine   max_model_len {b.max_model_len:,}, max_num_seqs {s.max_num_seqs},"
+            f" max_num_batched_tokens {s.max_num_batched_tokens:,}, kv_cache_dtype {s.kv_dtype},"
+            f" block_size {s.block_size}"
+        ),
         "",
         f"{'memory per card':58} {'GiB':>8}",
     ]
@@ -97,8 +130,10 @@ def render(r: PlanReport) -> str:
     batch = max(1, min(s.max_num_seqs, 64))
     lines += [
         "",
-        (f"speed    prefill {r.speed.prefill_tokens_per_s:,.0f} tok/s per replica;"
-        f" decode at {ctx:,} tokens {mode}: {_decode(r.speed, ctx, batch)}"),
+        (
+            f"speed    prefill {r.speed.prefill_tokens_per_s:,.0f} tok/s per replica;"
+            f" decode at {ctx:,} tokens {mode}: {_decode(r.speed, ctx, batch)}"
+        ),
         f"         {other}: {_decode(r.other_speed, ctx, batch)}",
     ]
     if r.target is not None:
@@ -106,9 +141,11 @@ def render(r: PlanReport) -> str:
         verdict = "MET" if t.met and b.fits else "NOT MET"
         lines += [
             "",
-            (f"target   {t.target.concurrency} x {t.target.context:,} tokens: {verdict}:"
-            f" needs {t.need_gib:.2f} GiB of KV per card, has {t.have_gib:.2f};"
-            f" {t.sequences:,} such sequence(s) fit"),
+            (
+                f"target   {t.target.concurrency} x {t.target.context:,} tokens: {verdict}:"
+                f" needs {t.need_gib:.2f} GiB of KV per card, has {t.have_gib:.2f};"
+                f" {t.sequences:,} such sequence(s) fit"
+            ),
         ]
         for fix in r.suggestions:
             lines.append(
@@ -118,8 +155,13 @@ def render(r: PlanReport) -> str:
         if not t.met and not r.suggestions:
             lines.append("  no single change fits it: more cards per replica or a smaller target")
     if r.handoffs:
-        lines += ["", (f"{'PD hand-off':12} {'prompt':>9} {'cached':>9} {'KV moved':>10}"
-                      f" {'link':>8} {'transfer':>9}  verdict (pd.auto)")]
+        lines += [
+            "",
+            (
+                f"{'PD hand-off':12} {'prompt':>9} {'cached':>9} {'KV moved':>10}"
+                f" {'link':>8} {'transfer':>9}  verdict (pd.auto)"
+            ),
+        ]
         for h in r.handoffs:
             lines.append(
                 f"{'':12} {h.prompt_tokens:>9,} {h.cached_tokens:>9,}"
@@ -165,7 +207,9 @@ def as_dict(r: PlanReport) -> dict[str, Any]:
             "decode_tokens_per_s_one_stream": r.speed.decode_tokens_per_s(1, r.decode_context),
             "other_graph_mode_one_stream": r.other_speed.decode_tokens_per_s(1, r.decode_context),
         },
-        "target": None if r.target is None else {
+        "target": None
+        if r.target is None
+        else {
             "context": r.target.target.context,
             "concurrency": r.target.target.concurrency,
             "need_gib": r.target.need_gib,
@@ -178,9 +222,15 @@ def as_dict(r: PlanReport) -> dict[str, Any]:
             for f in r.suggestions
         ],
         "handoffs": [
-            {"prompt_tokens": h.prompt_tokens, "cached_tokens": h.cached_tokens,
-             "kv_bytes": h.kv_bytes, "link_gbps": h.link_gbps, "transfer_s": h.transfer_s,
-             "disaggregate": h.pays, "reason": h.decision.reason}
+            {
+                "prompt_tokens": h.prompt_tokens,
+                "cached_tokens": h.cached_tokens,
+                "kv_bytes": h.kv_bytes,
+                "link_gbps": h.link_gbps,
+                "transfer_s": h.transfer_s,
+                "disaggregate": h.pays,
+                "reason": h.decision.reason,
+            }
             for h in r.handoffs
         ],
         "ok": r.ok,

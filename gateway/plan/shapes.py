@@ -164,8 +164,11 @@ class ModelShape:
         h = self.hidden_size
         if self.is_mla:
             qk = self.qk_nope_head_dim + self.qk_rope_head_dim
-            q = (h * self.q_lora_rank + self.q_lora_rank * self.num_heads * qk
-                 if self.q_lora_rank else h * self.num_heads * qk)
+            q = (
+                h * self.q_lora_rank + self.q_lora_rank * self.num_heads * qk
+                if self.q_lora_rank
+                else h * self.num_heads * qk
+            )
             kv = h * (self.kv_lora_rank + self.qk_rope_head_dim)
             up = self.kv_lora_rank * self.num_heads * (self.qk_nope_head_dim + self.v_head_dim)
             return q + kv + up + self.num_heads * self.v_head_dim * h
@@ -187,8 +190,14 @@ class ModelShape:
         shared = moe_layers * self.shared_experts * expert
         router = moe_layers * h * self.experts
         total = embed + attention + dense + routed + shared + router
-        active = (embed + attention + dense + shared + router
-                  + moe_layers * self.experts_per_token * expert)
+        active = (
+            embed
+            + attention
+            + dense
+            + shared
+            + router
+            + moe_layers * self.experts_per_token * expert
+        )
         return total, active
 
     @property

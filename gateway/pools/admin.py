@@ -21,8 +21,14 @@ def admin_route(runtime: Callable[[], PoolsRuntime | None], path: str = ADMIN_PA
     async def pools(request: Request) -> Response:
         rt = runtime()
         if rt is None:
-            body = {"error": {"message": "pools are not configured", "type":
-                              "invalid_request_error", "param": None, "code": "not_found"}}
+            body = {
+                "error": {
+                    "message": "pools are not configured",
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": "not_found",
+                }
+            }
             return Response(orjson.dumps(body), 404, media_type="application/json")
         payload = orjson.dumps(rt.admin_payload(), option=orjson.OPT_NON_STR_KEYS)
         return Response(payload, media_type="application/json")

@@ -95,46 +95,62 @@ class ControllerSettings(_Frozen):
         0.05, ge=0.0, le=0.5, description="extra margin needed to reverse the last move"
     )
     dwell_steps: int = Field(
-        2, ge=1, description="consecutive steps an under-used cheaper pool must be seen "
-        "before each move of traffic onto it (the count restarts after every move)"
+        2,
+        ge=1,
+        description="consecutive steps an under-used cheaper pool must be seen "
+        "before each move of traffic onto it (the count restarts after every move)",
     )
     relieve_dwell_steps: int = Field(
-        1, ge=1, description="consecutive steps a pool must be above the high watermark "
-        "before traffic moves off it (overload costs latency now, idleness only money)"
+        1,
+        ge=1,
+        description="consecutive steps a pool must be above the high watermark "
+        "before traffic moves off it (overload costs latency now, idleness only money)",
     )
     return_dwell_steps: int = Field(
-        5, ge=1, description="consecutive steps a pool the last move relieved must look "
+        5,
+        ge=1,
+        description="consecutive steps a pool the last move relieved must look "
         "under-used before traffic moves back onto it: weights steer new sessions only, so "
-        "its utilisation lags the move"
+        "its utilisation lags the move",
     )
     max_step: float = Field(0.1, gt=0.0, le=1.0, description="most weight moved per step")
     smoothing: float = Field(
-        0.5, gt=0.0, le=1.0, description="weight of the newest utilisation sample in the "
-        "moving average the controller decides on (1 = no smoothing)"
+        0.5,
+        gt=0.0,
+        le=1.0,
+        description="weight of the newest utilisation sample in the "
+        "moving average the controller decides on (1 = no smoothing)",
     )
     min_weight: float = Field(
         0.0, ge=0.0, lt=1.0, description="floor for every pool's weight (keeps caches warm)"
     )
     ttft_target_s: float | None = Field(
-        None, gt=0.0, description="first-byte time a pool should keep: its recent TTFT "
+        None,
+        gt=0.0,
+        description="first-byte time a pool should keep: its recent TTFT "
         "quantile counts as utilisation, reaching the high watermark at this target (unset: "
-        "slot-based utilisation only)"
+        "slot-based utilisation only)",
     )
     ttft_quantile: float = Field(
         0.9, gt=0.0, le=1.0, description="which quantile of recent first-byte times counts"
     )
     ttft_max_uncached_tokens: int | None = Field(
-        None, ge=0, description="only requests whose uncached prompt (prompt minus cached "
+        None,
+        ge=0,
+        description="only requests whose uncached prompt (prompt minus cached "
         "tokens, from the response usage) is at most this many tokens feed the TTFT quantile: "
         "their first byte measures queueing, a cold prompt's mostly its own prefill (unset: "
-        "every successful request)"
+        "every successful request)",
     )
     ttft_window_s: float = Field(
         10.0, gt=0.0, description="seconds of first-byte times the quantile is taken over"
     )
     saturation: float = Field(
-        0.95, gt=0.0, le=4.0, description="at this utilisation a pool counts as saturated: "
-        "sessions placed on it may move"
+        0.95,
+        gt=0.0,
+        le=4.0,
+        description="at this utilisation a pool counts as saturated: "
+        "sessions placed on it may move",
     )
 
     @model_validator(mode="after")
@@ -155,9 +171,11 @@ class WarmMoveSettings(_Frozen):
 
     enabled: bool = Field(False, description="move placed sessions by warming their prefix")
     max_prompt_tokens: int = Field(
-        32768, ge=1, description="longer prompts (estimated tokens) are not warmed; with "
+        32768,
+        ge=1,
+        description="longer prompts (estimated tokens) are not warmed; with "
         "slice_tokens 0 a live request reaching the target replica during the warm-up waits "
-        "for its whole prefill, so this bounds that wait"
+        "for its whole prefill, so this bounds that wait",
     )
     min_interval_s: float = Field(
         60.0, ge=0.0, description="a session moves at most once per this many seconds"
@@ -166,24 +184,31 @@ class WarmMoveSettings(_Frozen):
         4, ge=1, description="warm-ups in flight at once, gateway-wide (one per replica)"
     )
     slice_tokens: int = Field(
-        512, ge=0, description="prefill the prompt in growing prefixes of about this many more "
+        512,
+        ge=0,
+        description="prefill the prompt in growing prefixes of about this many more "
         "tokens each, sending the next only while the replica has no live request, so a live "
-        "turn waits behind one slice at most, not the whole warm-up (0: one request)"
+        "turn waits behind one slice at most, not the whole warm-up (0: one request)",
     )
     pricier_only_under_pressure: bool = Field(
-        True, description="move a session onto a pool with a higher price per replica-hour "
+        True,
+        description="move a session onto a pool with a higher price per replica-hour "
         "only while its own pool's utilisation is at or above the controller's high "
         "watermark: otherwise the move pays a prefill on the pricier cards for no latency "
-        "gain, and the session soon moves back once the weights catch up with the load"
+        "gain, and the session soon moves back once the weights catch up with the load",
     )
     timeout_s: float = Field(120.0, gt=0.0, description="a warm-up taking longer is abandoned")
     retry_s: float = Field(
-        10.0, ge=0.0, description="when no replica of the target pool is idle as a turn ends, "
-        "keep looking this long (a user reading the answer leaves time; 0: do not wait)"
+        10.0,
+        ge=0.0,
+        description="when no replica of the target pool is idle as a turn ends, "
+        "keep looking this long (a user reading the answer leaves time; 0: do not wait)",
     )
     max_waiting: int = Field(
-        64, ge=1, description="sessions waiting for an idle replica at once (each holds its "
-        "last request body)"
+        64,
+        ge=1,
+        description="sessions waiting for an idle replica at once (each holds its "
+        "last request body)",
     )
 
 
@@ -204,22 +229,27 @@ class PoolsSettings(_Frozen):
         False, description="answer 404 for models not listed under `models`"
     )
     session_idle_release_s: float | None = Field(
-        None, gt=0.0, description="a session idle this many seconds may leave a pool the "
+        None,
+        gt=0.0,
+        description="a session idle this many seconds may leave a pool the "
         "weights no longer give it: by then its KV prefix is likely evicted, so stickiness "
-        "saves little (unset: sessions move only when their pool saturates)"
+        "saves little (unset: sessions move only when their pool saturates)",
     )
     warm_moves: WarmMoveSettings = Field(default_factory=WarmMoveSettings)
     new_sessions_pool: str | None = Field(
-        None, description="pool where a new session's first turn (its one fully uncached "
+        None,
+        description="pool where a new session's first turn (its one fully uncached "
         "prefill) runs while that pool is not saturated, e.g. the fast cards; with "
         "warm_moves on, the session then follows the weights with its prefix warmed on the "
-        "way (unset: new sessions follow the weights)"
+        "way (unset: new sessions follow the weights)",
     )
     spill_new_sessions_at: int | None = Field(
-        None, ge=1, description="a new session (no prefix cached anywhere yet) whose weighted "
+        None,
+        ge=1,
+        description="a new session (no prefix cached anywhere yet) whose weighted "
         "pool has this many requests in flight on every replica goes to an allowed pool with "
         "a replica below it, and to that replica: its first, uncached prefill does not queue "
-        "behind another (unset: new sessions follow the weights only)"
+        "behind another (unset: new sessions follow the weights only)",
     )
 
     @model_validator(mode="after")

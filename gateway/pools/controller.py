@@ -170,23 +170,41 @@ def step(
     util = {n: u for n, u in utilisation.items() if u is not None and n in weights}
     move = _propose(weights, util, specs, cfg, state.last_move) if len(util) > 1 else None
     if move is None:
-        return StepResult(weights, replace(state, pending=None, streak=0), False, "hold",
-                          "utilisation within watermarks")
+        return StepResult(
+            weights,
+            replace(state, pending=None, streak=0),
+            False,
+            "hold",
+            "utilisation within watermarks",
+        )
     key = (move.donor, move.receiver, move.code)
     streak = state.streak + 1 if state.pending == key else 1
     dwell = cfg.relieve_dwell_steps if move.code == "relieve_hot" else cfg.dwell_steps
-    if move.code == "prefer_cheaper" and state.last_code == "relieve_hot" \
-            and state.last_move == (move.receiver, move.donor):
+    if (
+        move.code == "prefer_cheaper"
+        and state.last_code == "relieve_hot"
+        and state.last_move == (move.receiver, move.donor)
+    ):
         # Weights steer new sessions only, so a relieved pool reads cool long before its
         # load has settled; refilling it on that lagged figure is what makes weights flap.
         dwell = max(dwell, cfg.return_dwell_steps)
     if streak < dwell:
-        return StepResult(weights, replace(state, pending=key, streak=streak), False, "hold",
-                          f"waiting ({streak}/{dwell}): {move.why}")
+        return StepResult(
+            weights,
+            replace(state, pending=key, streak=streak),
+            False,
+            "hold",
+            f"waiting ({streak}/{dwell}): {move.why}",
+        )
     amount = _amount(move, weights, util, cfg)
     if amount < _MIN_MOVE:
-        return StepResult(weights, replace(state, pending=key, streak=streak), False, "hold",
-                          f"converged: {move.why}")
+        return StepResult(
+            weights,
+            replace(state, pending=key, streak=streak),
+            False,
+            "hold",
+            f"converged: {move.why}",
+        )
     new = dict(weights)
     new[move.donor] = weights[move.donor] - amount
     new[move.receiver] = weights[move.receiver] + amount
@@ -195,8 +213,9 @@ def step(
     # The streak starts again: each further move needs its own dwell, so a pool whose load
     # answers the weights late (they steer new sessions only) is not filled or drained on
     # readings that predate the previous move.
-    return StepResult(new, ControllerState((move.donor, move.receiver), move.code), True,
-                      move.code, reason)
+    return StepResult(
+        new, ControllerState((move.donor, move.receiver), move.code), True, move.code, reason
+    )
 
 
 def smooth(

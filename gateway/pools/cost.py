@@ -197,7 +197,11 @@ class CostLedger:
                 spec.price_per_replica_hour * self._replicas.get(name, 0) * hours
             )
             out[name] = PoolCost(
-                name, t.prompt, t.cached, t.completion, t.requests,
+                name,
+                t.prompt,
+                t.cached,
+                t.completion,
+                t.requests,
                 {"busy": t.busy, "provisioned": provisioned},
                 recent.get(name, 0) / window,
             )

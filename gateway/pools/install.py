@@ -24,9 +24,7 @@ def install(state: GatewayState) -> None:
     if settings is None:
         return
     replicas = tuple(state.cluster.members.values())
-    runtime = PoolsRuntime(
-        settings, replicas, state.cluster.view, registry=state.metrics.registry
-    )
+    runtime = PoolsRuntime(settings, replicas, state.cluster.view, registry=state.metrics.registry)
     routing = state.settings.routing
 
     def per_pool_router(members: tuple[ReplicaState, ...]) -> Policy:
@@ -36,9 +34,7 @@ def install(state: GatewayState) -> None:
     state.cluster.on_membership_change(runtime.membership_changed)
     state.wrap_router("pools", lambda _configured: selector)
     if settings.warm_moves.enabled:
-        runtime.warmer = PrefixWarmer(
-            settings.warm_moves, selector, state, runtime.charge_warmup
-        )
+        runtime.warmer = PrefixWarmer(settings.warm_moves, selector, state, runtime.charge_warmup)
     state.observers.append(runtime.observe)
     state.services.append(runtime)
     state.extras[EXTRAS_KEY] = runtime

@@ -64,7 +64,8 @@ class PoolCollector(Collector):
         if self._ledger is not None:
             yield from self._cost_metrics()
         warm = CounterMetricFamily(
-            "kvgate_pool_warm_moves", METRICS["kvgate_pool_warm_moves"],
+            "kvgate_pool_warm_moves",
+            METRICS["kvgate_pool_warm_moves"],
             labels=["from_pool", "to_pool", "result"],
         )
         counts = self._warm_counts() if self._warm_counts is not None else {}

@@ -105,9 +105,7 @@ class Placement:
             )
         if not target.declared and not any(r.serves(target.served) for r in view.replicas):
             raise ModelNotFound(f"The model '{model}' does not exist", param="model")
-        where = (
-            f" in pools {', '.join(sorted(target.pools))}" if target.pools is not None else ""
-        )
+        where = f" in pools {', '.join(sorted(target.pools))}" if target.pools is not None else ""
         raise NoHealthyReplica(
             f"No healthy replica{where} can serve model '{model}' right now", param="model"
         )

@@ -69,7 +69,9 @@ class PoolsRuntime:
         self.warmer: PrefixWarmer | None = None  # set by install when warm_moves is on
         if registry is not None:
             metrics.register(
-                registry, lambda: self.controller.snapshot, self.ledger,
+                registry,
+                lambda: self.controller.snapshot,
+                self.ledger,
                 lambda: self.warmer.counts if self.warmer is not None else {},
             )
 
@@ -88,12 +90,21 @@ class PoolsRuntime:
         return self.placement.served_name(model)
 
     def record(
-        self, replica: ReplicaId, usage: Usage, started_at: float, duration_s: float,
-        *, served: bool = True,
+        self,
+        replica: ReplicaId,
+        usage: Usage,
+        started_at: float,
+        duration_s: float,
+        *,
+        served: bool = True,
     ) -> None:
         """Account one finished request; replicas outside any configured pool are skipped."""
         self.ledger.record(
-            self._replica_pool.get(replica), replica, usage, started_at, duration_s,
+            self._replica_pool.get(replica),
+            replica,
+            usage,
+            started_at,
+            duration_s,
             served=served,
         )
 
@@ -107,8 +118,12 @@ class PoolsRuntime:
         if outcome.replica is None:
             return
         pool = self._replica_pool.get(outcome.replica)
-        if outcome.ok and outcome.ttfb_s is not None and pool is not None \
-                and self._measures_queueing(outcome):
+        if (
+            outcome.ok
+            and outcome.ttfb_s is not None
+            and pool is not None
+            and self._measures_queueing(outcome)
+        ):
             self.ttft.add(pool, self._ttft_clock(), outcome.ttfb_s)
         usage = Usage(
             outcome.prompt_tokens or 0, outcome.cached_tokens or 0, outcome.completion_tokens or 0

@@ -98,9 +98,7 @@ class PoolSelector:
         self._settings = settings
         self._weights = weights
         self._specs = {p.name: p for p in settings.pools}
-        self._rules = sorted(
-            enumerate(settings.rules), key=lambda ir: (-ir[1].specificity, ir[0])
-        )
+        self._rules = sorted(enumerate(settings.rules), key=lambda ir: (-ir[1].specificity, ir[0]))
         # session key -> (pool, clock time of its last placement)
         self._sessions: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self._replica_pool: dict[ReplicaId, str] = {}
@@ -119,8 +117,8 @@ class PoolSelector:
         snap = self._weights()
         pool, why = self._pick_pool(request, view, groups, saturated, util, snap)
 
-        inner_request = request if target.served == request.model else replace(
-            request, model=target.served
+        inner_request = (
+            request if target.served == request.model else replace(request, model=target.served)
         )
         tail = sorted(
             (g for g in groups if g != pool),
@@ -187,10 +185,16 @@ class PoolSelector:
             # weights want it.
             return start, "new_session"
         spill = self._settings.spill_new_sessions_at
-        if home is None and spill is not None and not self._has_room(groups[by_weight], view, spill):
+        if (
+            home is None
+            and spill is not None
+            and not self._has_room(groups[by_weight], view, spill)
+        ):
             # A new session's first turn is its one uncached prefill: better on an idle
             # replica of another pool than queued behind a busy one of the weighted pool.
-            roomy = [g for g in open_groups if g != by_weight and self._has_room(groups[g], view, spill)]
+            roomy = [
+                g for g in open_groups if g != by_weight and self._has_room(groups[g], view, spill)
+            ]
             if roomy:
                 return max(roomy, key=lambda g: (snap.weights.get(g, 0.0), -util[g], g)), "spill"
         return by_weight, "weights"

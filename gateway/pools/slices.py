@@ -18,7 +18,9 @@ from __future__ import annotations
 from typing import Any
 
 
-def prefix_bodies(body: dict[str, Any], prompt_tokens: int, slice_tokens: int) -> list[dict[str, Any]]:
+def prefix_bodies(
+    body: dict[str, Any], prompt_tokens: int, slice_tokens: int
+) -> list[dict[str, Any]]:
     """Request bodies whose prompts grow by about `slice_tokens` each, ending with `body`.
 
     `body` is a chat or completions request body; `prompt_tokens` its estimated prompt
@@ -29,7 +31,13 @@ def prefix_bodies(body: dict[str, Any], prompt_tokens: int, slice_tokens: int) -
         return [body]
     messages = body.get("messages")
     if isinstance(messages, list):
-        return [*({**body, "messages": m} for m in _message_prefixes(messages, prompt_tokens, slice_tokens)), body]
+        return [
+            *(
+                {**body, "messages": m}
+                for m in _message_prefixes(messages, prompt_tokens, slice_tokens)
+            ),
+            body,
+        ]
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         step = max(1, len(prompt) * slice_tokens // prompt_tokens)
@@ -42,7 +50,9 @@ def prefix_bodies(body: dict[str, Any], prompt_tokens: int, slice_tokens: int) -
     return [body]
 
 
-def _message_prefixes(messages: list[Any], prompt_tokens: int, slice_tokens: int) -> list[list[Any]]:
+def _message_prefixes(
+    messages: list[Any], prompt_tokens: int, slice_tokens: int
+) -> list[list[Any]]:
     sizes = [_chars(m) for m in messages]
     total = sum(sizes)
     if total <= 0:

@@ -24,9 +24,7 @@ def replica_utilisation(replica: ReplicaState, view: ClusterView, slots: int) ->
     return util
 
 
-def pool_utilisation(
-    view: ClusterView, specs: Mapping[str, PoolSpec]
-) -> dict[str, float | None]:
+def pool_utilisation(view: ClusterView, specs: Mapping[str, PoolSpec]) -> dict[str, float | None]:
     """Mean utilisation of each configured pool's healthy replicas; None when it has none."""
     totals: dict[str, list[float]] = {name: [] for name in specs}
     for replica in view.replicas:

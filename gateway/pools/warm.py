@@ -49,12 +49,27 @@ log = logging.getLogger("kvgate.pools")
 _PATHS = {e.value: ENDPOINT_PATHS[e] for e in (Endpoint.CHAT, Endpoint.COMPLETIONS)}
 # Generation-only fields: they cannot change the prompt's KV, and some would conflict with a
 # one-token answer (min_tokens, n, best_of) or cost engine work for nothing (grammars).
-_GENERATION_ONLY = frozenset({
-    "stream", "stream_options", "n", "best_of", "min_tokens", "logprobs", "top_logprobs",
-    "prompt_logprobs", "echo", "response_format", "tool_choice", "guided_json",
-    "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
-    "max_completion_tokens",
-})
+_GENERATION_ONLY = frozenset(
+    {
+        "stream",
+        "stream_options",
+        "n",
+        "best_of",
+        "min_tokens",
+        "logprobs",
+        "top_logprobs",
+        "prompt_logprobs",
+        "echo",
+        "response_format",
+        "tool_choice",
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
+        "structured_outputs",
+        "max_completion_tokens",
+    }
+)
 # Client headers a warm-up does not carry: it has its own body, and its own request id.
 _NOT_CARRIED = frozenset({b"content-type", b"content-encoding", b"x-request-id"})
 _SESSIONS_REMEMBERED = 65536
@@ -114,8 +129,12 @@ class PrefixWarmer:
         or wait (`retry_s`) for a replica of the target pool to become idle."""
         request, body, replica = outcome.request, outcome.body, outcome.replica
         if (
-            request is None or body is None or replica is None or not outcome.ok
-            or outcome.disconnected or outcome.endpoint not in _PATHS
+            request is None
+            or body is None
+            or replica is None
+            or not outcome.ok
+            or outcome.disconnected
+            or outcome.endpoint not in _PATHS
         ):
             return
         key = request.session_key
@@ -169,7 +188,11 @@ class PrefixWarmer:
         self._sessions_warming.add(request.session_key)
         task = asyncio.get_running_loop().create_task(
             self._warm(
-                request, _PATHS[outcome.endpoint], warm_body(body), source, target,
+                request,
+                _PATHS[outcome.endpoint],
+                warm_body(body),
+                source,
+                target,
                 outcome.headers or (),
             )
         )
@@ -200,8 +223,13 @@ class PrefixWarmer:
                     del self._waiting[key]
 
     async def _warm(
-        self, request: RouteRequest, path: str, body: dict[str, Any], source: str,
-        target: ReplicaId, client_headers: Sequence[tuple[bytes, bytes]],
+        self,
+        request: RouteRequest,
+        path: str,
+        body: dict[str, Any],
+        source: str,
+        target: ReplicaId,
+        client_headers: Sequence[tuple[bytes, bytes]],
     ) -> None:
         state = self._state
         result = "failed"
@@ -226,7 +254,12 @@ class PrefixWarmer:
                             await asyncio.sleep(_IDLE_POLL_S)
                     t = time.perf_counter()
                     leg = await open_leg(
-                        state.cluster, state.client, state.health, target, path, headers,
+                        state.cluster,
+                        state.client,
+                        state.health,
+                        target,
+                        path,
+                        headers,
                         orjson.dumps(piece),
                     )
                     try:

@@ -89,8 +89,13 @@ class Attempts:
             replica: ReplicaId, payload: bytes, hdrs: RawHeaders | None = None
         ) -> Leg:
             return await open_leg(
-                cluster, state.client, state.health, replica, path,
-                headers if hdrs is None else hdrs, payload,
+                cluster,
+                state.client,
+                state.health,
+                replica,
+                path,
+                headers if hdrs is None else hdrs,
+                payload,
             )
 
         async def attempt() -> Leg:

@@ -143,7 +143,9 @@ class ProxyEndpoint:
                 await send_error(ex, err, state.metrics)
                 return
             await self._placed(request, leg.replica)
-            await relay(ex, leg, state.metrics, bool(state.observers), first_byte if prefilling else None)
+            await relay(
+                ex, leg, state.metrics, bool(state.observers), first_byte if prefilling else None
+            )
             if ex.response_id is not None and state.placements is not None:
                 await state.placements.record(response_key(ex.response_id), leg.replica)
         except OSError:

@@ -108,9 +108,13 @@ class Inbound:
         limits = state.settings.limits
         if self._multipart:
             check_multipart(content_type)
-            raw = await read_body(ex.receive, limits.max_body_bytes, declared_length(content_length))
+            raw = await read_body(
+                ex.receive, limits.max_body_bytes, declared_length(content_length)
+            )
             model = form_field(raw, b"model") or ""
-            tenant_name = self._authorize(scope, model, tenant.decode("latin-1") if tenant else None)
+            tenant_name = self._authorize(
+                scope, model, tenant.decode("latin-1") if tenant else None
+            )
             known = state.cluster.known_models()
             if model and known is not None and model not in known:
                 raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
@@ -119,7 +123,8 @@ class Inbound:
                 request_id=ex.request_id,
                 model=model,
                 session_key=session_key({}, self._endpoint, session.decode("latin-1"))[0]
-                if session else SessionKey("x:" + ex.request_id),
+                if session
+                else SessionKey("x:" + ex.request_id),
                 key_source="header" if session else "request",
                 endpoint=self._endpoint,
                 priority_class=priority.decode("latin-1") if priority else "default",

@@ -69,8 +69,10 @@ def responses_messages(body: Mapping[str, Any], history: History) -> list[Messag
 
 def anthropic_messages(body: Mapping[str, Any]) -> list[Message]:
     messages = body.get("messages")
-    if not isinstance(messages, list) or not messages or not all(
-        isinstance(m, Mapping) for m in messages
+    if (
+        not isinstance(messages, list)
+        or not messages
+        or not all(isinstance(m, Mapping) for m in messages)
     ):
         raise WireError(400, "messages: must be a non-empty list of objects", "messages")
     if not isinstance(body.get("max_tokens"), int) or isinstance(body.get("max_tokens"), bool):
@@ -180,34 +182,71 @@ class ResponsesStream:
         pending = response_object(self.rid, self.model, self.echo, text=None, finish_reason=None)
         item = {**_message_item(self.rid, "", "in_progress"), "content": []}
         part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-        return b"".join((
-            self._ev("response.created", response=pending),
-            self._ev("response.in_progress", response=pending),
-            self._ev("response.output_item.added", output_index=0, item=item),
-            self._ev("response.content_part.added", item_id=self.item_id, output_index=0,
-                     content_index=0, part=part),
-        ))
+        return b"".join(
+            (
+                self._ev("response.created", response=pending),
+                self._ev("response.in_progress", response=pending),
+                self._ev("response.output_item.added", output_index=0, item=item),
+                self._ev(
+                    "response.content_part.added",
+                    item_id=self.item_id,
+                    output_index=0,
+                    content_index=0,
+                    part=part,
+                ),
+            )
+        )
 
     def delta(self, text: str) -> bytes:
         self.text.append(text)
-        return self._ev("response.output_text.delta", item_id=self.item_id, output_index=0,
-                        content_index=0, delta=text, logprobs=[])
+        return self._ev(
+            "response.output_text.delta",
+            item_id=self.item_id,
+            output_index=0,
+            content_index=0,
+            delta=text,
+            logprobs=[],
+        )
 
     def closing(self, finish_reason: str | None, prompt: int, output: int, cached: int) -> bytes:
         text = "".join(self.text)
-        final = response_object(self.rid, self.model, self.echo, text=text,
-                                finish_reason=finish_reason, prompt_tokens=prompt,
-                                output_tokens=output, cached_tokens=cached)
+        final = response_object(
+            self.rid,
+            self.model,
+            self.echo,
+            text=text,
+            finish_reason=finish_reason,
+            prompt_tokens=prompt,
+            output_tokens=output,
+            cached_tokens=cached,
+        )
         item = final["output"][0]
-        return b"".join((
-            self._ev("response.output_text.done", item_id=self.item_id, output_index=0,
-                     content_index=0, text=text, logprobs=[]),
-            self._ev("response.content_part.done", item_id=self.item_id, output_index=0,
-                     content_index=0, part=item["content"][0]),
-            self._ev("response.output_item.done", output_index=0, item=item),
-            self._ev("response.completed" if final["status"] == "completed" else
-                     "response.incomplete", response=final),
-        ))
+        return b"".join(
+            (
+                self._ev(
+                    "response.output_text.done",
+                    item_id=self.item_id,
+                    output_index=0,
+                    content_index=0,
+                    text=text,
+                    logprobs=[],
+                ),
+                self._ev(
+                    "response.content_part.done",
+                    item_id=self.item_id,
+                    output_index=0,
+                    content_index=0,
+                    part=item["content"][0],
+                ),
+                self._ev("response.output_item.done", output_index=0, item=item),
+                self._ev(
+                    "response.completed"
+                    if final["status"] == "completed"
+                    else "response.incomplete",
+                    response=final,
+                ),
+            )
+        )
 
 
 # ---- Anthropic Messages -----------------------------------------------------------------
@@ -218,7 +257,13 @@ def _stop_reason(finish_reason: str | None) -> str:
 
 
 def message_object(
-    rid: str, model: str, text: str, finish_reason: str | None, prompt: int, output: int, cached: int
+    rid: str,
+    model: str,
+    text: str,
+    finish_reason: str | None,
+    prompt: int,
+    output: int,
+    cached: int,
 ) -> dict[str, Any]:
     return {
         "id": rid,
@@ -239,10 +284,18 @@ def message_object(
 
 def message_opening(rid: str, model: str, prompt: int, cached: int) -> bytes:
     start: dict[str, Any] = {
-        "id": rid, "type": "message", "role": "assistant", "model": model, "content": [],
-        "stop_reason": None, "stop_sequence": None,
-        "usage": {"input_tokens": prompt - cached, "cache_read_input_tokens": cached,
-                  "output_tokens": 0},
+        "id": rid,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": prompt - cached,
+            "cache_read_input_tokens": cached,
+            "output_tokens": 0,
+        },
     }
     return event("message_start", {"type": "message_start", "message": start}) + event(
         "content_block_start",
@@ -251,20 +304,33 @@ def message_opening(rid: str, model: str, prompt: int, cached: int) -> bytes:
 
 
 def message_delta(text: str) -> bytes:
-    return event("content_block_delta", {
-        "type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text},
-    })
+    return event(
+        "content_block_delta",
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "text_delta", "text": text},
+        },
+    )
 
 
 def message_closing(finish_reason: str | None, prompt: int, output: int, cached: int) -> bytes:
-    return b"".join((
-        event("content_block_stop", {"type": "content_block_stop", "index": 0}),
-        event("message_delta", {
-            "type": "message_delta",
-            "delta": {"stop_reason": _stop_reason(finish_reason), "stop_sequence": None},
-            # Cumulative, as the API sends it: a client reading only this event has it all.
-            "usage": {"input_tokens": prompt - cached, "cache_read_input_tokens": cached,
-                      "output_tokens": output},
-        }),
-        event("message_stop", {"type": "message_stop"}),
-    ))
+    return b"".join(
+        (
+            event("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            event(
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": _stop_reason(finish_reason), "stop_sequence": None},
+                    # Cumulative, as the API sends it: a client reading only this event has it all.
+                    "usage": {
+                        "input_tokens": prompt - cached,
+                        "cache_read_input_tokens": cached,
+                        "output_tokens": output,
+                    },
+                },
+            ),
+            event("message_stop", {"type": "message_stop"}),
+        )
+    )

@@ -65,8 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--api-key",
         default=None,
-        help="like vLLM's --api-key: /v1 requests need 'Authorization: Bearer KEY' (401 "
-        "otherwise)",
+        help="like vLLM's --api-key: /v1 requests need 'Authorization: Bearer KEY' (401 otherwise)",
     )
     parser.add_argument(
         "--bootstrap-timeout",

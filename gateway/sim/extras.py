@@ -53,8 +53,12 @@ def _unit(seed: str) -> float:
 
 
 def _usage(tokens: int) -> dict[str, Any]:
-    return {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
-            "prompt_tokens_details": None}
+    return {
+        "prompt_tokens": tokens,
+        "total_tokens": tokens,
+        "completion_tokens": 0,
+        "prompt_tokens_details": None,
+    }
 
 
 def tokenize(raw: bytes, ids: Ids, max_model_len: int) -> dict[str, Any]:
@@ -71,8 +75,12 @@ def tokenize(raw: bytes, ids: Ids, max_model_len: int) -> dict[str, Any]:
         text = prompt
     tokens = list(ids(text))
     strs = [_piece(t) for t in tokens] if body.get("return_token_strs") else None
-    return {"count": len(tokens), "max_model_len": max_model_len, "tokens": tokens,
-            "token_strs": strs}
+    return {
+        "count": len(tokens),
+        "max_model_len": max_model_len,
+        "tokens": tokens,
+        "token_strs": strs,
+    }
 
 
 def _piece(token: int) -> str:
@@ -98,13 +106,19 @@ def rerank(raw: bytes, model: str) -> dict[str, Any]:
     documents = _texts(body.get("documents"), "documents")
     top_n = body.get("top_n") or len(documents)
     results = sorted(
-        ({"index": i, "document": {"text": d}, "relevance_score": _unit(query + "\0" + d)}
-         for i, d in enumerate(documents)),
+        (
+            {"index": i, "document": {"text": d}, "relevance_score": _unit(query + "\0" + d)}
+            for i, d in enumerate(documents)
+        ),
         key=lambda r: -float(r["relevance_score"]),  # type: ignore[arg-type]
     )[:top_n]
     tokens = sum(_tokens(query) + _tokens(d) for d in documents)
-    return {"id": f"rerank-{uuid.uuid4().hex}", "model": model,
-            "usage": {"total_tokens": tokens}, "results": results}
+    return {
+        "id": f"rerank-{uuid.uuid4().hex}",
+        "model": model,
+        "usage": {"total_tokens": tokens},
+        "results": results,
+    }
 
 
 def score(raw: bytes, model: str) -> dict[str, Any]:
@@ -116,11 +130,19 @@ def score(raw: bytes, model: str) -> dict[str, Any]:
         a = a * len(b)
     if len(a) != len(b):
         raise WireError(400, "text_1 and text_2 must have the same length (or text_1 one item)")
-    data = [{"index": i, "object": "score", "score": _unit(x + "\0" + y)}
-            for i, (x, y) in enumerate(zip(a, b, strict=True))]
+    data = [
+        {"index": i, "object": "score", "score": _unit(x + "\0" + y)}
+        for i, (x, y) in enumerate(zip(a, b, strict=True))
+    ]
     tokens = sum(_tokens(x) + _tokens(y) for x, y in zip(a, b, strict=True))
-    return {"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
-            "model": model, "data": data, "usage": _usage(tokens)}
+    return {
+        "id": f"score-{uuid.uuid4().hex}",
+        "object": "list",
+        "created": int(time.time()),
+        "model": model,
+        "data": data,
+        "usage": _usage(tokens),
+    }
 
 
 _LABELS = ("negative", "positive")
@@ -131,23 +153,45 @@ def classify(raw: bytes, model: str) -> dict[str, Any]:
     data = []
     for i, text in enumerate(texts):
         p = _unit(text)
-        data.append({"index": i, "label": _LABELS[p >= 0.5], "probs": [1 - p, p],
-                     "num_classes": len(_LABELS)})
-    return {"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
-            "model": model, "data": data, "usage": _usage(sum(map(_tokens, texts)))}
+        data.append(
+            {
+                "index": i,
+                "label": _LABELS[p >= 0.5],
+                "probs": [1 - p, p],
+                "num_classes": len(_LABELS),
+            }
+        )
+    return {
+        "id": f"classify-{uuid.uuid4().hex}",
+        "object": "list",
+        "created": int(time.time()),
+        "model": model,
+        "data": data,
+        "usage": _usage(sum(map(_tokens, texts))),
+    }
 
 
 def pooling(raw: bytes, model: str, dim: int = 8) -> dict[str, Any]:
     body = _body(raw)
-    texts = [render_chat(body["messages"])] if "messages" in body else _texts(
-        body.get("input"), "input"
+    texts = (
+        [render_chat(body["messages"])]
+        if "messages" in body
+        else _texts(body.get("input"), "input")
     )
     data = []
     for i, text in enumerate(texts):
         rng = random.Random(xxhash.xxh64_intdigest(text.encode()))
-        data.append({"index": i, "object": "pooling", "data": [rng.gauss(0, 1) for _ in range(dim)]})
-    return {"id": f"pool-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
-            "model": model, "data": data, "usage": _usage(sum(map(_tokens, texts)))}
+        data.append(
+            {"index": i, "object": "pooling", "data": [rng.gauss(0, 1) for _ in range(dim)]}
+        )
+    return {
+        "id": f"pool-{uuid.uuid4().hex}",
+        "object": "list",
+        "created": int(time.time()),
+        "model": model,
+        "data": data,
+        "usage": _usage(sum(map(_tokens, texts))),
+    }
 
 
 def speech(raw: bytes) -> bytes:
@@ -157,9 +201,14 @@ def speech(raw: bytes) -> bytes:
         raise WireError(400, "'input' must be a string", "input")
     rate, samples = 8000, 80 * len(body["input"])
     data = b"\0\0" * samples
-    header = b"RIFF" + struct.pack("<I", 36 + len(data)) + b"WAVEfmt " + struct.pack(
-        "<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16
-    ) + b"data" + struct.pack("<I", len(data))
+    header = (
+        b"RIFF"
+        + struct.pack("<I", 36 + len(data))
+        + b"WAVEfmt "
+        + struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16)
+        + b"data"
+        + struct.pack("<I", len(data))
+    )
     return header + data
 
 
@@ -193,5 +242,11 @@ def transcription(raw: bytes, content_type: str, model: str) -> tuple[dict[str, 
         raise WireError(404, f"The model `{name}` does not exist.", "model")
     digest = hashlib.sha256(audio).hexdigest()
     seconds = max(1, len(audio) // 32000)
-    return {"text": f"simulated transcript of {len(audio)} bytes",
-            "usage": {"type": "duration", "seconds": seconds}}, digest, len(audio)
+    return (
+        {
+            "text": f"simulated transcript of {len(audio)} bytes",
+            "usage": {"type": "duration", "seconds": seconds},
+        },
+        digest,
+        len(audio),
+    )

@@ -248,8 +248,10 @@ class Generation(Response):
         )
 
     async def _send_error(self, send: Send, status: int, message: str) -> None:
-        body = anthropic_error(status, message) if self.parsed.kind == "messages" else error_body(
-            status, message
+        body = (
+            anthropic_error(status, message)
+            if self.parsed.kind == "messages"
+            else error_body(status, message)
         )
         await send(
             {
@@ -305,11 +307,19 @@ class Generation(Response):
         assert handle is not None and p.echo is not None
         counts = (handle.prompt_tokens, handle.output_tokens, handle.cached_tokens or 0)
         if p.kind == "messages":
-            return message_object(self.api_id, engine.model_name, text, handle.finish_reason, *counts)
+            return message_object(
+                self.api_id, engine.model_name, text, handle.finish_reason, *counts
+            )
         engine.store_response(self.api_id, p, text)
         return response_object(
-            self.api_id, engine.model_name, p.echo, text=text, finish_reason=handle.finish_reason,
-            prompt_tokens=counts[0], output_tokens=counts[1], cached_tokens=counts[2],
+            self.api_id,
+            engine.model_name,
+            p.echo,
+            text=text,
+            finish_reason=handle.finish_reason,
+            prompt_tokens=counts[0],
+            output_tokens=counts[1],
+            cached_tokens=counts[2],
         )
 
     @property
@@ -330,28 +340,52 @@ class Generation(Response):
                 events: list[bytes] = []
                 if sent == 0:
                     events.append(
-                        message_opening(self.api_id, engine.model_name, handle.prompt_tokens,
-                                        handle.cached_tokens or 0)
-                        if p.kind == "messages" else responses.opening()
+                        message_opening(
+                            self.api_id,
+                            engine.model_name,
+                            handle.prompt_tokens,
+                            handle.cached_tokens or 0,
+                        )
+                        if p.kind == "messages"
+                        else responses.opening()
                     )
                 for _ in range(n):
                     sent += 1
                     text = out.take(1)
-                    events.append(message_delta(text) if p.kind == "messages" else responses.delta(text))
-                await send({"type": "http.response.body", "body": b"".join(events), "more_body": True})
+                    events.append(
+                        message_delta(text) if p.kind == "messages" else responses.delta(text)
+                    )
+                await send(
+                    {"type": "http.response.body", "body": b"".join(events), "more_body": True}
+                )
         except EngineStopped as exc:
-            error = anthropic_error(500, str(exc)) if p.kind == "messages" else error_body(500, str(exc))
-            await send({"type": "http.response.body", "body": event("error", orjson.loads(error)),
-                        "more_body": False})
+            error = (
+                anthropic_error(500, str(exc))
+                if p.kind == "messages"
+                else error_body(500, str(exc))
+            )
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": event("error", orjson.loads(error)),
+                    "more_body": False,
+                }
+            )
             return
         if p.kind == "messages":
             closing = message_closing(
-                handle.finish_reason, handle.prompt_tokens, handle.output_tokens,
+                handle.finish_reason,
+                handle.prompt_tokens,
+                handle.output_tokens,
                 handle.cached_tokens or 0,
             )
         else:
-            closing = responses.closing(handle.finish_reason, handle.prompt_tokens,
-                                        handle.output_tokens, handle.cached_tokens or 0)
+            closing = responses.closing(
+                handle.finish_reason,
+                handle.prompt_tokens,
+                handle.output_tokens,
+                handle.cached_tokens or 0,
+            )
             engine.store_response(self.api_id, p, "".join(responses.text))
         await send({"type": "http.response.body", "body": closing, "more_body": False})
 
@@ -388,7 +422,15 @@ class Generation(Response):
                     # As vLLM does, the role chunk goes out with the first token, after the
                     # prefill: a client's (or the gateway's) first byte then marks the TTFT.
                     events.append(
-                        chunk(kind, rid, model, created, text="", role=True, with_usage_null=null_usage)
+                        chunk(
+                            kind,
+                            rid,
+                            model,
+                            created,
+                            text="",
+                            role=True,
+                            with_usage_null=null_usage,
+                        )
                     )
                 for _ in range(n):
                     stall_at = engine.faults.config.stall

@@ -147,14 +147,16 @@ class KVCache:
         bs = self.block_size
         if self.events is None or len(ids) < end * bs:
             return
-        self.events.append(BlockStored(
-            tuple(hashes[start:end]),
-            hashes[start - 1] if start else None,
-            tuple(ids[start * bs : end * bs]),
-            bs,
-            None,
-            GPU,
-        ))
+        self.events.append(
+            BlockStored(
+                tuple(hashes[start:end]),
+                hashes[start - 1] if start else None,
+                tuple(ids[start * bs : end * bs]),
+                bs,
+                None,
+                GPU,
+            )
+        )
 
     def _removed(self, block_hash: int) -> None:
         events = self.events

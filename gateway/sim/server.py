@@ -533,8 +533,17 @@ class EchoRequestId:
 
 _KEYED_PATHS = ("/v1", "/admin/", "/reset_prefix_cache")
 _EXTRA_PATHS = (
-    "/tokenize", "/detokenize", "/v1/rerank", "/rerank", "/v2/rerank", "/v1/score", "/score",
-    "/v1/classify", "/classify", "/pooling", "/v1/audio/speech",
+    "/tokenize",
+    "/detokenize",
+    "/v1/rerank",
+    "/rerank",
+    "/v2/rerank",
+    "/v1/score",
+    "/score",
+    "/v1/classify",
+    "/classify",
+    "/pooling",
+    "/v1/audio/speech",
 )
 
 

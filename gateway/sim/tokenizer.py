@@ -43,11 +43,14 @@ def approx_token_ids(text: str) -> Sequence[int]:
     if len(data) == len(text):
         padded = data + b"\0" * (n * CHARS_PER_TOKEN - len(data))
         return array("I", padded)
-    return array("I", (
-        xxhash.xxh32_intdigest(text[i : i + CHARS_PER_TOKEN].encode("utf-8", "surrogatepass"))
-        & 0x7FFF_FFFF
-        for i in range(0, len(text), CHARS_PER_TOKEN)
-    ))
+    return array(
+        "I",
+        (
+            xxhash.xxh32_intdigest(text[i : i + CHARS_PER_TOKEN].encode("utf-8", "surrogatepass"))
+            & 0x7FFF_FFFF
+            for i in range(0, len(text), CHARS_PER_TOKEN)
+        ),
+    )
 
 
 class ApproxTokenizer:

@@ -20,9 +20,7 @@ __all__ = [
 ]
 
 
-def build_store(
-    settings: StoreSettings, *, registry: CollectorRegistry | None = None
-) -> Store:
+def build_store(settings: StoreSettings, *, registry: CollectorRegistry | None = None) -> Store:
     """The configured store. Nothing connects until `start()` (called in the lifespan)."""
     if settings.backend == "redis":
         # Imported here so the embedded default never loads the Redis client.

@@ -92,7 +92,11 @@ class MemoryStore:
         self, session: SessionKey, replica: ReplicaId, ttl_s: float | None = None
     ) -> bool:
         """Place the session; returns True when this changed (or created) the placement."""
-        ttl = self.settings.session_ttl_s if ttl_s is None else min(ttl_s, self.settings.session_ttl_s)
+        ttl = (
+            self.settings.session_ttl_s
+            if ttl_s is None
+            else min(ttl_s, self.settings.session_ttl_s)
+        )
         previous = self._sessions.pop(session, None)
         self._sessions[session] = (replica, self._clock() + ttl)
         self._prune_sessions()

@@ -121,7 +121,9 @@ class RedisStore:
             log.warning(
                 "store starting degraded, serving routing state locally: redis at %s:%s did not "
                 "answer within %.1f s; reconnecting in the background",
-                parts.hostname, parts.port or 6379, self.settings.connect_timeout_s * 2,
+                parts.hostname,
+                parts.port or 6379,
+                self.settings.connect_timeout_s * 2,
             )
 
     async def close(self) -> None:

@@ -77,9 +77,7 @@ class WindowLedger:
         return 0.0, 0.0
 
     def take_pending(self, now: float) -> dict[tuple[str, int, float], int]:
-        taken = {
-            k: v for k, v in self.pending.items() if k[1] >= window_index(now, k[2]) - 1
-        }
+        taken = {k: v for k, v in self.pending.items() if k[1] >= window_index(now, k[2]) - 1}
         self.pending.clear()
         return taken
 
@@ -267,14 +265,21 @@ async def _flush(
         add(pipe.expire(keys.health(), math.ceil(store.settings.health_ttl_s * 2)))
     for placement in prefixes:
         entry = encode_prefix(placement, store.instance_id)
-        add(pipe.xadd(keys.prefixes(), entry, maxlen=store.settings.prefix_stream_max, approximate=True))
+        add(
+            pipe.xadd(
+                keys.prefixes(), entry, maxlen=store.settings.prefix_stream_max, approximate=True
+            )
+        )
     for (key, index, window_s), amount in windows.items():
         add(pipe.incrby(keys.window(key, index), amount))
         # Needed until the next window is over (it is then the "previous" one).
         add(pipe.pexpire(keys.window(key, index), math.ceil(window_s * 2000)))
     ledger = store.batch.windows
     for key, window_s, index in ledger.to_read(now):
-        def set_shared(raw: Any, key: str = key, window_s: float = window_s, index: int = index) -> None:
+
+        def set_shared(
+            raw: Any, key: str = key, window_s: float = window_s, index: int = index
+        ) -> None:
             previous, current = (float(v) if v is not None else 0.0 for v in raw)
             ledger.shared[key] = (index, previous, current)
 

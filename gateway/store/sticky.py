@@ -61,7 +61,9 @@ class StickyFirst(RouterWrapper):
         reordered = (sticky, *(r for r in ranked if r != sticky))
         return Choice(reordered, "sticky", choice.policy)
 
-    def _overloaded(self, sticky: ReplicaId, ranked: Sequence[ReplicaId], view: ClusterView) -> bool:
+    def _overloaded(
+        self, sticky: ReplicaId, ranked: Sequence[ReplicaId], view: ClusterView
+    ) -> bool:
         replica = view.by_id.get(sticky)
         if replica is None:
             return True

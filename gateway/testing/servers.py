@@ -59,9 +59,7 @@ def replica_config(engines: Sequence[SimEngine], **fields: Any) -> list[dict[str
 
 
 @contextlib.asynccontextmanager
-async def gateway(
-    engines: Sequence[SimEngine], **settings: Any
-) -> AsyncIterator[RunningGateway]:
+async def gateway(engines: Sequence[SimEngine], **settings: Any) -> AsyncIterator[RunningGateway]:
     """A gateway in front of `engines`; keyword arguments are settings sections."""
     settings.setdefault("replicas", replica_config(engines))
     loaded = load_settings(**settings)

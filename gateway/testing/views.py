@@ -22,7 +22,11 @@ def make_request(
     **fields: object,
 ) -> RouteRequest:
     """A `RouteRequest` with sensible defaults; any field can be overridden."""
-    values: dict[str, object] = {"request_id": "req-1", "model": model, "session_key": SessionKey(session)}
+    values: dict[str, object] = {
+        "request_id": "req-1",
+        "model": model,
+        "session_key": SessionKey(session),
+    }
     values.update(fields)
     return RouteRequest(**values)  # type: ignore[arg-type]
 
@@ -61,7 +65,9 @@ class ViewBuilder:
     def models(self, rid: str, *models: str) -> ViewBuilder:
         return self._update([rid], models=frozenset(models))
 
-    def load(self, rid: str, *, waiting: float = 0, running: float = 0, age: float = 0.0, **kw: object) -> ViewBuilder:
+    def load(
+        self, rid: str, *, waiting: float = 0, running: float = 0, age: float = 0.0, **kw: object
+    ) -> ViewBuilder:
         load = EngineLoad(waiting=waiting, running=running, scraped_at=self._now - age, **kw)  # type: ignore[arg-type]
         return self._update([rid], load=load)
 

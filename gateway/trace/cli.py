@@ -178,7 +178,10 @@ def _add_simulate(sub: Any) -> None:
     )
     p.add_argument("--profile", default=None, help="simulated hardware profile name")
     p.add_argument(
-        "--kv-blocks", type=int, default=None, metavar="N",
+        "--kv-blocks",
+        type=int,
+        default=None,
+        metavar="N",
         help="KV blocks per engine instead of the profile's (finite KV, as `kvgate sim` runs)",
     )
     p.add_argument("--speedup", type=float, default=1.0)
@@ -350,7 +353,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if args.kv_blocks is not None:
             if args.kv_blocks <= 0:
                 raise ValueError("--kv-blocks must be positive")
-            profile = get_profile(args.profile or DEFAULT_PROFILE).scaled(num_gpu_blocks=args.kv_blocks)
+            profile = get_profile(args.profile or DEFAULT_PROFILE).scaled(
+                num_gpu_blocks=args.kv_blocks
+            )
         options = SimulationOptions(
             replicas=args.replicas,
             policy=args.policy,

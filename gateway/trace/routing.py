@@ -54,9 +54,16 @@ def route_request_for(
     if hashes and rec.last_block_tokens < block_tokens:
         hashes = hashes[:-1]
     with_id = sessions and rec.session_id
-    plain = rec if with_id else TraceRecord(
-        rec.arrival_s, rec.input_tokens, rec.output_tokens, rec.block_hashes,
-        rec.last_block_tokens,
+    plain = (
+        rec
+        if with_id
+        else TraceRecord(
+            rec.arrival_s,
+            rec.input_tokens,
+            rec.output_tokens,
+            rec.block_hashes,
+            rec.last_block_tokens,
+        )
     )
     return RouteRequest(
         request_id=f"trace-{index}",

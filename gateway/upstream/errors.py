@@ -60,6 +60,8 @@ def map_transport_error(exc: BaseException, url: str = "") -> GatewayError:
         ),
     ):
         return UpstreamConnectError(f"the engine dropped the connection ({reason(exc)})")
-    if isinstance(exc, (httpx.HTTPError, aiohttp.ClientError, OSError, asyncio.IncompleteReadError)):
+    if isinstance(
+        exc, (httpx.HTTPError, aiohttp.ClientError, OSError, asyncio.IncompleteReadError)
+    ):
         return UpstreamError(f"the engine request failed ({reason(exc)})")
     return UpstreamError(f"the engine request failed unexpectedly ({reason(exc)})")

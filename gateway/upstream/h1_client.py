@@ -124,7 +124,11 @@ class _Conn(asyncio.Protocol):
             self.complete = True
             self._wake()
             return
-        self.fail(UpstreamConnectError(f"the engine dropped the connection ({reason(exc) if exc else 'closed'})"))
+        self.fail(
+            UpstreamConnectError(
+                f"the engine dropped the connection ({reason(exc) if exc else 'closed'})"
+            )
+        )
 
     # -- httptools callbacks ----------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -233,16 +237,12 @@ class _Watchdog:
 
     __slots__ = ("_conn", "_handle", "_idle_s", "_loop", "_url")
 
-    def __init__(
-        self, loop: asyncio.AbstractEventLoop, conn: _Conn, t: Timeouts, url: str
-    ) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, conn: _Conn, t: Timeouts, url: str) -> None:
         self._loop = loop
         self._conn = conn
         self._idle_s = t.read_s
         self._url = url
-        self._handle: asyncio.TimerHandle | None = loop.call_later(
-            t.response_headers_s, self._fire
-        )
+        self._handle: asyncio.TimerHandle | None = loop.call_later(t.response_headers_s, self._fire)
 
     def _fire(self) -> None:
         conn = self._conn
@@ -282,9 +282,7 @@ class _Watchdog:
 class H1Response:
     __slots__ = ("_client", "_closed", "_conn", "_dog", "_key", "headers", "status")
 
-    def __init__(
-        self, client: H1Client, key: tuple[str, int], conn: _Conn, dog: _Watchdog
-    ) -> None:
+    def __init__(self, client: H1Client, key: tuple[str, int], conn: _Conn, dog: _Watchdog) -> None:
         self._client = client
         self._key = key
         self._conn = conn

@@ -18,7 +18,12 @@ from gateway.testing.servers import RunningGateway, gateway, sim_engines
 MODEL = "kvgate-sim"
 ENGINE_KEY = "engine-secret"
 KEYS: list[dict[str, Any]] = [
-    {"name": "alice", "key_sha256": hash_key("sk-alice"), "tenant": "acme", "max_priority": "default"},
+    {
+        "name": "alice",
+        "key_sha256": hash_key("sk-alice"),
+        "tenant": "acme",
+        "max_priority": "default",
+    },
     {"name": "bob", "key_sha256": hash_key("sk-bob"), "models": ["other-model"]},
     {"name": "gone", "key_sha256": hash_key("sk-gone"), "disabled": True},
     {"name": "ops", "key_sha256": hash_key("sk-ops"), "admin": True},
@@ -46,12 +51,21 @@ async def gw(engines: list[SimEngine]) -> AsyncIterator[RunningGateway]:
 
 
 def chat(**extra: Any) -> dict[str, Any]:
-    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **extra}
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+        **extra,
+    }
 
 
 async def test_a_valid_key_is_served_and_the_engine_gets_the_engine_key(gw: RunningGateway) -> None:
-    async with openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="sk-alice", max_retries=0) as client:
-        out = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    async with openai.AsyncOpenAI(
+        base_url=gw.url + "/v1", api_key="sk-alice", max_retries=0
+    ) as client:
+        out = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
     assert out.choices[0].message.content
 
 
@@ -61,8 +75,18 @@ async def test_a_valid_key_is_served_and_the_engine_gets_the_engine_key(gw: Runn
         ({}, 401, "invalid_api_key", "didn't provide an API key"),
         ({"authorization": "Bearer sk-wrong"}, 401, "invalid_api_key", "Incorrect or revoked"),
         ({"authorization": "Bearer sk-gone"}, 401, "invalid_api_key", "Incorrect or revoked"),
-        ({"authorization": "Bearer sk-alice", "x-priority": "interactive"}, 403, "permission_denied", "at best"),
-        ({"authorization": "Bearer sk-alice", "x-tenant-id": "other"}, 403, "permission_denied", "tenant"),
+        (
+            {"authorization": "Bearer sk-alice", "x-priority": "interactive"},
+            403,
+            "permission_denied",
+            "at best",
+        ),
+        (
+            {"authorization": "Bearer sk-alice", "x-tenant-id": "other"},
+            403,
+            "permission_denied",
+            "tenant",
+        ),
         ({"authorization": "Bearer sk-bob"}, 403, "permission_denied", "may not use the model"),
     ],
 )
@@ -79,24 +103,36 @@ async def test_refusals_have_their_status_and_openai_body(
 
 
 async def test_the_official_client_raises_its_own_errors(gw: RunningGateway) -> None:
-    async with openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="sk-wrong", max_retries=0) as client:
+    async with openai.AsyncOpenAI(
+        base_url=gw.url + "/v1", api_key="sk-wrong", max_retries=0
+    ) as client:
         with pytest.raises(openai.AuthenticationError):
             await client.models.list()
-    async with openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="sk-alice", max_retries=0) as client:
+    async with openai.AsyncOpenAI(
+        base_url=gw.url + "/v1", api_key="sk-alice", max_retries=0
+    ) as client:
         with pytest.raises(openai.PermissionDeniedError):
             await client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=1,
+                model=MODEL,
+                messages=[{"role": "user", "content": "x"}],
+                max_tokens=1,
                 extra_headers={"x-priority": "interactive"},
             )
 
 
 async def test_a_key_without_class_gets_its_ceiling_at_best(gw: RunningGateway) -> None:
     async with httpx.AsyncClient(base_url=gw.url) as http:
-        ok = await http.post("/v1/chat/completions", json=chat(), headers={"authorization": "Bearer sk-alice", "x-priority": "batch"})
+        ok = await http.post(
+            "/v1/chat/completions",
+            json=chat(),
+            headers={"authorization": "Bearer sk-alice", "x-priority": "batch"},
+        )
         assert ok.status_code == 200
 
 
-async def test_no_route_but_health_and_ready_answers_without_credentials(gw: RunningGateway) -> None:
+async def test_no_route_but_health_and_ready_answers_without_credentials(
+    gw: RunningGateway,
+) -> None:
     paths: list[tuple[str, str]] = []
     for route in gw.app.routes:
         assert isinstance(route, Route)
@@ -144,22 +180,30 @@ async def test_the_console_page_is_open_and_its_data_needs_an_admin_key(gw: Runn
 async def test_usage_is_exported_per_key_and_tenant(gw: RunningGateway) -> None:
     async with httpx.AsyncClient(base_url=gw.url) as http:
         for _ in range(2):
-            r = await http.post("/v1/chat/completions", json=chat(), headers={"authorization": "Bearer sk-alice"})
+            r = await http.post(
+                "/v1/chat/completions", json=chat(), headers={"authorization": "Bearer sk-alice"}
+            )
             assert r.status_code == 200
         text = (await http.get("/metrics", headers={"authorization": "Bearer sk-ops"})).text
     assert 'kvgate_key_requests_total{key="alice",status="2xx",tenant="acme"} 2.0' in text
     assert 'kvgate_key_tokens_total{key="alice",kind="output",tenant="acme"} 4.0' in text
 
 
-async def test_keys_off_by_default_and_the_client_authorization_then_passes(engines: list[SimEngine]) -> None:
+async def test_keys_off_by_default_and_the_client_authorization_then_passes(
+    engines: list[SimEngine],
+) -> None:
     # No key configured: the demo stays open, and the client may hold the engines' key.
     replicas = [{"id": f"e{e.index}", "url": e.url, "models": [MODEL]} for e in engines]
     async with (
         gateway(engines, replicas=replicas, models={"discover": False}) as gw,
         httpx.AsyncClient(base_url=gw.url) as http,
     ):
-        ok = await http.post("/v1/chat/completions", json=chat(), headers={"authorization": f"Bearer {ENGINE_KEY}"})
-        refused = await http.post("/v1/chat/completions", json=chat(), headers={"authorization": "Bearer nope"})
+        ok = await http.post(
+            "/v1/chat/completions", json=chat(), headers={"authorization": f"Bearer {ENGINE_KEY}"}
+        )
+        refused = await http.post(
+            "/v1/chat/completions", json=chat(), headers={"authorization": "Bearer nope"}
+        )
         metrics = await http.get("/metrics")
     assert ok.status_code == 200
     assert refused.status_code == 401  # the engine's own refusal, relayed

@@ -22,7 +22,11 @@ MODEL = "kvgate-sim"
 
 
 def chat(max_tokens: int = 2) -> dict[str, Any]:
-    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens}
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": max_tokens,
+    }
 
 
 def replicas(engines: list[SimEngine]) -> list[dict[str, Any]]:
@@ -35,7 +39,9 @@ async def engines() -> AsyncIterator[list[SimEngine]]:
         yield engines
 
 
-async def test_requests_per_minute_get_429_with_retry_after_and_ratelimit_headers(engines: list[SimEngine]) -> None:
+async def test_requests_per_minute_get_429_with_retry_after_and_ratelimit_headers(
+    engines: list[SimEngine],
+) -> None:
     keys = [{"name": "k", "key_sha256": hash_key("sk-k"), "limits": {"requests_per_minute": 3}}]
     async with (
         gateway(engines, replicas=replicas(engines), auth={"keys": keys}) as gw,
@@ -74,12 +80,22 @@ async def test_output_tokens_per_minute_settled_from_usage(engines: list[SimEngi
 
 
 async def _two_gateways(
-    stack: AsyncExitStack, engines: list[SimEngine], redis_url: str, prefix: str, auth: dict[str, Any]
+    stack: AsyncExitStack,
+    engines: list[SimEngine],
+    redis_url: str,
+    prefix: str,
+    auth: dict[str, Any],
 ) -> list[RunningGateway]:
     store = {"backend": "redis", "url": redis_url, "key_prefix": prefix}
     return [
         await stack.enter_async_context(
-            gateway(engines, replicas=replicas(engines), store=store, auth=auth, models={"discover": False})
+            gateway(
+                engines,
+                replicas=replicas(engines),
+                store=store,
+                auth=auth,
+                models={"discover": False},
+            )
         )
         for _ in range(2)
     ]
@@ -89,11 +105,15 @@ async def test_two_gateways_sharing_redis_enforce_one_budget(
     engines: list[SimEngine], redis_server: RedisServer, key_prefix: str
 ) -> None:
     budget = 40
-    keys = [{"name": "k", "key_sha256": hash_key("sk-k"), "limits": {"requests_per_minute": budget}}]
+    keys = [
+        {"name": "k", "key_sha256": hash_key("sk-k"), "limits": {"requests_per_minute": budget}}
+    ]
     async with AsyncExitStack() as stack:
         gws = await _two_gateways(stack, engines, redis_server.url, key_prefix, {"keys": keys})
         clients = [
-            await stack.enter_async_context(httpx.AsyncClient(base_url=g.url, headers={"authorization": "Bearer sk-k"}))
+            await stack.enter_async_context(
+                httpx.AsyncClient(base_url=g.url, headers={"authorization": "Bearer sk-k"})
+            )
             for g in gws
         ]
 
@@ -119,7 +139,22 @@ async def test_a_key_revoked_in_redis_is_refused_by_another_gateway_within_a_sec
     auth = {"keys": keys, "redis_keys": True, "redis_refresh_s": 0.2}
     async with AsyncExitStack() as stack:
         gws = await _two_gateways(stack, engines, redis_server.url, key_prefix, auth)
-        assert kvgate(["keys", "add", *redis_args, "--name", "carol", "--key", "sk-carol", "--tenant", "t1"]) == 0
+        assert (
+            kvgate(
+                [
+                    "keys",
+                    "add",
+                    *redis_args,
+                    "--name",
+                    "carol",
+                    "--key",
+                    "sk-carol",
+                    "--tenant",
+                    "t1",
+                ]
+            )
+            == 0
+        )
         headers = {"authorization": "Bearer sk-carol"}
         async with httpx.AsyncClient() as http:
 

@@ -27,13 +27,25 @@ def settings(fast: list[SimEngine], cheap: list[SimEngine], **console: Any) -> d
         "replicas": replicas,
         "pools": {
             "pools": [
-                {"name": "fast", "price_per_card_hour": 4.0, "cards_per_replica": 2,
-                 "slots_per_replica": 4},
-                {"name": "cheap", "price_per_card_hour": 1.0, "cards_per_replica": 2,
-                 "slots_per_replica": 4},
+                {
+                    "name": "fast",
+                    "price_per_card_hour": 4.0,
+                    "cards_per_replica": 2,
+                    "slots_per_replica": 4,
+                },
+                {
+                    "name": "cheap",
+                    "price_per_card_hour": 1.0,
+                    "cards_per_replica": 2,
+                    "slots_per_replica": 4,
+                },
             ],
-            "controller": {"interval_s": 0.5, "dwell_steps": 1, "max_step": 0.2,
-                           "min_weight": 0.25},
+            "controller": {
+                "interval_s": 0.5,
+                "dwell_steps": 1,
+                "max_step": 0.2,
+                "min_weight": 0.25,
+            },
         },
         "admission": {
             "enabled": True,
@@ -41,8 +53,7 @@ def settings(fast: list[SimEngine], cheap: list[SimEngine], **console: Any) -> d
             "max_queue": 6,
             "max_wait_s": 0.5,
         },
-        "health": {"interval_s": 0.25, "failure_threshold": 2, "cooldown_s": 3,
-                   "timeout_s": 2.0},
+        "health": {"interval_s": 0.25, "failure_threshold": 2, "cooldown_s": 3, "timeout_s": 2.0},
         "scrape": {"interval_s": 0.25},
         "console": {"sample_interval_s": 0.5, **console},
     }
@@ -98,12 +109,15 @@ class Load:
                         messages=history,  # type: ignore[arg-type]
                         max_tokens=12,
                         stream=n % 2 == 0,
-                        extra_headers={"X-Session-Id": f"w{worker}-c{conversation}",
-                                       "X-Priority": CLASSES[worker % 3]},
+                        extra_headers={
+                            "X-Session-Id": f"w{worker}-c{conversation}",
+                            "X-Priority": CLASSES[worker % 3],
+                        },
                     )
                     if n % 2 == 0:
-                        text = "".join([c.choices[0].delta.content or "" async for c in reply
-                                        if c.choices])  # type: ignore[union-attr]
+                        text = "".join(
+                            [c.choices[0].delta.content or "" async for c in reply if c.choices]
+                        )  # type: ignore[union-attr]
                     else:
                         text = reply.choices[0].message.content or ""  # type: ignore[union-attr]
                     history.append({"role": "assistant", "content": text})

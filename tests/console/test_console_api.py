@@ -30,7 +30,9 @@ def runtime(gw: RunningGateway) -> ConsoleRuntime:
 async def chat(http: httpx.AsyncClient, n: int, **extra: Any) -> None:
     for i in range(n):
         body = {**BODY, **extra}
-        resp = await http.post("/v1/chat/completions", json=body, headers={"x-session-id": f"s{i % 3}"})
+        resp = await http.post(
+            "/v1/chat/completions", json=body, headers={"x-session-id": f"s{i % 3}"}
+        )
         assert resp.status_code == 200, resp.text
         if body.get("stream"):
             assert resp.text.rstrip().endswith("data: [DONE]")
@@ -39,9 +41,15 @@ async def chat(http: httpx.AsyncClient, n: int, **extra: Any) -> None:
 
 async def test_nobody_watching_means_no_observer_and_the_first_read_starts_measuring() -> None:
     # With the token metrics off (metrics.tokens), the console is the only observer there is.
-    async with sim_engines(2, "instant") as engines, gateway(
-        engines, console={"sample_interval_s": 0.05, "watch_idle_s": 0.3}, metrics={"tokens": False}
-    ) as gw, httpx.AsyncClient(base_url=gw.url, timeout=10) as http:
+    async with (
+        sim_engines(2, "instant") as engines,
+        gateway(
+            engines,
+            console={"sample_interval_s": 0.05, "watch_idle_s": 0.3},
+            metrics={"tokens": False},
+        ) as gw,
+        httpx.AsyncClient(base_url=gw.url, timeout=10) as http,
+    ):
         rt = runtime(gw)
         await chat(http, 4)
         # The request path ran exactly as without a console: no outcome observer at all.
@@ -85,9 +93,11 @@ async def test_measure_off_never_attaches_and_always_attaches_at_once() -> None:
 
 
 async def test_fleet_history_and_rates_follow_the_traffic() -> None:
-    async with sim_engines(2, "instant") as engines, gateway(
-        engines, console={"sample_interval_s": 0.05, "history_s": 0.25}
-    ) as gw, httpx.AsyncClient(base_url=gw.url, timeout=10) as http:
+    async with (
+        sim_engines(2, "instant") as engines,
+        gateway(engines, console={"sample_interval_s": 0.05, "history_s": 0.25}) as gw,
+        httpx.AsyncClient(base_url=gw.url, timeout=10) as http,
+    ):
         fleet = (await http.get("/admin/fleet")).json()
         assert [r["id"] for r in fleet["replicas"]] == ["e0", "e1"]
         assert {r["health"] for r in fleet["replicas"]} == {"healthy"}
@@ -101,7 +111,10 @@ async def test_fleet_history_and_rates_follow_the_traffic() -> None:
         assert all(set(s["replicas"]) == {"e0", "e1"} for s in samples)
         last = samples[-1]["t"]
         assert (await http.get(f"/admin/history?since={last}")).json() == []
-        assert len((await http.get(f"/admin/history?since={samples[0]['t']}")).json()) == len(samples) - 1
+        assert (
+            len((await http.get(f"/admin/history?since={samples[0]['t']}")).json())
+            == len(samples) - 1
+        )
         bad = await http.get("/admin/history?since=yesterday")
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "since"
         # requests/s is read back from kvgate_requests_total: 20 requests were counted.
@@ -111,11 +124,15 @@ async def test_fleet_history_and_rates_follow_the_traffic() -> None:
 
 
 async def test_a_dead_replica_is_ejected_on_the_fleet_and_on_the_timeline() -> None:
-    async with sim_engines(2, "instant") as engines, gateway(
-        engines,
-        health={"interval_s": 0.05, "failure_threshold": 1, "cooldown_s": 30},
-        console={"sample_interval_s": 0.05},
-    ) as gw, httpx.AsyncClient(base_url=gw.url, timeout=10) as http:
+    async with (
+        sim_engines(2, "instant") as engines,
+        gateway(
+            engines,
+            health={"interval_s": 0.05, "failure_threshold": 1, "cooldown_s": 30},
+            console={"sample_interval_s": 0.05},
+        ) as gw,
+        httpx.AsyncClient(base_url=gw.url, timeout=10) as http,
+    ):
         await engines[1].stop()
         for _ in range(100):
             fleet = (await http.get("/admin/fleet")).json()
@@ -132,9 +149,11 @@ async def test_a_dead_replica_is_ejected_on_the_fleet_and_on_the_timeline() -> N
 
 
 async def test_pages_and_assets_are_served_under_the_configured_path() -> None:
-    async with sim_engines(1, "instant") as engines, gateway(
-        engines, console={"path": "/ops/console"}
-    ) as gw, httpx.AsyncClient(base_url=gw.url, timeout=10) as http:
+    async with (
+        sim_engines(1, "instant") as engines,
+        gateway(engines, console={"path": "/ops/console"}) as gw,
+        httpx.AsyncClient(base_url=gw.url, timeout=10) as http,
+    ):
         page = await http.get("/ops/console")
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
         assert 'src="/ops/console/console.js"' in page.text and "{{base}}" not in page.text
@@ -146,17 +165,27 @@ async def test_pages_and_assets_are_served_under_the_configured_path() -> None:
 
 
 async def test_the_console_can_be_switched_off() -> None:
-    async with sim_engines(1, "instant") as engines, gateway(
-        engines, console={"enabled": False}
-    ) as gw, httpx.AsyncClient(base_url=gw.url, timeout=10) as http:
+    async with (
+        sim_engines(1, "instant") as engines,
+        gateway(engines, console={"enabled": False}) as gw,
+        httpx.AsyncClient(base_url=gw.url, timeout=10) as http,
+    ):
         assert "console" not in gw.state.extras
         assert (await http.get("/admin/fleet")).status_code == 404
         assert (await http.get("/console")).status_code == 404
 
 
 def _request(host: str) -> Request:
-    return Request({"type": "http", "method": "GET", "path": "/admin/fleet", "headers": [],
-                    "client": (host, 50000), "query_string": b""})
+    return Request(
+        {
+            "type": "http",
+            "method": "GET",
+            "path": "/admin/fleet",
+            "headers": [],
+            "client": (host, 50000),
+            "query_string": b"",
+        }
+    )
 
 
 def test_admin_guard_lets_everything_through_unless_local_only() -> None:
@@ -169,18 +198,29 @@ def test_admin_guard_lets_everything_through_unless_local_only() -> None:
     assert orjson.loads(bytes(denied.body))["error"]["type"] == "permission_error"
 
 
-@pytest.mark.parametrize("bad", [{"path": "console"}, {"path": "/console/"}, {"path": "/v1/console"},
-                                 {"history_s": 1, "sample_interval_s": 2}, {"measure": "sometimes"}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"path": "console"},
+        {"path": "/console/"},
+        {"path": "/v1/console"},
+        {"history_s": 1, "sample_interval_s": 2},
+        {"measure": "sometimes"},
+    ],
+)
 def test_bad_console_settings_fail_start_up(bad: dict[str, Any]) -> None:
     with pytest.raises(ConfigError) as err:
         build_app(load_settings(console=bad))
     assert "console" in err.value.message
 
 
-@pytest.mark.parametrize(("host", "url"), [
-    ("0.0.0.0", "http://127.0.0.1:8000/console"),
-    ("::", "http://[::1]:8000/console"),
-    ("10.0.0.7", "http://10.0.0.7:8000/console"),
-])
+@pytest.mark.parametrize(
+    ("host", "url"),
+    [
+        ("0.0.0.0", "http://127.0.0.1:8000/console"),
+        ("::", "http://[::1]:8000/console"),
+        ("10.0.0.7", "http://10.0.0.7:8000/console"),
+    ],
+)
 def test_console_url(host: str, url: str) -> None:
     assert console_url(host, 8000, "/console") == url

@@ -32,8 +32,13 @@ EJECT_DEADLINE_S = 6.0
 
 def _browser() -> Any:
     options = webdriver.ChromeOptions()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1920,1080"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1920,1080",
+    ):
         options.add_argument(arg)
     options.binary_location = CHROMIUM or ""
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
@@ -41,8 +46,10 @@ def _browser() -> Any:
 
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     # The viewport itself is 1920x1080 (a wall screen), not the window around it.
-    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
-                           {"width": 1920, "height": 1080, "deviceScaleFactor": 1, "mobile": False})
+    driver.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": 1920, "height": 1080, "deviceScaleFactor": 1, "mobile": False},
+    )
     return driver
 
 
@@ -51,7 +58,9 @@ async def rig() -> AsyncIterator[tuple[RunningGateway, list[SimEngine], Any]]:
     if CHROMIUM is None or CHROMEDRIVER is None:
         if os.environ.get("KVGATE_REQUIRE_BROWSER"):
             pytest.fail("chromium / chromedriver not found on PATH")
-        pytest.skip("chromium and chromedriver not found (CI installs them; apt install chromium chromium-driver)")
+        pytest.skip(
+            "chromium and chromedriver not found (CI installs them; apt install chromium chromium-driver)"
+        )
     async with console_gateway() as (gw, engines):
         driver = await asyncio.to_thread(_browser)
         try:
@@ -132,7 +141,13 @@ async def test_console_in_a_real_browser(
                     "r.querySelector('.engine').textContent, r.querySelector('.pool').textContent, "
                     "r.querySelector('.ring').textContent, r.querySelector('.inflight').textContent]"
                 )
-                want = [r["health"], r["engine"], r["pool"], pct(r["ring_share"]), str(r["in_flight"])]
+                want = [
+                    r["health"],
+                    r["engine"],
+                    r["pool"],
+                    pct(r["ring_share"]),
+                    str(r["in_flight"]),
+                ]
                 if shown != want:
                     return f"fleet row {r['id']}: page {shown} vs JSON {want}"
             healthy = await text("#kpi-healthy")
@@ -140,7 +155,9 @@ async def test_console_in_a_real_browser(
                 return f"healthy KPI {healthy} vs {fleet['healthy']}"
             sessions = (await http.get("/admin/sessions")).json()
             if await text("#sessions-tracked") != str(sessions["tracked"]):
-                return f"sessions tracked {await text('#sessions-tracked')} vs {sessions['tracked']}"
+                return (
+                    f"sessions tracked {await text('#sessions-tracked')} vs {sessions['tracked']}"
+                )
             if await text("#sessions-moves") != str(sum(sessions["moves"].values())):
                 return f"moves {await text('#sessions-moves')} vs {sessions['moves']}"
             for rid, n in sessions["spread"].items():
@@ -163,11 +180,17 @@ async def test_console_in_a_real_browser(
                     "r.querySelector('.waits').textContent, r.querySelector('.full').textContent, "
                     "r.querySelector('.timeout').textContent]"
                 )
-                want = [str(c["waits"]), str(c["rejected"]["queue_full"]), str(c["rejected"]["timeout"])]
+                want = [
+                    str(c["waits"]),
+                    str(c["rejected"]["queue_full"]),
+                    str(c["rejected"]["timeout"]),
+                ]
                 if shown != want:
                     return f"admission {c['name']}: page {shown} vs JSON {want}"
             pd = (await http.get("/admin/pd")).json()
-            pd_rows = await js("return document.querySelectorAll('#pd-rows tr[data-reason]').length")
+            pd_rows = await js(
+                "return document.querySelectorAll('#pd-rows tr[data-reason]').length"
+            )
             if pd_rows != len(pd["decisions"]):
                 return f"pd rows {pd_rows} vs {len(pd['decisions'])}"
             return None

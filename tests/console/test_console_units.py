@@ -16,22 +16,43 @@ from gateway.testing.clock import FakeClock
 from gateway.types import ReplicaId, ReplicaState, RouteRequest, SessionKey
 
 
-def outcome(session: str, replica: str, *, retries: int = 0, ok: bool = True,
-            prompt: int = 10, completion: int = 5, ttfb: float = 0.1) -> RequestOutcome:
-    request = RouteRequest(request_id="r", model="m", session_key=SessionKey(session),
-                           key_source="header")
-    return RequestOutcome(request=request, request_id="r", endpoint="chat",
-                          replica=ReplicaId(replica), status=200 if ok else 502, ok=ok,
-                          stream=False, prompt_tokens=prompt, cached_tokens=4,
-                          completion_tokens=completion, ttfb_s=ttfb, retries=retries)
+def outcome(
+    session: str,
+    replica: str,
+    *,
+    retries: int = 0,
+    ok: bool = True,
+    prompt: int = 10,
+    completion: int = 5,
+    ttfb: float = 0.1,
+) -> RequestOutcome:
+    request = RouteRequest(
+        request_id="r", model="m", session_key=SessionKey(session), key_source="header"
+    )
+    return RequestOutcome(
+        request=request,
+        request_id="r",
+        endpoint="chat",
+        replica=ReplicaId(replica),
+        status=200 if ok else 502,
+        ok=ok,
+        stream=False,
+        prompt_tokens=prompt,
+        cached_tokens=4,
+        completion_tokens=completion,
+        ttfb_s=ttfb,
+        retries=retries,
+    )
 
 
 def cluster() -> Cluster:
-    return Cluster([
-        ReplicaState(ReplicaId("a"), "http://a", pool="fast"),
-        ReplicaState(ReplicaId("b"), "http://b", pool="fast"),
-        ReplicaState(ReplicaId("c"), "http://c", pool="cheap"),
-    ])
+    return Cluster(
+        [
+            ReplicaState(ReplicaId("a"), "http://a", pool="fast"),
+            ReplicaState(ReplicaId("b"), "http://b", pool="fast"),
+            ReplicaState(ReplicaId("c"), "http://c", pool="cheap"),
+        ]
+    )
 
 
 def test_moves_are_told_apart_by_why() -> None:
@@ -47,7 +68,9 @@ def test_moves_are_told_apart_by_why() -> None:
     m.observe(outcome("s2", "a", ok=False))  # failed: not a placement of the session
     assert dict(m.sessions.moves) == {"bounded_load": 1, "pool_weights": 1, "failover": 2}
     assert [(mv.source, mv.target, mv.reason) for mv in m.sessions.recent_moves] == [
-        ("a", "b", "bounded_load"), ("b", "c", "pool_weights"), ("c", "a", "failover"),
+        ("a", "b", "bounded_load"),
+        ("b", "c", "pool_weights"),
+        ("c", "a", "failover"),
         ("a", "b", "failover"),
     ]
     assert m.totals() == {"requests": 7, "prompt": 70, "cached": 28, "completion": 35}
@@ -109,8 +132,9 @@ def test_watch_attaches_on_a_read_and_detaches_when_unread() -> None:
     def observer(outcome: RequestOutcome) -> None:
         return None
 
-    watch = Watch(observers, observer, "watched", 10.0, clock=clock,
-                  on_attach=lambda: resets.append(1))
+    watch = Watch(
+        observers, observer, "watched", 10.0, clock=clock, on_attach=lambda: resets.append(1)
+    )
     assert observers == [] and not watch.measuring
     watch.touch()
     assert observers == [observer] and len(resets) == 1

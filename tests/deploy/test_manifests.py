@@ -29,7 +29,9 @@ def kustomize(path: Path) -> list[dict[str, Any]]:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl not found on PATH (needed for `kubectl kustomize`)")
-    out = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [kubectl, "kustomize", str(path)], capture_output=True, text=True, check=True
+    )
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
@@ -65,8 +67,9 @@ def test_the_gateway_deployment_is_probed_bounded_and_covered(overlay: str) -> N
         selector = spec["selector"].get("matchLabels", spec["selector"])
         assert selector and selector.items() <= labels.items(), kind
     # The mounted settings are a valid kvgate config, and the drain outlasts the probe.
-    config = by_kind(docs, "ConfigMap", next(
-        d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap"))
+    config = by_kind(
+        docs, "ConfigMap", next(d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap")
+    )
     settings = yaml.safe_load(config["data"]["gateway.yaml"])
     probe = container["readinessProbe"]
     assert settings["server"]["drain_delay_s"] >= probe["periodSeconds"] * probe["failureThreshold"]
@@ -81,7 +84,9 @@ def test_keda_scales_the_gateway_on_its_queue_and_in_flight_signals() -> None:
     docs = kustomize(DEPLOY / "k8s/overlays/keda")
     scaled = by_kind(docs, "ScaledObject")
     assert scaled["apiVersion"] == "keda.sh/v1alpha1"
-    assert scaled["spec"]["scaleTargetRef"]["name"] == by_kind(docs, "Deployment")["metadata"]["name"]
+    assert (
+        scaled["spec"]["scaleTargetRef"]["name"] == by_kind(docs, "Deployment")["metadata"]["name"]
+    )
     queries = [t["metadata"]["query"] for t in scaled["spec"]["triggers"]]
     assert all(t["type"] == "prometheus" for t in scaled["spec"]["triggers"])
     assert any("kvgate_admission_queue_depth" in q for q in queries)
@@ -109,8 +114,9 @@ def test_docker_compose_accepts_the_demo_stack() -> None:
     binary = shutil.which("docker-compose")
     if binary is None:
         pytest.skip("docker-compose not found on PATH (CI installs it; apt install docker-compose)")
-    out = subprocess.run([binary, "-f", str(compose_file()), "config"], capture_output=True,
-                         text=True, check=False)
+    out = subprocess.run(
+        [binary, "-f", str(compose_file()), "config"], capture_output=True, text=True, check=False
+    )
     assert out.returncode == 0, out.stderr
     services = yaml.safe_load(out.stdout)["services"]
     assert {"redis", "engine", "gateway-a", "gateway-b", "prometheus", "grafana"} <= set(services)
@@ -127,7 +133,8 @@ def test_every_file_the_compose_stack_mounts_exists() -> None:
 
 
 @pytest.mark.parametrize(
-    "config", ["deploy/docker/gateway.yaml", "deploy/compose/gateway.yaml", "deploy/k8s/base/gateway.yaml"]
+    "config",
+    ["deploy/docker/gateway.yaml", "deploy/compose/gateway.yaml", "deploy/k8s/base/gateway.yaml"],
 )
 def test_shipped_gateway_configs_are_valid(config: str) -> None:
     assert check_config(ROOT / config) == []
@@ -167,14 +174,22 @@ def test_the_image_runs_unprivileged_with_a_healthcheck_and_a_config_path() -> N
     health = next(args for op, args in instructions if op == "HEALTHCHECK")
     assert "kvgate-healthcheck" in health
     env = " ".join(args for op, args in instructions if op == "ENV")
-    assert "KVGATE_CONFIG_FILE=/etc/kvgate/gateway.yaml" in env and "KVGATE_SERVER__HOST=0.0.0.0" in env
+    assert (
+        "KVGATE_CONFIG_FILE=/etc/kvgate/gateway.yaml" in env
+        and "KVGATE_SERVER__HOST=0.0.0.0" in env
+    )
     assert json.loads(next(args for op, args in instructions if op == "ENTRYPOINT")) == ["kvgate"]
 
 
 def test_the_healthcheck_script_reports_a_live_and_a_dead_server() -> None:
     script = DEPLOY / "docker/healthcheck.py"
-    dead = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          env={"KVGATE_HEALTHCHECK_URL": "http://127.0.0.1:9/health"}, check=False)
+    dead = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env={"KVGATE_HEALTHCHECK_URL": "http://127.0.0.1:9/health"},
+        check=False,
+    )
     assert dead.returncode == 1 and "127.0.0.1:9" in dead.stderr
 
 

@@ -66,9 +66,14 @@ def prometheus(target: str, tmp: Path) -> Iterator[str]:
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
     proc = subprocess.Popen(
-        [binary, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=(tmp / "prometheus.log").open("wb"),
+        [
+            binary,
+            f"--config.file={tmp / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp / "prometheus.log").open("wb"),
     )
     try:
         yield f"http://127.0.0.1:{port}"
@@ -96,12 +101,19 @@ async def loaded_gateway(engines: list[SimEngine], redis_url: str) -> AsyncItera
         async with gateway(
             engines,
             replicas=[],
-            discovery={"nameservers": [ns], "dns": [
-                {"name": f"_{p}._tcp.kvgate.test", "pool": p} for p in ("h200", "domestic")]},
-            pools={"pools": [
-                {"name": "h200", "price_per_card_hour": 4.0, **pool},
-                {"name": "domestic", "price_per_card_hour": 1.0, **pool},
-            ], "models": [{"name": MODEL}]},
+            discovery={
+                "nameservers": [ns],
+                "dns": [
+                    {"name": f"_{p}._tcp.kvgate.test", "pool": p} for p in ("h200", "domestic")
+                ],
+            },
+            pools={
+                "pools": [
+                    {"name": "h200", "price_per_card_hour": 4.0, **pool},
+                    {"name": "domestic", "price_per_card_hour": 1.0, **pool},
+                ],
+                "models": [{"name": MODEL}],
+            },
             store={"backend": "redis", "url": redis_url},
             admission={"enabled": True, "saturation": {"max_inflight": 1}},
             pd={"models": {MODEL: {"mode": "auto", "kv_bytes_per_token": 65536}}},
@@ -122,7 +134,10 @@ async def drive(gw: RunningGateway, seconds: float) -> None:
             with contextlib.suppress(openai.APIError):
                 if turn % 3:
                     stream = await client.chat.completions.create(
-                        model=MODEL, messages=messages, max_tokens=12, stream=True,
+                        model=MODEL,
+                        messages=messages,
+                        max_tokens=12,
+                        stream=True,
                         extra_headers={"X-Session-Id": f"w{n}"},
                     )
                     async for _ in stream:
@@ -148,7 +163,9 @@ async def query(http: httpx.AsyncClient, expr: str) -> list[Any]:
 async def test_every_dashboard_and_alert_expression_returns_data(tmp_path: Path) -> None:
     binary = redis_binary()
     if binary is None:
-        pytest.skip("redis-server binary not found on PATH (CI installs it; apt install redis-server)")
+        pytest.skip(
+            "redis-server binary not found on PATH (CI installs it; apt install redis-server)"
+        )
     redis = RedisServer(binary, server_port())
     redis.start()
     try:
@@ -172,8 +189,9 @@ async def check_all(http: httpx.AsyncClient) -> None:
     assert len(exprs) >= 30
     for title, expr in exprs:
         data = await query(http, expr.replace("$__rate_interval", RATE_WINDOW))
-        pending = any(name.removesuffix("_bucket") in PENDING_RELAY_WIRING
-                      for name in metric_names(expr))
+        pending = any(
+            name.removesuffix("_bucket") in PENDING_RELAY_WIRING for name in metric_names(expr)
+        )
         if pending and data:
             wired.append(title)
         elif not pending and not data:
@@ -208,5 +226,7 @@ def test_promtool_accepts_the_rules() -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool not found on PATH (CI installs prometheus)")
-    result = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [promtool, "check", "rules", str(RULES)], capture_output=True, text=True, check=False
+    )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -34,8 +34,12 @@ async def test_engines_join_and_leave_without_a_restart() -> None:
     async with sim_engines(3, profile="instant") as engines:
         publish(zone, engines[:2])
         with dns_server(zone) as ns:
-            discovery = {"dns": [{"name": NAME}], "nameservers": [ns], "interval_s": 0.1,
-                         "remove_after": 1}
+            discovery = {
+                "dns": [{"name": NAME}],
+                "nameservers": [ns],
+                "interval_s": 0.1,
+                "remove_after": 1,
+            }
             async with gateway(engines, replicas=[], discovery=discovery) as gw:
                 cluster = gw.state.cluster
                 # The first resolution ran before the gateway took traffic.
@@ -50,7 +54,8 @@ async def test_engines_join_and_leave_without_a_restart() -> None:
                     seen = set()
                     for i in range(32):
                         raw = await client.chat.completions.with_raw_response.create(
-                            model="kvgate-sim", max_tokens=2,
+                            model="kvgate-sim",
+                            max_tokens=2,
                             messages=[{"role": "user", "content": f"hello {i}"}],
                             extra_headers={"X-Session-Id": f"r{round_}-s{i}"},
                         )

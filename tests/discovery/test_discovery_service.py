@@ -36,7 +36,9 @@ def set_engines(z: Zone, indices: range | list[int]) -> None:
 def discovery(
     cluster: Cluster, ns: str, registry: CollectorRegistry | None = None, **settings: object
 ) -> DnsDiscovery:
-    cfg = DiscoverySettings(dns=(DnsTarget(name=NAME, models=("m",)),), nameservers=(ns,), **settings)  # type: ignore[arg-type]
+    cfg = DiscoverySettings(
+        dns=(DnsTarget(name=NAME, models=("m",)),), nameservers=(ns,), **settings
+    )  # type: ignore[arg-type]
     metrics = DiscoveryMetrics(registry) if registry is not None else None
     return DnsDiscovery(cluster, cfg, DnsResolver(cfg.nameservers, 1.0), metrics)
 

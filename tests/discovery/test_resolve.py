@@ -16,8 +16,11 @@ SRV_NAME = "_http._tcp.vllm.test"
 def zone() -> Zone:
     return Zone(
         srv={SRV_NAME: [("vllm-0.vllm.test", 8001), ("vllm-1.vllm.test", 8002)]},
-        a={"vllm-0.vllm.test": ["10.0.0.1"], "vllm-1.vllm.test": ["10.0.0.2"],
-           "vllm.test": ["10.0.0.9", "10.0.0.3"]},
+        a={
+            "vllm-0.vllm.test": ["10.0.0.1"],
+            "vllm-1.vllm.test": ["10.0.0.2"],
+            "vllm.test": ["10.0.0.9", "10.0.0.3"],
+        },
         aaaa={"v6.test": ["fd00::5"]},
     )
 
@@ -28,8 +31,10 @@ async def test_srv_records_with_and_without_glue(glue: bool) -> None:
     z.glue = glue
     with dns_server(z) as ns:
         found = await DnsResolver([ns]).lookup(DnsTarget(name=SRV_NAME))
-    assert found == [Endpoint("vllm-0.vllm.test", "10.0.0.1", 8001),
-                     Endpoint("vllm-1.vllm.test", "10.0.0.2", 8002)]
+    assert found == [
+        Endpoint("vllm-0.vllm.test", "10.0.0.1", 8001),
+        Endpoint("vllm-1.vllm.test", "10.0.0.2", 8002),
+    ]
     asked_for_a = [q for q in z.queries if q[1] == "A"]
     assert bool(asked_for_a) is not glue  # glue saves the follow-up queries
 
@@ -61,15 +66,17 @@ async def test_server_failure_and_silence_are_errors_not_empty() -> None:
         silent.bind(("127.0.0.1", 0))
         port = silent.getsockname()[1]
         with pytest.raises(DiscoveryError, match="no answer"):
-            await DnsResolver([f"127.0.0.1:{port}"], timeout_s=0.3).lookup(
-                DnsTarget(name=SRV_NAME)
-            )
+            await DnsResolver([f"127.0.0.1:{port}"], timeout_s=0.3).lookup(DnsTarget(name=SRV_NAME))
 
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("10.0.0.10", ("10.0.0.10", 53)), ("10.0.0.10:5353", ("10.0.0.10", 5353)),
-     ("::1", ("::1", 53)), ("[::1]:5353", ("::1", 5353))],
+    [
+        ("10.0.0.10", ("10.0.0.10", 53)),
+        ("10.0.0.10:5353", ("10.0.0.10", 5353)),
+        ("::1", ("::1", 53)),
+        ("[::1]:5353", ("::1", 5353)),
+    ],
 )
 def test_parse_nameserver(text: str, expected: tuple[str, int]) -> None:
     assert parse_nameserver(text) == expected

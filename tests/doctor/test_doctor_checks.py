@@ -24,10 +24,26 @@ num_gpu_blocks="{blocks}",engine="0"}} 1.0
 """
 
 
-def snap(at: float, *, running: int = 2, waiting: int = 0, usage: float = 0.5, pre: int = 0,
-         prompt: int = 100, gen: int = 10, blocks: str = "1000") -> EngineSnapshot:
-    text = VLLM.format(running=running, waiting=waiting, usage=usage, pre=pre, prompt=prompt,
-                       gen=gen, blocks=blocks)
+def snap(
+    at: float,
+    *,
+    running: int = 2,
+    waiting: int = 0,
+    usage: float = 0.5,
+    pre: int = 0,
+    prompt: int = 100,
+    gen: int = 10,
+    blocks: str = "1000",
+) -> EngineSnapshot:
+    text = VLLM.format(
+        running=running,
+        waiting=waiting,
+        usage=usage,
+        pre=pre,
+        prompt=prompt,
+        gen=gen,
+        blocks=blocks,
+    )
     return parse_engine("http://e", text, at)
 
 
@@ -45,8 +61,11 @@ def test_old_preemptions_only_warn_and_a_restart_is_not_negative() -> None:
     (f,) = old.findings
     assert f.code == "preemptions" and f.severity == "warning"
     # Counters went backwards (restart): the new totals are the delta.
-    restarted = diagnose({"http://e": [snap(0.0, pre=50, usage=0.95),
-                                       snap(1.0, pre=2, usage=0.95, prompt=300)]}, None, Hints())
+    restarted = diagnose(
+        {"http://e": [snap(0.0, pre=50, usage=0.95), snap(1.0, pre=2, usage=0.95, prompt=300)]},
+        None,
+        Hints(),
+    )
     (g,) = restarted.findings
     assert g.severe and "2 in the last 1.0 s" in g.evidence[0]
 
@@ -60,8 +79,8 @@ def test_frozen_counters_while_running_are_stale() -> None:
 
 def test_expected_hit_rate_without_a_gateway() -> None:
     text = VLLM.format(running=0, waiting=0, usage=0.1, pre=0, prompt=1, gen=1, blocks="10")
-    text += "vllm:prefix_cache_queries_total{engine=\"0\"} 1000\n"
-    text += "vllm:prefix_cache_hits_total{engine=\"0\"} 100\n"
+    text += 'vllm:prefix_cache_queries_total{engine="0"} 1000\n'
+    text += 'vllm:prefix_cache_hits_total{engine="0"} 100\n'
     s = parse_engine("http://e", text, 0.0)
     d = diagnose({"http://e": [s]}, None, Hints(expected_hit_rate=0.8))
     (f,) = d.findings

@@ -30,8 +30,14 @@ def body(text: str, max_tokens: int) -> dict[str, object]:
     return {"model": "kvgate-sim", "prompt": text, "max_tokens": max_tokens, "ignore_eos": True}
 
 
-async def doctor(urls: list[str], hints: Hints | None = None, *, gateway: str | None = None,
-                 samples: int = 2, interval: float = 0.05) -> Diagnosis:
+async def doctor(
+    urls: list[str],
+    hints: Hints | None = None,
+    *,
+    gateway: str | None = None,
+    samples: int = 2,
+    interval: float = 0.05,
+) -> Diagnosis:
     series, view = await collect(urls, gateway, samples=samples, interval=interval, timeout=5.0)
     return diagnose(series, view, hints or Hints())
 
@@ -41,16 +47,20 @@ def codes(d: Diagnosis) -> set[str]:
 
 
 @contextlib.asynccontextmanager
-async def load(url: str, n: int, text: str, max_tokens: int, every_s: float = 0.0
-               ) -> AsyncIterator[list[asyncio.Task[httpx.Response]]]:
+async def load(
+    url: str, n: int, text: str, max_tokens: int, every_s: float = 0.0
+) -> AsyncIterator[list[asyncio.Task[httpx.Response]]]:
     """`n` requests in flight on one engine (one every `every_s`), cancelled on exit."""
     async with httpx.AsyncClient(base_url=url, timeout=60) as client:
         tasks: list[asyncio.Task[httpx.Response]] = []
 
         async def feed() -> None:
             for i in range(n):
-                tasks.append(asyncio.create_task(
-                    client.post("/v1/completions", json=body(f"r{i} {text}", max_tokens))))
+                tasks.append(
+                    asyncio.create_task(
+                        client.post("/v1/completions", json=body(f"r{i} {text}", max_tokens))
+                    )
+                )
                 if every_s:
                     await asyncio.sleep(every_s)
 
@@ -174,9 +184,14 @@ async def test_stale_and_low_hit_rate_from_the_gateways_view() -> None:
                 for turn in range(5):
                     for c in range(len(history)):
                         history[c] += f"conversation {c} turn {turn} " + "w" * 600
-                        r = await client.post("/v1/chat/completions", json={
-                            "model": "kvgate-sim", "max_tokens": 2,
-                            "messages": [{"role": "user", "content": history[c]}]})
+                        r = await client.post(
+                            "/v1/chat/completions",
+                            json={
+                                "model": "kvgate-sim",
+                                "max_tokens": 2,
+                                "messages": [{"role": "user", "content": history[c]}],
+                            },
+                        )
                         assert r.status_code == 200
             d = await doctor(sim.urls, gateway=server.url, samples=1)
             low = [f for f in d.findings if f.code == "hit_rate_low"]
@@ -187,8 +202,7 @@ async def test_stale_and_low_hit_rate_from_the_gateways_view() -> None:
             gone = sim.urls[1].removeprefix("http://")  # the gateway's id for that replica
             await sim.engines[1].stop()
             await asyncio.sleep(1.2)
-            d2 = await doctor(sim.urls[:1], Hints(stale_after_s=1.0), gateway=server.url,
-                              samples=1)
+            d2 = await doctor(sim.urls[:1], Hints(stale_after_s=1.0), gateway=server.url, samples=1)
             stale = [f for f in d2.findings if f.code == "stale_metrics"]
             assert [f.replica for f in stale] == [gone]
             assert "kvgate_scrape_errors_total" in stale[0].evidence[1]
@@ -201,12 +215,21 @@ async def test_cli_exit_status_and_json(healthy: bool) -> None:
     profile = get_profile("h200-sparse") if healthy else TINY
     async with SimCluster(1, profile) as sim:
         env = {**os.environ, "PYTHONPATH": os.getcwd()}
-        args = [sys.executable, "-m", "gateway.cli", "doctor", *sim.urls, "--samples", "1",
-                "--json"]
+        args = [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "doctor",
+            *sim.urls,
+            "--samples",
+            "1",
+            "--json",
+        ]
         if not healthy:
             args += ["--max-model-len", "4096"]
         proc = await asyncio.create_subprocess_exec(
-            *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+            *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
+        )
         out, err = await proc.communicate()
         report = orjson.loads(out)
         assert proc.returncode == (0 if healthy else 1), err
@@ -217,7 +240,12 @@ async def test_cli_exit_status_and_json(healthy: bool) -> None:
 
 async def test_cli_rejects_no_urls() -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.cli", "doctor", stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": os.getcwd()})
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "doctor",
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     _, err = await proc.communicate()
     assert proc.returncode == 2 and b"at least one engine URL" in err

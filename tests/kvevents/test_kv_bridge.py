@@ -21,9 +21,13 @@ def chat(*texts: str) -> dict[str, object]:
     return {"model": "m", "messages": [{"role": r, "content": t} for r, t in zip(roles, texts)]}
 
 
-def learn(body: dict[str, object], endpoint: Endpoint = Endpoint.CHAT) -> tuple[tuple[int, ...], array[int], list[int]]:
+def learn(
+    body: dict[str, object], endpoint: Endpoint = Endpoint.CHAT
+) -> tuple[tuple[int, ...], array[int], list[int]]:
     request = route_request(body, endpoint, "r", block_tokens=BLOCK_TOKENS, max_prefix_blocks=4096)
-    learnt = learn_prompt(SimRenderer(), body, endpoint, request.prefix_hashes, BLOCK_TOKENS * 4, 16)
+    learnt = learn_prompt(
+        SimRenderer(), body, endpoint, request.prefix_hashes, BLOCK_TOKENS * 4, 16
+    )
     assert learnt is not None
     return learnt
 
@@ -46,13 +50,26 @@ def test_a_later_turn_finds_the_previous_turns_blocks_without_tokenizing() -> No
     bridge = PromptBridge()
     bridge.learn(hashes, keys, counts)
     later = chat("Be brief. " * 30, "Tell me about caches. " * 20, "Sure. " * 40, "Why? " * 30)
-    request = route_request(later, Endpoint.CHAT, "r2", block_tokens=BLOCK_TOKENS, max_prefix_blocks=4096)
+    request = route_request(
+        later, Endpoint.CHAT, "r2", block_tokens=BLOCK_TOKENS, max_prefix_blocks=4096
+    )
     found = bridge.lookup(request.prefix_hashes)
     assert found is not None
     got, n = found
     full = chain_keys(approx_token_ids(render_chat(later["messages"])), 16, root_seed())  # type: ignore[arg-type]
     assert n >= counts[-1] - 1 and list(got[:n]) == full[:n]
-    assert bridge.lookup(route_request(chat("Other. " * 40, "x " * 90), Endpoint.CHAT, "r3", block_tokens=BLOCK_TOKENS, max_prefix_blocks=4096).prefix_hashes) is None
+    assert (
+        bridge.lookup(
+            route_request(
+                chat("Other. " * 40, "x " * 90),
+                Endpoint.CHAT,
+                "r3",
+                block_tokens=BLOCK_TOKENS,
+                max_prefix_blocks=4096,
+            ).prefix_hashes
+        )
+        is None
+    )
 
 
 def test_completions_text_and_token_ids() -> None:

@@ -13,7 +13,9 @@ TOKENS = list(range(1000, 1064))  # 4 blocks of 16
 KEYS = chain_keys(TOKENS, 16, root_seed())
 
 
-def stored(hashes: list[int], parent: int | None, tokens: list[int], medium: str = "GPU") -> BlockStored:
+def stored(
+    hashes: list[int], parent: int | None, tokens: list[int], medium: str = "GPU"
+) -> BlockStored:
     return BlockStored(tuple(hashes), parent, tuple(tokens), 16, None, medium)
 
 
@@ -60,7 +62,9 @@ def test_orphans_and_malformed_blocks_are_left_out() -> None:
 def test_lora_and_extra_keys_never_match_plain_prompts() -> None:
     index = EventIndex()
     index.apply(R, [BlockStored((1,), None, tuple(TOKENS[:16]), 16, 5, "GPU")])
-    index.apply(ReplicaId("s"), [BlockStored((1,), None, tuple(TOKENS[:16]), 16, None, "GPU", (("salt",),))])
+    index.apply(
+        ReplicaId("s"), [BlockStored((1,), None, tuple(TOKENS[:16]), 16, None, "GPU", (("salt",),))]
+    )
     assert index.matched(R, KEYS, W) == (0, 0.0)
     assert index.matched(ReplicaId("s"), KEYS, W) == (0, 0.0)
 
@@ -92,9 +96,23 @@ def test_fast_and_slow_lookups_agree_with_a_plain_walk_under_random_churn() -> N
             end = min(30, start + rng.randrange(1, 6))
             medium = "GPU" if rng.random() < 0.9 else "CPU"
             parent = start if start else None  # engine hash of block i is i + 1
-            if parent is not None and index.blocks(R) is not None and parent not in index.blocks(R).keys:  # type: ignore[union-attr]
+            if (
+                parent is not None
+                and index.blocks(R) is not None
+                and parent not in index.blocks(R).keys
+            ):  # type: ignore[union-attr]
                 continue
-            index.apply(R, [stored(list(range(start + 1, end + 1)), parent, tokens[16 * start : 16 * end], medium)])
+            index.apply(
+                R,
+                [
+                    stored(
+                        list(range(start + 1, end + 1)),
+                        parent,
+                        tokens[16 * start : 16 * end],
+                        medium,
+                    )
+                ],
+            )
         else:
             index.apply(R, [BlockRemoved((start + 1,), "GPU" if rng.random() < 0.8 else "CPU")])
         blocks = index.blocks(R)

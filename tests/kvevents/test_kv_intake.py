@@ -33,7 +33,9 @@ async def until(check: Callable[[], bool], timeout: float = 5.0) -> None:
 
 def block(i: int) -> BlockStored:
     """Block i of one long chain (tokens 16i..16i+15), engine hash i+1."""
-    return BlockStored((i + 1,), i if i else None, tuple(range(16 * i, 16 * i + 16)), 16, None, "GPU")
+    return BlockStored(
+        (i + 1,), i if i else None, tuple(range(16 * i, 16 * i + 16)), 16, None, "GPU"
+    )
 
 
 KEYS = chain_keys(list(range(16 * 40)), 16, root_seed())

@@ -24,17 +24,23 @@ def sources(engines: Sequence[SimEngine]) -> list[dict[str, Any]]:
     out = []
     for e in engines:
         assert e.kv_publisher is not None
-        out.append({
-            "replica": f"e{e.index}", "endpoint": e.kv_publisher.endpoint,
-            "replay_endpoint": e.kv_publisher.replay_endpoint, "topic": "kv-events",
-        })
+        out.append(
+            {
+                "replica": f"e{e.index}",
+                "endpoint": e.kv_publisher.endpoint,
+                "replay_endpoint": e.kv_publisher.replay_endpoint,
+                "topic": "kv-events",
+            }
+        )
     return out
 
 
 def settings(engines: Sequence[SimEngine], events: bool) -> dict[str, Any]:
     return {
         "kv_events": {
-            "enabled": events, "sources": sources(engines), "tokenizer": {"kind": "sim"},
+            "enabled": events,
+            "sources": sources(engines),
+            "tokenizer": {"kind": "sim"},
         },
         # Small prompt blocks: the tiny engines hold only about a thousand tokens.
         "session": {"block_tokens": 16},
@@ -52,7 +58,9 @@ async def until(check: Callable[[], bool], timeout: float = 5.0) -> None:
 
 async def ask(client: openai.AsyncOpenAI, messages: list[dict[str, str]]) -> tuple[str, int, str]:
     raw = await client.chat.completions.with_raw_response.create(
-        model=MODEL, messages=messages, max_tokens=4  # type: ignore[arg-type]
+        model=MODEL,
+        messages=messages,
+        max_tokens=4,  # type: ignore[arg-type]
     )
     done = raw.parse()
     assert done.usage is not None and done.usage.prompt_tokens_details is not None
@@ -63,14 +71,18 @@ async def ask(client: openai.AsyncOpenAI, messages: list[dict[str, str]]) -> tup
 async def direct(engine: SimEngine, messages: list[dict[str, str]]) -> None:
     """Another client of the same engine, behind the gateway's back."""
     async with httpx.AsyncClient(base_url=engine.url) as http:
-        r = await http.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": 1})
+        r = await http.post(
+            "/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": 1}
+        )
         assert r.status_code == 200, r.text
 
 
 def decisions(gw: RunningGateway, reason: str) -> float:
     registry = gw.state.metrics.registry
     return sum(
-        s.value for m in registry.collect() for s in m.samples
+        s.value
+        for m in registry.collect()
+        for s in m.samples
         if s.name == "kvgate_routing_decisions_total" and s.labels.get("reason") == reason
     )
 
@@ -126,7 +138,10 @@ async def test_a_killed_publisher_degrades_to_approximate_and_recovers() -> None
         engine.stop_kv_events()
         await until(lambda: feature.feed.state(home) is SyncState.DOWN)  # type: ignore[arg-type]
         for turn in range(3):  # no errors, the approximate index keeps it sticky
-            convo += [{"role": "assistant", "content": answer}, {"role": "user", "content": f"next {turn} " * 5}]
+            convo += [
+                {"role": "assistant", "content": answer},
+                {"role": "user", "content": f"next {turn} " * 5},
+            ]
             served, cached, answer = await ask(client, convo)
             assert served == home and cached > 0
         engine.start_kv_events()  # a restarted engine: empty cache, numbering from 0
@@ -140,7 +155,10 @@ async def test_a_killed_publisher_degrades_to_approximate_and_recovers() -> None
             assert feature.feed.state(home) is SyncState.SYNCED  # type: ignore[arg-type]
             metrics = (await http.get(gw.url + "/metrics")).text
         assert f'kvgate_kv_events_disconnects_total{{replica="{home}"}} 1.0' in metrics
-        convo += [{"role": "assistant", "content": answer}, {"role": "user", "content": "again " * 5}]
+        convo += [
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": "again " * 5},
+        ]
         served, cached, _ = await ask(client, convo)
         # The restart emptied the cache; the events say so, and the answer still comes.
         assert cached == 0

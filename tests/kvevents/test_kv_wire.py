@@ -115,22 +115,39 @@ enc = msgspec.msgpack.encode
 
 
 def test_vllm_positional_without_medium() -> None:
-    payload = enc(OldBatch(1.5, [
-        OldStored([11, 12], None, TOKENS, 16, None), OldRemoved([11]), OldCleared(),
-    ]))
+    payload = enc(
+        OldBatch(
+            1.5,
+            [
+                OldStored([11, 12], None, TOKENS, 16, None),
+                OldRemoved([11]),
+                OldCleared(),
+            ],
+        )
+    )
     batch = decode_batch(payload)
-    assert batch == EventBatch(1.5, (
-        BlockStored((11, 12), None, tuple(TOKENS), 16, None, None),
-        BlockRemoved((11,), None),
-        AllBlocksCleared(),
-    ))
+    assert batch == EventBatch(
+        1.5,
+        (
+            BlockStored((11, 12), None, tuple(TOKENS), 16, None, None),
+            BlockRemoved((11,), None),
+            AllBlocksCleared(),
+        ),
+    )
 
 
 def test_vllm_positional_with_medium_bytes_hashes_and_rank() -> None:
     h1, h2 = b"\x01" * 32, b"\x02" * 32
-    payload = enc(MidBatch(2.0, [
-        MidStored([h2], h1, TOKENS[:16], 16, 3, "CPU"), MidRemoved([h1], "GPU"),
-    ], data_parallel_rank=1))
+    payload = enc(
+        MidBatch(
+            2.0,
+            [
+                MidStored([h2], h1, TOKENS[:16], 16, 3, "CPU"),
+                MidRemoved([h1], "GPU"),
+            ],
+            data_parallel_rank=1,
+        )
+    )
     batch = decode_batch(payload)
     assert batch.dp_rank == 1
     assert batch.events == (
@@ -140,12 +157,27 @@ def test_vllm_positional_with_medium_bytes_hashes_and_rank() -> None:
 
 
 def test_vllm_maps_with_fields_the_decoder_does_not_use() -> None:
-    payload = enc(NewBatch(3.0, [
-        NewStored([5, 6], 4, TOKENS, 16, None, "GPU", None, extra_keys=[None, ("salt",)],
-                  group_idx=0, kv_cache_spec_kind="full_attention"),
-        NewRemoved([5], "GPU", group_idx=1),
-        NewCleared(),
-    ]))
+    payload = enc(
+        NewBatch(
+            3.0,
+            [
+                NewStored(
+                    [5, 6],
+                    4,
+                    TOKENS,
+                    16,
+                    None,
+                    "GPU",
+                    None,
+                    extra_keys=[None, ("salt",)],
+                    group_idx=0,
+                    kv_cache_spec_kind="full_attention",
+                ),
+                NewRemoved([5], "GPU", group_idx=1),
+                NewCleared(),
+            ],
+        )
+    )
     batch = decode_batch(payload)
     stored, removed, cleared = batch.events
     assert isinstance(stored, BlockStored)
@@ -156,7 +188,9 @@ def test_vllm_maps_with_fields_the_decoder_does_not_use() -> None:
 
 
 def test_sglang_positional_batch_of_map_events() -> None:
-    payload = enc(SglBatch(4.0, [NewStored([7], None, TOKENS[:16], 16, None, "CPU_PINNED", None)], 2))
+    payload = enc(
+        SglBatch(4.0, [NewStored([7], None, TOKENS[:16], 16, None, "CPU_PINNED", None)], 2)
+    )
     batch = decode_batch(payload)
     assert batch.dp_rank == 2
     assert batch.events == (BlockStored((7,), None, tuple(TOKENS[:16]), 16, None, "CPU_PINNED"),)
@@ -164,16 +198,21 @@ def test_sglang_positional_batch_of_map_events() -> None:
 
 @pytest.mark.parametrize("layout", ["array", "map", "mixed"])
 def test_own_encoder_round_trips_in_every_layout(layout: str) -> None:
-    batch = EventBatch(5.0, (
-        BlockStored((1, 2), None, tuple(TOKENS), 16, None, "GPU"),
-        BlockRemoved((2,), "GPU"),
-        AllBlocksCleared(),
-    ))
+    batch = EventBatch(
+        5.0,
+        (
+            BlockStored((1, 2), None, tuple(TOKENS), 16, None, "GPU"),
+            BlockRemoved((2,), "GPU"),
+            AllBlocksCleared(),
+        ),
+    )
     assert decode_batch(encode_batch(batch, layout)) == batch  # type: ignore[arg-type]
 
 
 def test_own_array_encoding_is_byte_identical_to_the_engine_class() -> None:
-    ours = encode_batch(EventBatch(1.0, (BlockStored((1,), None, tuple(TOKENS[:16]), 16, None, "GPU"),)))
+    ours = encode_batch(
+        EventBatch(1.0, (BlockStored((1,), None, tuple(TOKENS[:16]), 16, None, "GPU"),))
+    )
     theirs = enc(MidBatch(1.0, [MidStored([1], None, TOKENS[:16], 16, None, "GPU")]))
     assert ours == theirs
 

@@ -5,13 +5,17 @@ from typing import Any
 from gateway.middleware.request_id import SCOPE_KEY, RequestIdMiddleware
 
 
-async def run(headers: list[tuple[bytes, bytes]], response_headers: list[tuple[bytes, bytes]] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+async def run(
+    headers: list[tuple[bytes, bytes]], response_headers: list[tuple[bytes, bytes]] | None = None
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     seen: dict[str, Any] = {}
     sent: list[dict[str, Any]] = []
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         seen.update(scope)
-        await send({"type": "http.response.start", "status": 200, "headers": list(response_headers or [])})
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": list(response_headers or [])}
+        )
         await send({"type": "http.response.body", "body": b""})
 
     async def receive() -> dict[str, Any]:

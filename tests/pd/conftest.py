@@ -61,8 +61,12 @@ class Rig:
     async def chat(
         self, content: str = LONG_PROMPT, headers: dict[str, str] | None = None, **extra: Any
     ) -> httpx.Response:
-        body = {"model": MODEL, "messages": [{"role": "user", "content": content}],
-                "max_tokens": 8, **extra}
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": 8,
+            **extra,
+        }
         return await self.http.post("/v1/chat/completions", json=body, headers=headers)
 
 
@@ -84,15 +88,26 @@ async def pd_rig(
     time_scale: float = 10.0,
     **model_pd: Any,
 ) -> AsyncIterator[Rig]:
-    sim = SimCluster(len(roles), profile, roles=list(roles), time_scale=time_scale,
-                     bootstrap_timeout_s=bootstrap_timeout_s)
+    sim = SimCluster(
+        len(roles),
+        profile,
+        roles=list(roles),
+        time_scale=time_scale,
+        bootstrap_timeout_s=bootstrap_timeout_s,
+    )
     async with sim:
         for index, fault in (faults or {}).items():
             await sim.set_faults(index, fault)
         counts: dict[Role, int] = {}
         ids = [_replica_id(role, counts) for role in roles]
-        pd_model = {"mode": mode, "kv_bytes_per_token": 327_680, "link_gbps": 400,
-                    "min_uncached_tokens": 1024, "max_transfer_ms": 100, **model_pd}
+        pd_model = {
+            "mode": mode,
+            "kv_bytes_per_token": 327_680,
+            "link_gbps": 400,
+            "min_uncached_tokens": 1024,
+            "max_transfer_ms": 100,
+            **model_pd,
+        }
         settings = KvgateSettings(
             replicas=[
                 {"id": rid, "url": url, "role": role.value, "models": [MODEL]}

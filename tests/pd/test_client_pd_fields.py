@@ -49,9 +49,11 @@ def _body(port: int) -> dict[str, object]:
 
 @pytest.mark.parametrize("allowed", [False, True])
 async def test_client_pd_fields_are_stripped_unless_allowed(allowed: bool) -> None:
-    async with _listener() as (port, seen), sim_engines(1, "tiny") as engines, gateway(
-        engines, pd={"allow_client_fields": allowed}, health={"interval_s": 60}
-    ) as gw:
+    async with (
+        _listener() as (port, seen),
+        sim_engines(1, "tiny") as engines,
+        gateway(engines, pd={"allow_client_fields": allowed}, health={"interval_s": 60}) as gw,
+    ):
         async with httpx.AsyncClient(base_url=gw.url, timeout=10) as http:
             resp = await http.post("/v1/chat/completions", json=_body(port))
         assert resp.status_code == 200, resp.text
@@ -64,5 +66,7 @@ async def test_client_pd_fields_are_stripped_unless_allowed(allowed: bool) -> No
 
 def test_stripping_leaves_other_bodies_alone() -> None:
     assert without_client_pd_fields({"model": "m", "messages": []}) is None
-    stripped = without_client_pd_fields({"model": "m", "bootstrap_room": 1, "bootstrap_port": 2, "bootstrap_host": "h"})
+    stripped = without_client_pd_fields(
+        {"model": "m", "bootstrap_room": 1, "bootstrap_port": 2, "bootstrap_host": "h"}
+    )
     assert stripped == {"model": "m"}

@@ -17,15 +17,34 @@ A, B = ReplicaId("a"), ReplicaId("b")
 
 
 def _req(hashes: tuple[int, ...], session: str = "s", prompt: int = 0) -> RouteRequest:
-    return RouteRequest(request_id="r", model="m", session_key=SessionKey(session),
-                        prefix_hashes=hashes, block_tokens=16, prompt_tokens=prompt)
+    return RouteRequest(
+        request_id="r",
+        model="m",
+        session_key=SessionKey(session),
+        prefix_hashes=hashes,
+        block_tokens=16,
+        prompt_tokens=prompt,
+    )
 
 
-def _done(request: RouteRequest, replica: ReplicaId, ok: bool = True,
-          prompt: int | None = None, completion: int | None = None) -> RequestOutcome:
-    return RequestOutcome(request=request, request_id="r", endpoint="chat", replica=replica,
-                          status=200 if ok else 500, ok=ok, stream=False,
-                          prompt_tokens=prompt, completion_tokens=completion)
+def _done(
+    request: RouteRequest,
+    replica: ReplicaId,
+    ok: bool = True,
+    prompt: int | None = None,
+    completion: int | None = None,
+) -> RequestOutcome:
+    return RequestOutcome(
+        request=request,
+        request_id="r",
+        endpoint="chat",
+        replica=replica,
+        status=200 if ok else 500,
+        ok=ok,
+        stream=False,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+    )
 
 
 def test_matches_the_longest_served_prefix_per_replica() -> None:
@@ -93,11 +112,17 @@ def _replica(rid: str, role: Role, healthy: bool = True) -> ReplicaState:
 
 def test_colocated_first_hides_pd_replicas_while_a_colocated_one_is_healthy() -> None:
     router = ColocatedFirst(_Estimating())
-    view = ClusterView(replicas=(_replica("c0", Role.BOTH), _replica("p0", Role.PREFILL),
-                                 _replica("d0", Role.DECODE)))
+    view = ClusterView(
+        replicas=(
+            _replica("c0", Role.BOTH),
+            _replica("p0", Role.PREFILL),
+            _replica("d0", Role.DECODE),
+        )
+    )
     assert router.choose(_req((1,)), view).ranked == ("c0",)
-    down = ClusterView(replicas=(_replica("c0", Role.BOTH, healthy=False),
-                                 _replica("d0", Role.DECODE)))
+    down = ClusterView(
+        replicas=(_replica("c0", Role.BOTH, healthy=False), _replica("d0", Role.DECODE))
+    )
     assert router.choose(_req((1,)), down).ranked == ("c0", "d0")
     only_pd = ClusterView(replicas=(_replica("p0", Role.PREFILL), _replica("d0", Role.DECODE)))
     assert router.choose(_req((1,)), only_pd).ranked == ("p0", "d0")
@@ -105,6 +130,11 @@ def test_colocated_first_hides_pd_replicas_while_a_colocated_one_is_healthy() ->
 
 def test_colocated_first_with_a_custom_whole_request_rule() -> None:
     router = ColocatedFirst(_Estimating(), lambda r: r.role is not Role.PREFILL)
-    view = ClusterView(replicas=(_replica("p0", Role.PREFILL), _replica("d0", Role.DECODE),
-                                 _replica("d1", Role.DECODE)))
+    view = ClusterView(
+        replicas=(
+            _replica("p0", Role.PREFILL),
+            _replica("d0", Role.DECODE),
+            _replica("d1", Role.DECODE),
+        )
+    )
     assert router.choose(_req((1,)), view).ranked == ("d0", "d1")

@@ -47,8 +47,9 @@ def test_enabled_mode_needs_a_kv_size() -> None:
 
 
 def test_transfer_seconds_from_bandwidth_and_latency() -> None:
-    cfg = ModelPDSettings(mode="always", kv_bytes_per_token=125_000, link_gbps=100,
-                          link_latency_ms=2.0)
+    cfg = ModelPDSettings(
+        mode="always", kv_bytes_per_token=125_000, link_gbps=100, link_latency_ms=2.0
+    )
     # 10_000 tokens * 125 kB = 1.25 GB = 10 Gbit -> 0.1 s on 100 Gbit/s, plus 2 ms.
     assert cfg.transfer_seconds(10_000) == pytest.approx(0.102)
 

@@ -22,8 +22,13 @@ DENSE = 320 * 1024  # bytes per token of a 70B-class GQA model in bf16
 def _view(*roles: tuple[str, Role], healthy: bool = True) -> ClusterView:
     return ClusterView(
         replicas=tuple(
-            ReplicaState(id=ReplicaId(rid), url=f"http://h:{i}", role=role, healthy=healthy,
-                         models=frozenset({"m"}))
+            ReplicaState(
+                id=ReplicaId(rid),
+                url=f"http://h:{i}",
+                role=role,
+                healthy=healthy,
+                models=frozenset({"m"}),
+            )
             for i, (rid, role) in enumerate(roles)
         )
     )
@@ -33,14 +38,23 @@ FULL = _view(("c0", Role.BOTH), ("c1", Role.BOTH), ("p0", Role.PREFILL), ("d0", 
 
 
 def _req(tokens: int, endpoint: Endpoint = Endpoint.CHAT) -> RouteRequest:
-    return RouteRequest(request_id="r", model="m", session_key=SessionKey("s"),
-                        prompt_tokens=tokens, endpoint=endpoint)
+    return RouteRequest(
+        request_id="r",
+        model="m",
+        session_key=SessionKey("s"),
+        prompt_tokens=tokens,
+        endpoint=endpoint,
+    )
 
 
 def _cfg(**kw: object) -> ModelPDSettings:
     base: dict[str, object] = {
-        "mode": "auto", "kv_bytes_per_token": DENSE, "link_gbps": 400,
-        "link_latency_ms": 0, "min_uncached_tokens": 2048, "max_transfer_ms": 100,
+        "mode": "auto",
+        "kv_bytes_per_token": DENSE,
+        "link_gbps": 400,
+        "link_latency_ms": 0,
+        "min_uncached_tokens": 2048,
+        "max_transfer_ms": 100,
     }
     base.update(kw)
     return ModelPDSettings.model_validate(base)
@@ -67,13 +81,21 @@ def test_long_uncached_prompt_with_cheap_transfer_disaggregates() -> None:
 
 def test_sticky_session_mostly_cached_stays_colocated() -> None:
     # 94% of a 100K context cached on c1: uncached part is below the threshold.
-    out = d.decide(_cfg(max_transfer_ms=10_000, min_uncached_tokens=8_192), _req(100_000),
-                   FULL, _cached({"c0": 0, "c1": 94_000}))
+    out = d.decide(
+        _cfg(max_transfer_ms=10_000, min_uncached_tokens=8_192),
+        _req(100_000),
+        FULL,
+        _cached({"c0": 0, "c1": 94_000}),
+    )
     assert not out.disaggregate and out.reason == d.MOSTLY_CACHED
     assert out.best_colocated == "c1" and out.uncached_tokens == 6_000
     # Just above the threshold it flips.
-    out = d.decide(_cfg(max_transfer_ms=10_000, min_uncached_tokens=6_000), _req(100_000),
-                   FULL, _cached({"c1": 94_000}))
+    out = d.decide(
+        _cfg(max_transfer_ms=10_000, min_uncached_tokens=6_000),
+        _req(100_000),
+        FULL,
+        _cached({"c1": 94_000}),
+    )
     assert out.disaggregate
 
 
@@ -104,13 +126,16 @@ def test_always_still_needs_pd_replicas_and_a_full_block() -> None:
 
 
 def test_unhealthy_or_other_model_pd_replicas_do_not_count() -> None:
-    view = ClusterView(replicas=(
-        ReplicaState(id=ReplicaId("c0"), url="http://h:1", role=Role.BOTH),
-        ReplicaState(id=ReplicaId("p0"), url="http://h:2", role=Role.PREFILL, healthy=False),
-        ReplicaState(id=ReplicaId("d0"), url="http://h:3", role=Role.DECODE),
-        ReplicaState(id=ReplicaId("p1"), url="http://h:4", role=Role.PREFILL,
-                     models=frozenset({"other"})),
-    ))
+    view = ClusterView(
+        replicas=(
+            ReplicaState(id=ReplicaId("c0"), url="http://h:1", role=Role.BOTH),
+            ReplicaState(id=ReplicaId("p0"), url="http://h:2", role=Role.PREFILL, healthy=False),
+            ReplicaState(id=ReplicaId("d0"), url="http://h:3", role=Role.DECODE),
+            ReplicaState(
+                id=ReplicaId("p1"), url="http://h:4", role=Role.PREFILL, models=frozenset({"other"})
+            ),
+        )
+    )
     assert d.decide(_cfg(), _req(9_000), view).reason == d.NO_PD_REPLICAS
 
 
@@ -120,8 +145,7 @@ def test_busy_prefill_replicas_keep_auto_colocated() -> None:
     assert (out.disaggregate, out.reason) == (False, d.PREFILL_BUSY)
     assert d.decide(_cfg(max_prefill_queue=3), _req(8_000), busy).reason == d.PAYS
     # One free prefill replica is enough; `always` does not look.
-    two = _view(("c0", Role.BOTH), ("p0", Role.PREFILL), ("p1", Role.PREFILL),
-                ("d0", Role.DECODE))
+    two = _view(("c0", Role.BOTH), ("p0", Role.PREFILL), ("p1", Role.PREFILL), ("d0", Role.DECODE))
     one_free = ClusterView(replicas=two.replicas, in_flight={ReplicaId("p0"): 5})
     assert d.decide(_cfg(), _req(8_000), one_free).reason == d.PAYS
     assert d.decide(_cfg(mode="always"), _req(8_000), busy).reason == d.MODE_ALWAYS
@@ -139,8 +163,13 @@ def test_unsupported_requests() -> None:
 
 
 def test_prompt_size_falls_back_to_prefix_blocks() -> None:
-    req = RouteRequest(request_id="r", model="m", session_key=SessionKey("s"),
-                       prefix_hashes=tuple(range(300)), block_tokens=16)
+    req = RouteRequest(
+        request_id="r",
+        model="m",
+        session_key=SessionKey("s"),
+        prefix_hashes=tuple(range(300)),
+        block_tokens=16,
+    )
     assert d.prompt_tokens_of(req) == 4_800
     assert d.decide(_cfg(), req, FULL).reason == d.PAYS
 

@@ -26,8 +26,10 @@ async def test_both_legs_meet_in_one_room(rig_factory: Any) -> None:
     async with rig_factory([B, P, D], protocol="sglang") as rig:
         client = openai.AsyncOpenAI(base_url=rig.url + "/v1", api_key="x", max_retries=0)
         raw = await client.chat.completions.with_raw_response.create(
-            model="kvgate-sim", messages=[{"role": "user", "content": "w " * 4000}],
-            max_tokens=7, stream=True,
+            model="kvgate-sim",
+            messages=[{"role": "user", "content": "w " * 4000}],
+            max_tokens=7,
+            stream=True,
         )
         assert raw.headers["x-kvgate-replica"] == "d0"
         chunks = [c async for c in raw.parse()]
@@ -44,8 +46,7 @@ async def test_both_legs_meet_in_one_room(rig_factory: Any) -> None:
 
 
 async def test_prefill_error_cancels_decode_and_falls_back(rig_factory: Any) -> None:
-    async with rig_factory([B, P, D], protocol="sglang",
-                           faults={1: FaultConfig(error=500)}) as rig:
+    async with rig_factory([B, P, D], protocol="sglang", faults={1: FaultConfig(error=500)}) as rig:
         resp = await rig.chat(stream=True)
         assert resp.status_code == 200 and b"[DONE]" in resp.content
         assert resp.headers["x-kvgate-replica"] == "c0"
@@ -53,13 +54,15 @@ async def test_prefill_error_cancels_decode_and_falls_back(rig_factory: Any) -> 
         # The decode leg was waiting for a room that will never open: it was hung up on.
         await _eventually(lambda: all(r.disconnected for r in rig.records("d0")))
         assert all(r.output_tokens == 0 for r in rig.records("d0"))
-        assert rig.metric("kvgate_pd_handoffs_total", protocol="sglang",
-                          outcome="prefill_failed") == 1
+        assert (
+            rig.metric("kvgate_pd_handoffs_total", protocol="sglang", outcome="prefill_failed") == 1
+        )
 
 
 async def test_prefill_timeout_cancels_both(rig_factory: Any) -> None:
-    async with rig_factory([B, P, D], protocol="sglang", faults={1: FaultConfig(stall=0)},
-                           prefill_timeout_s=0.3) as rig:
+    async with rig_factory(
+        [B, P, D], protocol="sglang", faults={1: FaultConfig(stall=0)}, prefill_timeout_s=0.3
+    ) as rig:
         resp = await rig.chat()
         assert resp.status_code == 200
         assert resp.headers["x-kvgate-replica"] == "c0"
@@ -70,8 +73,11 @@ async def test_prefill_timeout_cancels_both(rig_factory: Any) -> None:
 
 async def test_decode_failure_is_not_retried_but_falls_back(rig_factory: Any) -> None:
     # The room belongs to the failed decoder: no second decoder, colocated instead.
-    async with rig_factory([B, P, D, D], protocol="sglang",
-                           faults={2: FaultConfig(error=500), 3: FaultConfig(error=503)}) as rig:
+    async with rig_factory(
+        [B, P, D, D],
+        protocol="sglang",
+        faults={2: FaultConfig(error=500), 3: FaultConfig(error=503)},
+    ) as rig:
         for _ in range(2):
             resp = await rig.chat(stream=True)
             assert resp.status_code == 200 and b"[DONE]" in resp.content
@@ -80,17 +86,25 @@ async def test_decode_failure_is_not_retried_but_falls_back(rig_factory: Any) ->
         # One decode attempt per request (the vllm protocol would have tried both).
         tried = sum(rig.engine(d).faults.injected_errors for d in ("d0", "d1"))
         assert tried == 2
-        assert rig.metric("kvgate_pd_handoffs_total", protocol="sglang",
-                          outcome="decode_failed") == 2
+        assert (
+            rig.metric("kvgate_pd_handoffs_total", protocol="sglang", outcome="decode_failed") == 2
+        )
 
 
 async def test_client_disconnect_cancels_both_legs(rig_factory: Any) -> None:
     # The prefill never answers, so both legs are still open when the client leaves.
     async with rig_factory([B, P, D], protocol="sglang", faults={1: FaultConfig(stall=0)}) as rig:
         try:
-            await rig.http.post("/v1/chat/completions", timeout=httpx.Timeout(0.5), json={
-                "model": "kvgate-sim", "messages": [{"role": "user", "content": "v " * 3000}],
-                "max_tokens": 4, "stream": True})
+            await rig.http.post(
+                "/v1/chat/completions",
+                timeout=httpx.Timeout(0.5),
+                json={
+                    "model": "kvgate-sim",
+                    "messages": [{"role": "user", "content": "v " * 3000}],
+                    "max_tokens": 4,
+                    "stream": True,
+                },
+            )
         except httpx.ReadTimeout:
             pass
         await rig.settle()
@@ -101,8 +115,13 @@ async def test_client_disconnect_cancels_both_legs(rig_factory: Any) -> None:
 
 async def test_client_disconnect_mid_stream(rig_factory: Any) -> None:
     async with rig_factory([B, P, D], protocol="sglang") as rig:
-        body = {"model": "kvgate-sim", "messages": [{"role": "user", "content": "u " * 3000}],
-                "max_tokens": 5000, "stream": True, "ignore_eos": True}
+        body = {
+            "model": "kvgate-sim",
+            "messages": [{"role": "user", "content": "u " * 3000}],
+            "max_tokens": 5000,
+            "stream": True,
+            "ignore_eos": True,
+        }
         async with rig.http.stream("POST", "/v1/chat/completions", json=body) as resp:
             assert resp.headers["x-kvgate-replica"] == "d0"
             async for _ in resp.aiter_bytes():

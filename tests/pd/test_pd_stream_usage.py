@@ -18,10 +18,14 @@ async def test_handoff_stream_without_include_usage(rig_factory: Any, protocol: 
     async with rig_factory([B, P, D], protocol=protocol) as rig:
         seen: list[RequestOutcome] = []
         rig.state.observers.append(seen.append)
-        async with openai.AsyncOpenAI(base_url=rig.url + "/v1", api_key="x", max_retries=0) as client:
+        async with openai.AsyncOpenAI(
+            base_url=rig.url + "/v1", api_key="x", max_retries=0
+        ) as client:
             raw = await client.chat.completions.with_raw_response.create(
-                model="kvgate-sim", messages=[{"role": "user", "content": "u " * 4000}],
-                max_tokens=5, stream=True,
+                model="kvgate-sim",
+                messages=[{"role": "user", "content": "u " * 4000}],
+                max_tokens=5,
+                stream=True,
             )
             assert raw.headers["x-kvgate-replica"] == "d0"  # served by the hand-off
             chunks = [c async for c in raw.parse()]

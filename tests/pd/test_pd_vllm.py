@@ -18,8 +18,11 @@ async def test_handoff_streams_decode_and_relays_kv_params(rig_factory: Any) -> 
     async with rig_factory([B, P, D]) as rig:
         client = openai.AsyncOpenAI(base_url=rig.url + "/v1", api_key="x", max_retries=0)
         stream = await client.chat.completions.create(
-            model="kvgate-sim", messages=[{"role": "user", "content": "x " * 4000}],
-            max_tokens=6, stream=True, stream_options={"include_usage": True},
+            model="kvgate-sim",
+            messages=[{"role": "user", "content": "x " * 4000}],
+            max_tokens=6,
+            stream=True,
+            stream_options={"include_usage": True},
         )
         text = ""
         async for part in stream:
@@ -36,8 +39,15 @@ async def test_handoff_streams_decode_and_relays_kv_params(rig_factory: Any) -> 
         assert rig.records("c0") == []
         assert rig.engine("p0").model.num_held == 0  # the decoder pulled the KV
         assert rig.metric("kvgate_pd_handoffs_total", protocol="vllm", outcome="served") == 1
-        assert rig.metric("kvgate_pd_decisions_total", model="kvgate-sim",
-                          decision="disaggregate", reason="mode_always") == 1
+        assert (
+            rig.metric(
+                "kvgate_pd_decisions_total",
+                model="kvgate-sim",
+                decision="disaggregate",
+                reason="mode_always",
+            )
+            == 1
+        )
         assert rig.metric("kvgate_pd_kv_bytes_estimated_total", model="kvgate-sim") > 0
 
 
@@ -58,13 +68,15 @@ async def test_prefill_error_falls_back_to_colocated(rig_factory: Any) -> None:
         assert b"[DONE]" in resp.content
         await rig.settle()
         assert rig.records("d0") == []
-        assert rig.metric("kvgate_pd_handoffs_total", protocol="vllm",
-                          outcome="prefill_failed") == 1
+        assert (
+            rig.metric("kvgate_pd_handoffs_total", protocol="vllm", outcome="prefill_failed") == 1
+        )
 
 
 async def test_prefill_timeout_falls_back_to_colocated(rig_factory: Any) -> None:
-    async with rig_factory([B, P, D], faults={1: FaultConfig(stall=0)},
-                           prefill_timeout_s=0.3) as rig:
+    async with rig_factory(
+        [B, P, D], faults={1: FaultConfig(stall=0)}, prefill_timeout_s=0.3
+    ) as rig:
         resp = await rig.chat()
         assert resp.status_code == 200
         assert resp.headers["x-kvgate-replica"] == "c0"
@@ -84,13 +96,18 @@ async def test_decode_failure_retries_another_decoder(rig_factory: Any) -> None:
         assert all(r.pd == "decode" and r.transfer_bytes > 0 for r in rig.records("d1"))
         assert rig.engine("d1").kv_pull_failures == 0
         assert rig.records("c0") == []
-        assert rig.metric("kvgate_pd_handoffs_total", protocol="vllm",
-                          outcome="served_after_decode_retry") >= 1
+        assert (
+            rig.metric(
+                "kvgate_pd_handoffs_total", protocol="vllm", outcome="served_after_decode_retry"
+            )
+            >= 1
+        )
 
 
 async def test_decode_silent_before_first_byte_is_retried(rig_factory: Any) -> None:
-    async with rig_factory([B, P, D, D], faults={2: FaultConfig(stall=0)},
-                           first_token_timeout_s=0.3) as rig:
+    async with rig_factory(
+        [B, P, D, D], faults={2: FaultConfig(stall=0)}, first_token_timeout_s=0.3
+    ) as rig:
         for _ in range(2):
             resp = await rig.chat(stream=True)
             assert resp.headers["x-kvgate-replica"] == "d1"
@@ -105,14 +122,18 @@ async def test_every_decoder_failing_falls_back_to_colocated(rig_factory: Any) -
         assert resp.status_code == 200
         assert resp.headers["x-kvgate-replica"] == "c0"
         await rig.settle()
-        assert rig.metric("kvgate_pd_handoffs_total", protocol="vllm",
-                          outcome="decode_failed") == 1
+        assert rig.metric("kvgate_pd_handoffs_total", protocol="vllm", outcome="decode_failed") == 1
 
 
 async def test_client_disconnect_mid_stream_cancels_decode(rig_factory: Any) -> None:
     async with rig_factory([B, P, D]) as rig:
-        body = {"model": "kvgate-sim", "messages": [{"role": "user", "content": "y " * 3000}],
-                "max_tokens": 5000, "stream": True, "ignore_eos": True}
+        body = {
+            "model": "kvgate-sim",
+            "messages": [{"role": "user", "content": "y " * 3000}],
+            "max_tokens": 5000,
+            "stream": True,
+            "ignore_eos": True,
+        }
         async with rig.http.stream("POST", "/v1/chat/completions", json=body) as resp:
             assert resp.headers["x-kvgate-replica"] == "d0"
             async for _ in resp.aiter_bytes():
@@ -130,9 +151,15 @@ async def test_client_disconnect_during_prefill_cancels_it(rig_factory: Any) -> 
     async with rig_factory([B, P, D], faults={1: FaultConfig(stall=0)}) as rig:
         with_timeout = httpx.Timeout(0.4)
         try:
-            await rig.http.post("/v1/chat/completions", timeout=with_timeout, json={
-                "model": "kvgate-sim", "messages": [{"role": "user", "content": "z " * 3000}],
-                "max_tokens": 4})
+            await rig.http.post(
+                "/v1/chat/completions",
+                timeout=with_timeout,
+                json={
+                    "model": "kvgate-sim",
+                    "messages": [{"role": "user", "content": "z " * 3000}],
+                    "max_tokens": 4,
+                },
+            )
         except httpx.ReadTimeout:
             pass
         await rig.settle()

@@ -46,10 +46,13 @@ def test_replicas_for_a_target_and_total_token_cost() -> None:
     assert fewer and fewer[0].ttft_s > 0.3
     p = tight.needed
     # $2/card-hour x cards / (total tok/s x 3600 s) x 1e6
-    assert p.cost_per_m_total == pytest.approx(2.0 * p.replicas / (p.total_tokens_per_s * 3600) * 1e6)
+    assert p.cost_per_m_total == pytest.approx(
+        2.0 * p.replicas / (p.total_tokens_per_s * 3600) * 1e6
+    )
     shape = TraceShape.of(trace)
     assert p.cost_per_m_output == pytest.approx(
-        p.cost_per_m_total * (shape.total_input + shape.total_output) / shape.total_output)
+        p.cost_per_m_total * (shape.total_input + shape.total_output) / shape.total_output
+    )
     assert p.hit_rate is not None and p.hit_rate > 0.5  # turns extend cached prompts
 
 
@@ -72,17 +75,34 @@ def test_sim_profile_carries_the_budget() -> None:
 
 
 def test_unmet_target_is_reported() -> None:
-    plan = plan_pool(agent_trace(convs=4, turns=2), pool("l40s", 1.0), 0.001,
-                     sim=SimSettings(max_replicas=2))
+    plan = plan_pool(
+        agent_trace(convs=4, turns=2), pool("l40s", 1.0), 0.001, sim=SimSettings(max_replicas=2)
+    )
     assert plan.needed is None and [p.replicas for p in plan.points] == [1, 2]
 
 
 def test_cli_compares_two_pools(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "t.jsonl"
     write_trace(path, agent_trace())
-    code = main(["plan", "llama-3.1-8b", "--card", "h100", "--max-model-len", "32768",
-                 "--trace", str(path), "--ttft", "1", "--price", "2",
-                 "--compare", "card=ascend-910b,price=0.9,label=domestic", "--json"])
+    code = main(
+        [
+            "plan",
+            "llama-3.1-8b",
+            "--card",
+            "h100",
+            "--max-model-len",
+            "32768",
+            "--trace",
+            str(path),
+            "--ttft",
+            "1",
+            "--price",
+            "2",
+            "--compare",
+            "card=ascend-910b,price=0.9,label=domestic",
+            "--json",
+        ]
+    )
     out = orjson.loads(capsys.readouterr().out)
     assert code == 0
     pools = {p["pool"]: p for p in out["trace"]["pools"]}

@@ -111,8 +111,11 @@ def test_weights_alone_over_the_card() -> None:
 
 
 def test_concurrency_and_max_num_seqs() -> None:
-    b = budget(get_model("llama-3.1-8b"), get_card("h100"),
-               EngineSettings(max_num_seqs=8, max_model_len=32768))
+    b = budget(
+        get_model("llama-3.1-8b"),
+        get_card("h100"),
+        EngineSettings(max_num_seqs=8, max_model_len=32768),
+    )
     per_seq = 32768 * 131_072
     assert b.sequences_at(32768) == int(b.kv_gib * GIB // per_seq)
     assert b.concurrency_at(32768) == 8 < b.sequences_at(32768)

@@ -55,9 +55,11 @@ def test_hybrid_sliding_gemma_keeps_window_in_five_of_six_layers() -> None:
     assert (m.sliding_layers, m.full_layers, m.sliding_window) == (52, 10, 1024)
     per_layer = 2 * 16 * 128 * 2
     assert m.kv_bytes_per_sequence(512, "bf16") == 62 * per_layer * 512
-    assert m.kv_bytes_per_sequence(1_000_000, "bf16") == (
-        10 * per_layer * 1_000_000 + 52 * per_layer * 1024
-    ) == 82_356_207_616
+    assert (
+        m.kv_bytes_per_sequence(1_000_000, "bf16")
+        == (10 * per_layer * 1_000_000 + 52 * per_layer * 1024)
+        == 82_356_207_616
+    )
 
 
 def test_layer_types_and_mxfp4_gpt_oss() -> None:
@@ -72,7 +74,9 @@ def test_linear_attention_state_is_per_sequence() -> None:
     assert (m.linear_layers, m.full_layers) == (36, 12)
     state = (32 * 128 * 128 + (2 * 16 * 128 + 32 * 128) * 3) * 2
     assert m.linear_state_bytes == state == 1_097_728
-    assert m.kv_bytes_per_sequence(1_000_000, "bf16") == 12 * 2 * 2 * 256 * 2 * 1_000_000 + 36 * state
+    assert (
+        m.kv_bytes_per_sequence(1_000_000, "bf16") == 12 * 2 * 2 * 256 * 2 * 1_000_000 + 36 * state
+    )
 
 
 def test_one_million_tokens_dense_versus_hybrid() -> None:

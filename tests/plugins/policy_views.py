@@ -14,13 +14,25 @@ def rid(i: int) -> ReplicaId:
 
 
 def replicas(n: int, **kw: object) -> tuple[ReplicaState, ...]:
-    return tuple(ReplicaState(id=rid(i), url=f"http://127.0.0.1:{9000 + i}", **kw) for i in range(n))  # type: ignore[arg-type]
+    return tuple(
+        ReplicaState(id=rid(i), url=f"http://127.0.0.1:{9000 + i}", **kw) for i in range(n)
+    )  # type: ignore[arg-type]
 
 
-def load(waiting: float = 0, running: float = 0, kv: float | None = 0.1, age: float = 0.0,
-         capacity: int | None = None) -> EngineLoad:
-    return EngineLoad(waiting=waiting, running=running, kv_usage=kv,
-                      kv_capacity_tokens=capacity, scraped_at=NOW - age)
+def load(
+    waiting: float = 0,
+    running: float = 0,
+    kv: float | None = 0.1,
+    age: float = 0.0,
+    capacity: int | None = None,
+) -> EngineLoad:
+    return EngineLoad(
+        waiting=waiting,
+        running=running,
+        kv_usage=kv,
+        kv_capacity_tokens=capacity,
+        scraped_at=NOW - age,
+    )
 
 
 def view(
@@ -35,8 +47,11 @@ def view(
     built = []
     for i, r in enumerate(states):
         lo = base if loads is None or i not in loads else loads[i]
-        built.append(ReplicaState(r.id, r.url, r.weight, r.healthy, r.models, r.pool, r.role, lo,
-                                  r.kv_capacity_tokens))
+        built.append(
+            ReplicaState(
+                r.id, r.url, r.weight, r.healthy, r.models, r.pool, r.role, lo, r.kv_capacity_tokens
+            )
+        )
     return ClusterView(
         replicas=tuple(built),
         now=NOW,
@@ -45,8 +60,9 @@ def view(
     )
 
 
-def request(session: str, hashes: Sequence[int] = (), block_tokens: int = 16,
-            model: str = "m") -> RouteRequest:
+def request(
+    session: str, hashes: Sequence[int] = (), block_tokens: int = 16, model: str = "m"
+) -> RouteRequest:
     return RouteRequest(
         request_id=f"req-{session}",
         model=model,

@@ -95,7 +95,9 @@ def test_config_validation() -> None:
     assert isinstance(built, ConsistentHash) and built.config.vnodes == 50  # type: ignore[attr-defined]
 
 
-def test_narrowed_views_place_like_the_full_ring_and_reuse_rings(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_narrowed_views_place_like_the_full_ring_and_reuse_rings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import plugins.consistent_hash as module
 
     built: list[int] = []

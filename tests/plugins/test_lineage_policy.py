@@ -30,7 +30,9 @@ def serve(p: Lineage, req: RouteRequest, v: ClusterView) -> ReplicaId:
 
 
 def turn(session: str, hashes: tuple[int, ...], n: int) -> RouteRequest:
-    return dataclasses.replace(request(session, hashes, block_tokens=512), request_id=f"{session}-{n}")
+    return dataclasses.replace(
+        request(session, hashes, block_tokens=512), request_id=f"{session}-{n}"
+    )
 
 
 def test_a_conversation_stays_where_it_was_served() -> None:
@@ -60,7 +62,9 @@ def test_failover_moves_a_session_and_it_stays_moved() -> None:
     p, v = policy()
     home = serve(p, turn("s", (1, 2), 0), v)
     without = ClusterView(
-        tuple(r for r in v.replicas if r.id != home), now=v.now, stale_after=v.stale_after,
+        tuple(r for r in v.replicas if r.id != home),
+        now=v.now,
+        stale_after=v.stale_after,
         in_flight={},
     )
     moved = p.choose(turn("s", (1, 2, 3), 1), without)

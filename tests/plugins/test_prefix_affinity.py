@@ -74,7 +74,9 @@ def test_large_shared_prefix_held_everywhere_is_not_a_reason() -> None:
     shared = fresh_blocks(30)
     for i in range(4):
         p.placed(request(f"warm{i}", shared), rid(i))
-    firsts = Counter(p.choose(request(f"s{i}", shared + fresh_blocks(3)), v).first for i in range(400))
+    firsts = Counter(
+        p.choose(request(f"s{i}", shared + fresh_blocks(3)), v).first for i in range(400)
+    )
     assert len(firsts) == 4 and max(firsts.values()) < 160
 
 
@@ -147,7 +149,10 @@ def test_miss_goes_where_the_consistent_hash_ring_says() -> None:
     ring = HashRing(RingNode(r.id) for r in replicas(8))
     p = make()
     for i in range(100):
-        assert p.choose(request(f"s{i}", fresh_blocks(3)), view(replicas(8))).first == ring.walk(f"s{i}")[0]
+        assert (
+            p.choose(request(f"s{i}", fresh_blocks(3)), view(replicas(8))).first
+            == ring.walk(f"s{i}")[0]
+        )
     # An overloaded ring owner passes the session on to the next replica clockwise.
     walk = ring.walk("s0")
     owner = int(walk[0][1:])

@@ -17,8 +17,13 @@ SPECS = {p.name: p for p in settings().pools}
 
 
 def cfg(**kw: Any) -> ControllerSettings:
-    base: dict[str, Any] = {"low_watermark": 0.4, "high_watermark": 0.7, "dwell_steps": 1,
-                            "max_step": 0.1, "ttft_target_s": 0.4}
+    base: dict[str, Any] = {
+        "low_watermark": 0.4,
+        "high_watermark": 0.7,
+        "dwell_steps": 1,
+        "max_step": 0.1,
+        "ttft_target_s": 0.4,
+    }
     base.update(kw)
     return ControllerSettings.model_validate(base)
 
@@ -53,12 +58,18 @@ def run(c: ControllerSettings, latency: bool, steps: int = 40) -> list[dict[str,
     state = ControllerState()
     history = []
     for _ in range(steps):
-        util: dict[str, float | None] = {"h200": 0.3 * weights["h200"],
-                                         "domestic": 0.3 * weights["domestic"]}
+        util: dict[str, float | None] = {
+            "h200": 0.3 * weights["h200"],
+            "domestic": 0.3 * weights["domestic"],
+        }
         if latency:
             assert c.ttft_target_s is not None
-            util = with_latency(util, {"domestic": ttft_plant(weights["domestic"])},
-                                c.ttft_target_s, c.high_watermark)
+            util = with_latency(
+                util,
+                {"domestic": ttft_plant(weights["domestic"])},
+                c.ttft_target_s,
+                c.high_watermark,
+            )
         result = step(weights, util, SPECS, c, state)
         weights, state = result.weights, result.state
         history.append(dict(weights))
@@ -80,8 +91,9 @@ def test_ttft_target_stops_the_shift_before_the_slow_pool_queues() -> None:
 
 
 def test_controller_moves_traffic_off_a_pool_whose_ttft_exceeds_the_target() -> None:
-    s = settings(controller={"dwell_steps": 1, "max_step": 0.2, "ttft_target_s": 0.4,
-                             "smoothing": 1.0})
+    s = settings(
+        controller={"dwell_steps": 1, "max_step": 0.2, "ttft_target_s": 0.4, "smoothing": 1.0}
+    )
     ttft: dict[str, float | None] = {"h200": 0.1, "domestic": 0.1}
     ctl = WeightController(s, two_pools, latency_source=lambda: ttft)
     assert ctl.tick().weights["domestic"] == pytest.approx(0.7)  # idle, fast: moves on
@@ -102,13 +114,23 @@ def test_runtime_feeds_first_byte_times_of_successful_requests_to_the_controller
     now = [100.0]
     rt = PoolsRuntime(
         settings(controller={"dwell_steps": 1, "smoothing": 1.0, "ttft_target_s": 0.5}),
-        view.replicas, lambda: view, ledger_clock=lambda: now[0],
+        view.replicas,
+        lambda: view,
+        ledger_clock=lambda: now[0],
     )
 
     def outcome(replica: str | None, ttfb: float | None, ok: bool = True) -> RequestOutcome:
-        return RequestOutcome(request=None, request_id="r", endpoint="chat", status=200,
-                              replica=None if replica is None else ReplicaId(replica),
-                              ok=ok, stream=True, ttfb_s=ttfb, latency_s=1.0)
+        return RequestOutcome(
+            request=None,
+            request_id="r",
+            endpoint="chat",
+            status=200,
+            replica=None if replica is None else ReplicaId(replica),
+            ok=ok,
+            stream=True,
+            ttfb_s=ttfb,
+            latency_s=1.0,
+        )
 
     rt.observe(outcome("domestic-0", 1.0))
     rt.observe(outcome("domestic-1", 9.0, ok=False))  # failures say nothing about queueing
@@ -124,14 +146,25 @@ def test_only_mostly_cached_requests_feed_the_guard_when_capped() -> None:
     view = two_pools()
     rt = PoolsRuntime(
         settings(controller={"ttft_target_s": 0.5, "ttft_max_uncached_tokens": 300}),
-        view.replicas, lambda: view, ledger_clock=lambda: 100.0,
+        view.replicas,
+        lambda: view,
+        ledger_clock=lambda: 100.0,
     )
 
     def outcome(ttfb: float, prompt: int | None, cached: int | None) -> RequestOutcome:
-        return RequestOutcome(request=None, request_id="r", endpoint="chat", status=200,
-                              replica=ReplicaId("domestic-0"), ok=True, stream=True,
-                              prompt_tokens=prompt, cached_tokens=cached, ttfb_s=ttfb,
-                              latency_s=1.0)
+        return RequestOutcome(
+            request=None,
+            request_id="r",
+            endpoint="chat",
+            status=200,
+            replica=ReplicaId("domestic-0"),
+            ok=True,
+            stream=True,
+            prompt_tokens=prompt,
+            cached_tokens=cached,
+            ttfb_s=ttfb,
+            latency_s=1.0,
+        )
 
     rt.observe(outcome(0.9, 3000, 1000))  # a cold prompt: its own prefill, not queueing
     rt.observe(outcome(0.8, None, None))  # size unknown

@@ -143,8 +143,13 @@ def test_idle_session_follows_the_weights_active_one_stays() -> None:
     view = two_pools()
     now = [100.0]
     snap = [WeightSnapshot(MappingProxyType({"h200": 1.0, "domestic": 0.0}))]
-    sel = PoolSelector(ring_factory, settings(session_idle_release_s=30.0), lambda: snap[0],
-                       view.replicas, clock=lambda: now[0])
+    sel = PoolSelector(
+        ring_factory,
+        settings(session_idle_release_s=30.0),
+        lambda: snap[0],
+        view.replicas,
+        clock=lambda: now[0],
+    )
     for key in ("idle", "active"):
         first = sel.choose(request(key), view).first
         assert first is not None and pool_of(view, first) == "h200"
@@ -170,8 +175,9 @@ def test_idle_release_is_off_by_default() -> None:
     view = two_pools()
     now = [0.0]
     snap = [WeightSnapshot(MappingProxyType({"h200": 1.0, "domestic": 0.0}))]
-    sel = PoolSelector(ring_factory, settings(), lambda: snap[0], view.replicas,
-                       clock=lambda: now[0])
+    sel = PoolSelector(
+        ring_factory, settings(), lambda: snap[0], view.replicas, clock=lambda: now[0]
+    )
     first = sel.choose(request("conv"), view).first
     assert first is not None
     sel.placed(request("conv"), first)
@@ -227,7 +233,9 @@ def test_session_point_is_stable_and_in_range() -> None:
 
 def _busy_view(busy: dict[str, int]) -> ClusterView:
     base = two_pools()
-    return ClusterView(replicas=base.replicas, now=base.now, in_flight={ReplicaId(k): v for k, v in busy.items()})
+    return ClusterView(
+        replicas=base.replicas, now=base.now, in_flight={ReplicaId(k): v for k, v in busy.items()}
+    )
 
 
 def test_new_session_spills_only_when_every_replica_of_its_pool_is_busy() -> None:
@@ -329,7 +337,9 @@ def test_warm_move_leaves_rule_placed_and_unservable_requests_alone() -> None:
 def test_new_sessions_start_on_the_configured_pool_unless_it_is_saturated() -> None:
     view = two_pools()
     sel, _ = selector(
-        {"h200": 0.0, "domestic": 1.0}, view, new_sessions_pool="h200",
+        {"h200": 0.0, "domestic": 1.0},
+        view,
+        new_sessions_pool="h200",
         rules=[{"priority_class": "batch", "prefer": ["domestic"]}],
     )
     first = sel.choose(request("conv"), view)

@@ -43,12 +43,19 @@ def test_chat_prefixes_grow_by_a_slice_and_end_with_the_request_itself() -> None
 
 def test_chat_parts_are_never_cut() -> None:
     image = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:"}}]}
-    messages = [{"role": "system", "content": "s" * 3000}, image, {"role": "user", "content": "q" * 3000}]
+    messages = [
+        {"role": "system", "content": "s" * 3000},
+        image,
+        {"role": "user", "content": "q" * 3000},
+    ]
     out = prefix_bodies({"messages": messages}, 1500, 256)
     for b in out[:-1]:
         for m in b["messages"]:
             assert m is image or isinstance(m["content"], str)
-        assert all(m in messages or m["role"] != "user" or isinstance(m["content"], str) for m in b["messages"])
+        assert all(
+            m in messages or m["role"] != "user" or isinstance(m["content"], str)
+            for m in b["messages"]
+        )
     assert out[-1]["messages"] is messages
 
 
@@ -58,4 +65,7 @@ def test_completion_prompts_text_and_token_ids() -> None:
     ids = {"prompt": list(range(700))}
     assert [len(b["prompt"]) for b in prefix_bodies(ids, 700, 256)] == [256, 512, 700]
     # A last slice shorter than half a step is folded into the full request.
-    assert [len(b["prompt"]) for b in prefix_bodies({"prompt": list(range(540))}, 540, 256)] == [256, 540]
+    assert [len(b["prompt"]) for b in prefix_bodies({"prompt": list(range(540))}, 540, 256)] == [
+        256,
+        540,
+    ]

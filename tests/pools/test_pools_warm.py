@@ -24,9 +24,7 @@ MODEL = "small"
 HISTORY = " ".join(f"fact {i}: the sky over harbour {i} was grey at noon." for i in range(50))
 
 
-def pools(
-    warm: bool, weights: dict[str, float] | None = None, **warm_moves: Any
-) -> dict[str, Any]:
+def pools(warm: bool, weights: dict[str, float] | None = None, **warm_moves: Any) -> dict[str, Any]:
     return {
         "pools": [
             {"name": "fast", "price_per_card_hour": 4.0, "slots_per_replica": 8},
@@ -68,15 +66,16 @@ async def two_pools_and_engines(
                 await engine.set_faults(cheap_faults)
         # Models listed: discovery (GET /v1/models, keyless) is refused by keyed engines.
         replicas = [
-            {"id": f"fast-{e.index}", "url": e.url, "pool": "fast", "models": [MODEL]}
-            for e in fast
+            {"id": f"fast-{e.index}", "url": e.url, "pool": "fast", "models": [MODEL]} for e in fast
         ]
         replicas += [
             {"id": f"cheap-{e.index}", "url": e.url, "pool": "cheap", "models": [MODEL]}
             for e in cheap
         ]
         async with gateway(
-            fast + cheap, replicas=replicas, pools=pools(warm, weights, **warm_moves),
+            fast + cheap,
+            replicas=replicas,
+            pools=pools(warm, weights, **warm_moves),
             routing={"policy": "prefix_affinity"},
         ) as gw:
             yield gw, cheap
@@ -223,9 +222,10 @@ async def test_no_move_onto_the_pricier_pool_while_the_sessions_own_pool_is_cool
         warm = gw.state.extras["pools"].admin_payload()["warm_moves"]
         assert warm["done"] == [] and warm["skipped"] == {"pricier_pool_without_pressure": 3}
     # Switched off, the same session follows the weights onto the fast pool.
-    async with two_pools_and_engines(
-        True, weights=to_fast, pricier_only_under_pressure=False
-    ) as (gw, _):
+    async with two_pools_and_engines(True, weights=to_fast, pricier_only_under_pressure=False) as (
+        gw,
+        _,
+    ):
         await utilisation_sampled(gw)
         seen = await conversation_after_a_peak(gw, placed_on="cheap-0")
         assert [replica for replica, _, _ in seen] == ["cheap-0", "fast-0", "fast-0"], seen
@@ -259,15 +259,25 @@ async def test_warm_up_carries_the_clients_api_key_to_engines_that_require_one()
 
 def test_warm_body_keeps_the_prompt_and_asks_for_one_token() -> None:
     body = {
-        "model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{"x": 1}],
-        "stream": True, "stream_options": {"include_usage": True}, "n": 3, "min_tokens": 20,
-        "max_completion_tokens": 500, "response_format": {"type": "json_object"},
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"x": 1}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "n": 3,
+        "min_tokens": 20,
+        "max_completion_tokens": 500,
+        "response_format": {"type": "json_object"},
         "temperature": 0.3,
     }
     warm = warm_body(body)
     assert warm == {
-        "model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{"x": 1}],
-        "temperature": 0.3, "max_tokens": 1, "stream": False,
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"x": 1}],
+        "temperature": 0.3,
+        "max_tokens": 1,
+        "stream": False,
     }
     assert body["stream"] is True  # the original is untouched
 
@@ -288,7 +298,9 @@ async def test_sliced_warm_up_prefills_in_growing_pieces_and_moves_the_session()
         assert len(pieces) >= 3, pieces
         prompts = [p.prompt_tokens for p in pieces]
         assert prompts == sorted(prompts) and prompts[0] < prompts[-1]
-        assert all(p.cached_tokens >= q.prompt_tokens - 32 for q, p in itertools.pairwise(pieces)), pieces
+        assert all(
+            p.cached_tokens >= q.prompt_tokens - 32 for q, p in itertools.pairwise(pieces)
+        ), pieces
         admin = gw.state.extras["pools"].admin_payload()["warm_moves"]
         assert admin["done"] == [{"from": "fast", "to": "cheap", "result": "ok", "count": 1}]
 

@@ -61,19 +61,29 @@ async def test_message_streaming(client: anthropic.AsyncAnthropic) -> None:
     assert final.usage.output_tokens == 4 and final.stop_reason == "max_tokens"
 
 
-async def test_errors_are_in_anthropics_shape(client: anthropic.AsyncAnthropic, gw: RunningGateway) -> None:
+async def test_errors_are_in_anthropics_shape(
+    client: anthropic.AsyncAnthropic, gw: RunningGateway
+) -> None:
     with pytest.raises(anthropic.NotFoundError) as missing:
         await client.messages.create(model="no-such-model", max_tokens=4, messages=user("hi"))
     assert missing.value.body == {
         "type": "error",
-        "error": {"type": "not_found_error", "message": "The model `no-such-model` does not exist."},
+        "error": {
+            "type": "not_found_error",
+            "message": "The model `no-such-model` does not exist.",
+        },
     }
     with pytest.raises(anthropic.BadRequestError) as empty:
         await client.messages.create(model=MODEL, max_tokens=4, messages=[])
-    assert isinstance(empty.value.body, dict) and empty.value.body["error"]["type"] == "invalid_request_error"
+    assert (
+        isinstance(empty.value.body, dict)
+        and empty.value.body["error"]["type"] == "invalid_request_error"
+    )
     async with httpx.AsyncClient(base_url=gw.url) as http:
         no_max = await http.post("/v1/messages", json={"model": MODEL, "messages": user("hi")})
-        bad_json = await http.post("/v1/messages", content=b"{", headers={"content-type": "application/json"})
+        bad_json = await http.post(
+            "/v1/messages", content=b"{", headers={"content-type": "application/json"}
+        )
     for r in (no_max, bad_json):
         assert r.status_code == 400 and r.json()["type"] == "error", r.text
         assert r.json()["error"]["type"] == "invalid_request_error"
@@ -86,9 +96,14 @@ async def test_auth_refusal_is_in_anthropics_shape(engines: list[SimEngine]) -> 
         async with anthropic.AsyncAnthropic(base_url=gw.url, api_key="wrong", max_retries=0) as bad:
             with pytest.raises(anthropic.AuthenticationError) as info:
                 await bad.messages.create(model=MODEL, max_tokens=2, messages=user("hi"))
-        assert isinstance(info.value.body, dict) and info.value.body["error"]["type"] == "authentication_error"
+        assert (
+            isinstance(info.value.body, dict)
+            and info.value.body["error"]["type"] == "authentication_error"
+        )
         # The anthropic client sends its key as x-api-key, which the gateway accepts.
-        async with anthropic.AsyncAnthropic(base_url=gw.url, api_key="sk-alice-0123456789", max_retries=0) as ok:
+        async with anthropic.AsyncAnthropic(
+            base_url=gw.url, api_key="sk-alice-0123456789", max_retries=0
+        ) as ok:
             message = await ok.messages.create(model=MODEL, max_tokens=2, messages=user("hi"))
         assert message.usage.output_tokens == 2
 
@@ -100,13 +115,17 @@ async def _agent_sessions(gw: RunningGateway, header: str | None) -> dict[int, s
     by_session: dict[int, set[str]] = {}
     for session in range(8):
         async with anthropic.AsyncAnthropic(
-            base_url=gw.url, api_key="k", max_retries=0,
+            base_url=gw.url,
+            api_key="k",
+            max_retries=0,
             default_headers={header: f"9f1c-session-{session}"} if header else None,
         ) as client:
             for turn in range(3):
                 summary = f"summary {turn} of session {session}: " + "notes " * 200
                 raw = await client.messages.with_raw_response.create(
-                    model=MODEL, max_tokens=2, system=f"agent, step {turn}",
+                    model=MODEL,
+                    max_tokens=2,
+                    system=f"agent, step {turn}",
                     messages=user(summary),
                 )
                 by_session.setdefault(session, set()).add(raw.headers["x-kvgate-replica"])

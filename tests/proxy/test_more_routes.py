@@ -63,16 +63,24 @@ async def test_tokenize_and_detokenize_round_trip(root: openai.AsyncOpenAI) -> N
     assert tokens["count"] == len(tokens["tokens"]) == 3 and tokens["max_model_len"] > 0
     text = await _post(root, "/detokenize", {"model": MODEL, "tokens": tokens["tokens"]})
     assert text == {"prompt": "hello world!"}
-    chat = await _post(root, "/tokenize", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    chat = await _post(
+        root, "/tokenize", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    )
     assert chat["count"] > 1
     with pytest.raises(openai.BadRequestError) as info:
-        await root.post("/detokenize", body={"model": MODEL, "tokens": ["a"]}, cast_to=httpx.Response)
+        await root.post(
+            "/detokenize", body={"model": MODEL, "tokens": ["a"]}, cast_to=httpx.Response
+        )
     assert info.value.param == "tokens"
 
 
-async def test_rerank_score_classify_pooling(client: openai.AsyncOpenAI, root: openai.AsyncOpenAI) -> None:
+async def test_rerank_score_classify_pooling(
+    client: openai.AsyncOpenAI, root: openai.AsyncOpenAI
+) -> None:
     docs = ["the cache", "a replica", "prefill"]
-    ranked = await _post(client, "/rerank", {"model": MODEL, "query": "kv", "documents": docs, "top_n": 2})
+    ranked = await _post(
+        client, "/rerank", {"model": MODEL, "query": "kv", "documents": docs, "top_n": 2}
+    )
     scores = [r["relevance_score"] for r in ranked["results"]]
     assert len(scores) == 2 and scores == sorted(scores, reverse=True)
     scored = await _post(client, "/score", {"model": MODEL, "text_1": "kv", "text_2": docs})
@@ -100,12 +108,20 @@ async def test_bad_bodies_are_openai_errors(client: openai.AsyncOpenAI) -> None:
             await client.post(path, body=body, cast_to=httpx.Response)
         assert info.value.param == param, (path, info.value)
     with pytest.raises(openai.NotFoundError):
-        await client.post("/rerank", body={"model": "nope", "query": "q", "documents": ["a"]}, cast_to=httpx.Response)
+        await client.post(
+            "/rerank",
+            body={"model": "nope", "query": "q", "documents": ["a"]},
+            cast_to=httpx.Response,
+        )
 
 
 async def test_unknown_paths_stay_a_clean_404(gw: RunningGateway) -> None:
     async with httpx.AsyncClient(base_url=gw.url) as http:
-        for method, path in (("POST", "/v1/audio/nope"), ("POST", "/v1/messages/batches"), ("GET", "/v1/nope")):
+        for method, path in (
+            ("POST", "/v1/audio/nope"),
+            ("POST", "/v1/messages/batches"),
+            ("GET", "/v1/nope"),
+        ):
             r = await http.request(method, path, json={})
             assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", path
         wrong = await http.get("/v1/responses")
@@ -114,18 +130,24 @@ async def test_unknown_paths_stay_a_clean_404(gw: RunningGateway) -> None:
 
 async def test_speech(client: openai.AsyncOpenAI) -> None:
     audio = await client.audio.speech.create(model=MODEL, voice="alloy", input="hello there")
-    assert audio.content.startswith(b"RIFF") and audio.response.headers["content-type"] == "audio/wav"
+    assert (
+        audio.content.startswith(b"RIFF") and audio.response.headers["content-type"] == "audio/wav"
+    )
 
 
 async def test_transcription_multipart_passes_byte_for_byte(
     client: openai.AsyncOpenAI, engines: list[SimEngine]
 ) -> None:
     audio = os.urandom(5 * 1024 * 1024)
-    text = await client.audio.transcriptions.create(model=MODEL, file=("talk.wav", audio, "audio/wav"))
+    text = await client.audio.transcriptions.create(
+        model=MODEL, file=("talk.wav", audio, "audio/wav")
+    )
     assert text.text == f"simulated transcript of {len(audio)} bytes"
     received = [u for e in engines for u in e.uploads]
     assert received == [(hashlib.sha256(audio).hexdigest(), len(audio))]
-    translated = await client.audio.translations.create(model=MODEL, file=("t.wav", b"RIFF....", "audio/wav"))
+    translated = await client.audio.translations.create(
+        model=MODEL, file=("t.wav", b"RIFF....", "audio/wav")
+    )
     assert "8 bytes" in translated.text
 
 

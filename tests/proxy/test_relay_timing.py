@@ -22,14 +22,23 @@ def samples(text: str, name: str) -> dict[str, float]:
 
 
 async def test_streams_record_first_token_itl_and_tpot_and_buffered_ones_do_not() -> None:
-    async with sim_engines(1, "tiny") as engines, gateway(engines, models={"discover": False}) as gw:
-        async with openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client:
+    async with (
+        sim_engines(1, "tiny") as engines,
+        gateway(engines, models={"discover": False}) as gw,
+    ):
+        async with openai.AsyncOpenAI(
+            base_url=gw.url + "/v1", api_key="k", max_retries=0
+        ) as client:
             for _ in range(3):
                 stream = await client.chat.completions.create(
-                    model=MODEL, messages=[{"role": "user", "content": "tell me"}],
-                    max_tokens=6, stream=True,
+                    model=MODEL,
+                    messages=[{"role": "user", "content": "tell me"}],
+                    max_tokens=6,
+                    stream=True,
                 )
-                text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+                text = "".join(
+                    [c.choices[0].delta.content or "" async for c in stream if c.choices]
+                )
                 assert text
             await client.chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=3

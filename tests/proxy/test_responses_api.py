@@ -46,7 +46,9 @@ async def test_response_non_streaming(client: openai.AsyncOpenAI) -> None:
 
 
 async def test_response_streaming_events(client: openai.AsyncOpenAI) -> None:
-    stream = await client.responses.create(model=MODEL, input="stream it", max_output_tokens=4, stream=True)
+    stream = await client.responses.create(
+        model=MODEL, input="stream it", max_output_tokens=4, stream=True
+    )
     kinds, deltas, final = [], [], None
     async for event in stream:
         kinds.append(event.type)
@@ -65,7 +67,11 @@ async def _turn(
     """(response id, replica) of one turn."""
     extra = {"previous_response_id": previous} if previous else {}
     raw = await client.responses.with_raw_response.create(
-        model=MODEL, input=text, max_output_tokens=2, stream=stream, **extra  # type: ignore[call-overload]
+        model=MODEL,
+        input=text,
+        max_output_tokens=2,
+        stream=stream,
+        **extra,  # type: ignore[call-overload]
     )
     replica = raw.headers["x-kvgate-replica"]
     if not stream:
@@ -80,7 +86,9 @@ async def _converse(client: openai.AsyncOpenAI, opening: str, turns: int, stream
     replicas: set[str] = set()
     previous: str | None = None
     for turn in range(turns):
-        previous, replica = await _turn(client, opening if turn == 0 else f"turn {turn}", previous, stream)
+        previous, replica = await _turn(
+            client, opening if turn == 0 else f"turn {turn}", previous, stream
+        )
         replicas.add(replica)
     return replicas
 
@@ -96,7 +104,9 @@ async def test_previous_response_id_keeps_each_conversation_on_its_replica(
     assert sum(len(e.responses) for e in engines) == 9 * 4
 
 
-async def test_continuing_an_unknown_response_is_the_engines_404(client: openai.AsyncOpenAI) -> None:
+async def test_continuing_an_unknown_response_is_the_engines_404(
+    client: openai.AsyncOpenAI,
+) -> None:
     with pytest.raises(openai.NotFoundError) as info:
         await client.responses.create(model=MODEL, input="hi", previous_response_id="resp_nope")
     assert "resp_nope" in info.value.message
@@ -111,17 +121,23 @@ async def test_bad_responses_bodies_are_openai_errors(client: openai.AsyncOpenAI
     assert missing.value.code == "model_not_found"
 
 
-async def test_codex_session_header_is_a_session_id(gw: RunningGateway, engines: list[SimEngine]) -> None:
+async def test_codex_session_header_is_a_session_id(
+    gw: RunningGateway, engines: list[SimEngine]
+) -> None:
     """Codex sends `session_id` on its own; requests of one session stay together, although
     each opens differently (no lineage could tie them)."""
     async with openai.AsyncOpenAI(
-        base_url=gw.url + "/v1", api_key="k", max_retries=0,
+        base_url=gw.url + "/v1",
+        api_key="k",
+        max_retries=0,
     ) as client:
         by_session: dict[str, set[str]] = {}
         for i in range(24):
             session = f"codex-{i % 6}"
             raw = await client.responses.with_raw_response.create(
-                model=MODEL, input=f"unrelated prompt {i}", max_output_tokens=1,
+                model=MODEL,
+                input=f"unrelated prompt {i}",
+                max_output_tokens=1,
                 extra_headers={"session_id": session},
             )
             by_session.setdefault(session, set()).add(raw.headers["x-kvgate-replica"])
@@ -139,7 +155,9 @@ async def test_a_continuation_stays_even_when_its_replica_is_saturated(
     busy = cluster.members[replica].id
 
     def saturate() -> None:
-        cluster.publish_load(busy, EngineLoad(waiting=10_000, running=64, kv_usage=0.99, scraped_at=cluster.clock()))
+        cluster.publish_load(
+            busy, EngineLoad(waiting=10_000, running=64, kv_usage=0.99, scraped_at=cluster.clock())
+        )
 
     saturate()
     # The same conversation's next turn by content alone (no previous_response_id) moves...

@@ -98,10 +98,14 @@ def test_vllm_old_names_are_read() -> None:
 def test_vllm_hit_rate_comes_from_counter_deltas() -> None:
     first = read_engine(VLLM_DP2)
     assert first.counters == CounterState(500.0, 1000.0, 0.5)
-    later = VLLM_DP2.replace('hits_total{engine="0",model_name="qwen"} 300.0',
-                             'hits_total{engine="0",model_name="qwen"} 390.0')
-    later = later.replace('queries_total{engine="0",model_name="qwen"} 600.0',
-                          'queries_total{engine="0",model_name="qwen"} 700.0')
+    later = VLLM_DP2.replace(
+        'hits_total{engine="0",model_name="qwen"} 300.0',
+        'hits_total{engine="0",model_name="qwen"} 390.0',
+    )
+    later = later.replace(
+        'queries_total{engine="0",model_name="qwen"} 600.0',
+        'queries_total{engine="0",model_name="qwen"} 700.0',
+    )
     r = read_engine(later, previous=first.counters)
     assert r.prefix_hit_rate == pytest.approx(0.9)  # 90 of the last 100 tokens hit
 
@@ -119,7 +123,10 @@ def test_no_new_queries_keeps_last_rate() -> None:
 
 
 def test_unprofiled_cache_config_is_unknown_capacity() -> None:
-    text = VLLM_OLD + '# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1.0\n'
+    text = (
+        VLLM_OLD
+        + '# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1.0\n'
+    )
     assert read_engine(text).kv_capacity_tokens is None
 
 
@@ -143,7 +150,12 @@ def test_sglang_sums_dp_ranks() -> None:
 def test_tgi_has_queue_and_batch_but_no_kv() -> None:
     r = read_engine(TGI)
     assert (r.kind, r.waiting, r.running, r.kv_usage, r.prefix_hit_rate) == (
-        EngineKind.TGI, 3.0, 6.0, None, None)
+        EngineKind.TGI,
+        3.0,
+        6.0,
+        None,
+        None,
+    )
 
 
 def test_detection_and_errors() -> None:

@@ -10,10 +10,15 @@ from gateway.types import ReplicaId
 
 
 async def test_unreachable_metrics_eject_but_unreadable_ones_do_not() -> None:
-    app = build_app(load_settings(
-        replicas=[{"id": "a", "url": "http://127.0.0.1:9"}, {"id": "b", "url": "http://127.0.0.1:9"}],
-        health={"failure_threshold": 2},
-    ))
+    app = build_app(
+        load_settings(
+            replicas=[
+                {"id": "a", "url": "http://127.0.0.1:9"},
+                {"id": "b", "url": "http://127.0.0.1:9"},
+            ],
+            health={"failure_threshold": 2},
+        )
+    )
     state = app.state.gateway
     sink = ScrapeHealth(state.health)
     a, b = ReplicaId("a"), ReplicaId("b")
@@ -32,14 +37,16 @@ async def test_unreachable_metrics_eject_but_unreadable_ones_do_not() -> None:
 
 
 async def test_engine_kinds_come_from_replicas_and_scrape_overrides() -> None:
-    app = build_app(load_settings(
-        replicas=[
-            {"id": "v", "url": "http://127.0.0.1:9", "engine": "vllm"},
-            {"id": "s", "url": "http://127.0.0.1:9", "engine": "sglang"},
-            {"id": "x", "url": "http://127.0.0.1:9"},
-        ],
-        scrape={"engines": {"s": "tgi"}},
-    ))
+    app = build_app(
+        load_settings(
+            replicas=[
+                {"id": "v", "url": "http://127.0.0.1:9", "engine": "vllm"},
+                {"id": "s", "url": "http://127.0.0.1:9", "engine": "sglang"},
+                {"id": "x", "url": "http://127.0.0.1:9"},
+            ],
+            scrape={"engines": {"s": "tgi"}},
+        )
+    )
     settings = scrape_settings(app.state.gateway)
     assert settings.engine_for("v") is EngineKind.VLLM
     assert settings.engine_for("s") is EngineKind.TGI

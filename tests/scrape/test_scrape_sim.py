@@ -40,7 +40,9 @@ async def test_reads_sim_engines_of_both_flavours(flavor: str) -> None:
             # Keep engine 0 busy: more requests than its max_num_seqs, long outputs.
             async with httpx.AsyncClient(base_url=sim.urls[0], timeout=30) as client:
                 sends = [
-                    asyncio.create_task(client.post("/v1/completions", json=_body(f"p{i} " * 20, 40)))
+                    asyncio.create_task(
+                        client.post("/v1/completions", json=_body(f"p{i} " * 20, 40))
+                    )
                     for i in range(profile.max_num_seqs + 3)
                 ]
                 busy = None
@@ -94,7 +96,9 @@ async def test_gateway_publishes_scraped_loads_and_reports_them() -> None:
         view = state.cluster.view()
         assert all(view.load_of(r) is not None for r in view.replicas)
         assert all(r.kv_capacity_tokens for r in view.replicas)
-        async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="k", max_retries=0) as client:
+        async with openai.AsyncOpenAI(
+            base_url=server.url + "/v1", api_key="k", max_retries=0
+        ) as client:
             out = await client.chat.completions.create(
                 model="kvgate-sim", messages=[{"role": "user", "content": "hi"}], max_tokens=2
             )
@@ -115,5 +119,7 @@ async def test_gateway_publishes_scraped_loads_and_reports_them() -> None:
 
 
 async def test_scraping_can_be_switched_off() -> None:
-    app = build_app(load_settings(sim={"replicas": 1, "profile": "instant"}, scrape={"enabled": False}))
+    app = build_app(
+        load_settings(sim={"replicas": 1, "profile": "instant"}, scrape={"enabled": False})
+    )
     assert "scrape" not in app.state.gateway.extras

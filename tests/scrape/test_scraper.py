@@ -144,8 +144,12 @@ async def test_failures_feed_health_and_keep_the_old_snapshot_until_stale(
         kept = scraper.loads[ReplicaId("a")]
         assert kept is good
         replica = ReplicaState(ReplicaId("a"), server.url, load=kept)
-        fresh = ClusterView((replica,), now=kept.scraped_at + 0.1, stale_after=settings.stale_after_s)
-        stale = ClusterView((replica,), now=kept.scraped_at + 1.0, stale_after=settings.stale_after_s)
+        fresh = ClusterView(
+            (replica,), now=kept.scraped_at + 0.1, stale_after=settings.stale_after_s
+        )
+        stale = ClusterView(
+            (replica,), now=kept.scraped_at + 1.0, stale_after=settings.stale_after_s
+        )
         assert fresh.load_of(replica) is kept and stale.load_of(replica) is None
     finally:
         await scraper.stop()
@@ -238,7 +242,9 @@ async def test_malformed_expositions_are_parse_failures_without_a_traceback(
 ) -> None:
     expo, server = served
     health = HealthLog()
-    scraper = MetricsScraper(ScrapeSettings(timeout_s=0.5), list, registry=CollectorRegistry(), health=health)
+    scraper = MetricsScraper(
+        ScrapeSettings(timeout_s=0.5), list, registry=CollectorRegistry(), health=health
+    )
     target = ReplicaState(ReplicaId("a"), server.url)
     await scraper.start()
     try:

@@ -25,13 +25,19 @@ async def test_client_disconnects_leave_no_traceback() -> None:
     try:
         async with sim_engines(1, "tiny") as engines:
             logger.addHandler(errors)  # after start-up: uvicorn's logging config drops handlers
-            body = {"model": "kvgate-sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 500}
+            body = {
+                "model": "kvgate-sim",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 500,
+            }
             async with httpx.AsyncClient(base_url=engines[0].url) as http:
                 try:
                     await http.post("/v1/chat/completions", json=body, timeout=0.1)
                 except httpx.TimeoutException:
                     pass
-                async with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as resp:
+                async with http.stream(
+                    "POST", "/v1/chat/completions", json={**body, "stream": True}
+                ) as resp:
                     async for _ in resp.aiter_lines():
                         break
             for _ in range(100):

@@ -84,13 +84,35 @@ def test_clocks() -> None:
 
 
 async def test_engine_arguments_override_the_profile_and_show_in_metrics() -> None:
-    args = parse(["sim", "--profile", "tiny", "--port", "0", "--num-gpu-blocks", "32",
-                  "--max-num-seqs", "3", "--max-num-batched-tokens", "256",
-                  "--max-model-len", "300", "--gpu-memory-utilization", "0.8",
-                  "--flavor", "sglang"])
+    args = parse(
+        [
+            "sim",
+            "--profile",
+            "tiny",
+            "--port",
+            "0",
+            "--num-gpu-blocks",
+            "32",
+            "--max-num-seqs",
+            "3",
+            "--max-num-batched-tokens",
+            "256",
+            "--max-model-len",
+            "300",
+            "--gpu-memory-utilization",
+            "0.8",
+            "--flavor",
+            "sglang",
+        ]
+    )
     profile = cli.profile_from_args(args)
-    assert (profile.num_gpu_blocks, profile.max_num_seqs, profile.max_num_batched_tokens,
-            profile.max_model_len, profile.gpu_memory_utilization) == (32, 3, 256, 300, 0.8)
+    assert (
+        profile.num_gpu_blocks,
+        profile.max_num_seqs,
+        profile.max_num_batched_tokens,
+        profile.max_model_len,
+        profile.gpu_memory_utilization,
+    ) == (32, 3, 256, 300, 0.8)
     async with (
         cli.cluster_from_args(args) as cluster,
         httpx.AsyncClient(base_url=cluster.urls[0]) as client,
@@ -103,8 +125,19 @@ async def test_engine_arguments_override_the_profile_and_show_in_metrics() -> No
 
 
 async def test_vllm_flavour_reports_blocks_and_utilisation_and_no_server_info() -> None:
-    args = parse(["sim", "--profile", "tiny", "--port", "0", "--num-gpu-blocks", "48",
-                  "--gpu-memory-utilization", "0.75"])
+    args = parse(
+        [
+            "sim",
+            "--profile",
+            "tiny",
+            "--port",
+            "0",
+            "--num-gpu-blocks",
+            "48",
+            "--gpu-memory-utilization",
+            "0.75",
+        ]
+    )
     async with (
         cli.cluster_from_args(args) as cluster,
         httpx.AsyncClient(base_url=cluster.urls[0]) as client,

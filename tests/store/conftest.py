@@ -66,13 +66,19 @@ class RedisServer:
         self.process = subprocess.Popen(
             [
                 self.binary,
-                "--port", str(self.port),
-                "--bind", "127.0.0.1",
-                "--save", "",
-                "--appendonly", "no",
-                "--protected-mode", "yes",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--protected-mode",
+                "yes",
                 # DEBUG SLEEP simulates a slow Redis in one test.
-                "--enable-debug-command", "local",
+                "--enable-debug-command",
+                "local",
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -109,7 +115,9 @@ def redis_binary() -> str | None:
 def redis_server() -> Iterator[RedisServer]:
     binary = redis_binary()
     if binary is None:
-        pytest.skip("redis-server binary not found on PATH (CI installs it; apt install redis-server)")
+        pytest.skip(
+            "redis-server binary not found on PATH (CI installs it; apt install redis-server)"
+        )
     server = RedisServer(binary, server_port())
     server.start()
     yield server
@@ -121,7 +129,9 @@ def own_redis() -> Iterator[RedisServer]:
     """A private redis-server for tests that kill and restart it."""
     binary = redis_binary()
     if binary is None:
-        pytest.skip("redis-server binary not found on PATH (CI installs it; apt install redis-server)")
+        pytest.skip(
+            "redis-server binary not found on PATH (CI installs it; apt install redis-server)"
+        )
     server = RedisServer(binary, server_port())
     server.start()
     yield server

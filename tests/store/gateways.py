@@ -26,7 +26,8 @@ def gateway_config(
 ) -> dict[str, Any]:
     return {
         "replicas": [
-            {"id": f"e{i}", "url": url, "models": ["kvgate-sim"]} for i, url in enumerate(replica_urls)
+            {"id": f"e{i}", "url": url, "models": ["kvgate-sim"]}
+            for i, url in enumerate(replica_urls)
         ],
         "models": {"discover": False},
         "server": {"log_level": "warning"},

@@ -43,7 +43,9 @@ def test_memory_backend_keeps_the_core_defaults() -> None:
 
 
 def test_redis_backend_wires_the_seams(redis_server: RedisServer) -> None:
-    app = build_app(settings(["http://127.0.0.1:9"], store={"backend": "redis", "url": redis_server.url}))
+    app = build_app(
+        settings(["http://127.0.0.1:9"], store={"backend": "redis", "url": redis_server.url})
+    )
     state: GatewayState = app.state.gateway
     assert isinstance(state.placements, StorePlacements)
     assert isinstance(state.router, StickyFirst)
@@ -111,9 +113,13 @@ async def test_prefix_placements_of_one_instance_reach_the_other_index(
     assert isinstance(scorer, PrefixAffinity)
     assert scorer.index.total_blocks == 0
     messages = [{"role": "user", "content": "a long shared document " * 200}]
-    async with openai.AsyncOpenAI(base_url=servers[0].url + "/v1", api_key="k", max_retries=0) as client:
+    async with openai.AsyncOpenAI(
+        base_url=servers[0].url + "/v1", api_key="k", max_retries=0
+    ) as client:
         raw = await client.chat.completions.with_raw_response.create(
-            model="kvgate-sim", messages=messages, max_tokens=2  # type: ignore[arg-type]
+            model="kvgate-sim",
+            messages=messages,
+            max_tokens=2,  # type: ignore[arg-type]
         )
     served = ReplicaId(raw.headers["x-kvgate-replica"])
     # b never saw the request, yet its prefix index learns where the prefix lives.

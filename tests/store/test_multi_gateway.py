@@ -32,13 +32,18 @@ class Conversation:
     def __init__(self, index: int) -> None:
         self.messages: list[dict[str, str]] = [
             {"role": "system", "content": "You are a terse assistant. " * 8},
-            {"role": "user", "content": f"conversation {index}: tell me about topic {index * 7919}"},
+            {
+                "role": "user",
+                "content": f"conversation {index}: tell me about topic {index * 7919}",
+            },
         ]
         self.replicas: list[str] = []
 
     async def turn(self, client: openai.AsyncOpenAI) -> str:
         raw = await client.chat.completions.with_raw_response.create(
-            model=MODEL, messages=self.messages, max_tokens=4  # type: ignore[arg-type]
+            model=MODEL,
+            messages=self.messages,
+            max_tokens=4,  # type: ignore[arg-type]
         )
         replica = raw.headers["x-kvgate-replica"]
         answer = raw.parse().choices[0].message.content or ""
@@ -227,9 +232,7 @@ async def test_workers_share_placements_through_redis(
             # second one may still be starting, so give it time instead of racing it.
             names: set[str] = set()
             for _ in range(100):
-                names = {
-                    c["name"] for c in client.client_list() if c["name"].startswith("kvgate-")
-                }
+                names = {c["name"] for c in client.client_list() if c["name"].startswith("kvgate-")}
                 if len(names) >= 2:
                     break
                 await asyncio.sleep(0.1)

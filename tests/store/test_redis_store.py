@@ -111,9 +111,7 @@ async def test_windows_add_up_across_instances(
     assert await b.count_window("tenant", 60, 0) >= 6
 
 
-async def test_ejections_shared_both_ways(
-    make_store: MakeStore, redis_server: RedisServer
-) -> None:
+async def test_ejections_shared_both_ways(make_store: MakeStore, redis_server: RedisServer) -> None:
     a, b = await make_store(redis_server), await make_store(redis_server)
     await a.eject_replica(R1, 30, "refused")
     await eventually(lambda: R1 in b.ejections(), timeout=1.0)
@@ -210,7 +208,9 @@ async def test_redis_down_then_back_resynchronises(
         assert await b.lookup_session(SessionKey(f"after{i}")) in (R1, None)
     await asyncio.sleep(0.3)
     assert not a.degraded and not b.degraded
-    assert [s.metrics.registry.get_sample_value("kvgate_store_resyncs_total") for s in (a, b)] == resyncs
+    assert [
+        s.metrics.registry.get_sample_value("kvgate_store_resyncs_total") for s in (a, b)
+    ] == resyncs
 
 
 async def test_slow_redis_costs_at_most_the_op_timeout(

@@ -35,7 +35,9 @@ def router(load_factor: float | None = 1.25) -> StickyFirst:
     settings = RoutingSettings(policy="consistent_hash", filters=("healthy", "serves_model"))
     replicas = view().replicas
     return StickyFirst(
-        build_router(settings, PolicyContext(replicas=replicas)), MemoryStore(), load_factor=load_factor
+        build_router(settings, PolicyContext(replicas=replicas)),
+        MemoryStore(),
+        load_factor=load_factor,
     )
 
 

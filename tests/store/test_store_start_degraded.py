@@ -16,7 +16,9 @@ async def test_starting_degraded_is_a_warning(caplog: pytest.LogCaptureFixture) 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing listens here once closed
-    settings = StoreSettings(backend="redis", url=f"redis://:secret@127.0.0.1:{port}/0", connect_timeout_s=0.1)
+    settings = StoreSettings(
+        backend="redis", url=f"redis://:secret@127.0.0.1:{port}/0", connect_timeout_s=0.1
+    )
     store = RedisStore(settings, registry=CollectorRegistry())
     with caplog.at_level(logging.WARNING, logger="kvgate.store"):
         await store.start()

@@ -145,12 +145,19 @@ async def test_messages_and_responses_are_captured_with_their_usage(tmp_path: Pa
     async with sim_engines(2, "instant") as engines, gateway(engines, trace_capture=capture) as gw:
         async with anthropic.AsyncAnthropic(base_url=gw.url, api_key="k", max_retries=0) as claude:
             stream = claude.messages.stream(
-                model=MODEL, max_tokens=3, system=SYSTEM, messages=[{"role": "user", "content": "hi"}]
+                model=MODEL,
+                max_tokens=3,
+                system=SYSTEM,
+                messages=[{"role": "user", "content": "hi"}],
             )
             async with stream as events:
                 message = await events.get_final_message()
-        async with openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client:
-            response = await client.responses.create(model=MODEL, input="hello", max_output_tokens=4)
+        async with openai.AsyncOpenAI(
+            base_url=gw.url + "/v1", api_key="k", max_retries=0
+        ) as client:
+            response = await client.responses.create(
+                model=MODEL, input="hello", max_output_tokens=4
+            )
         async with httpx.AsyncClient(base_url=gw.url) as http:
             tokens = await http.post("/tokenize", json={"model": MODEL, "prompt": "not captured"})
             assert tokens.status_code == 200

@@ -124,7 +124,9 @@ def test_cli_simulate_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert "unknown sim profile" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("endpoint", "layout"), [("chat", "growing"), ("chat", "turns"), ("completions", "growing")])
+@pytest.mark.parametrize(
+    ("endpoint", "layout"), [("chat", "growing"), ("chat", "turns"), ("completions", "growing")]
+)
 async def test_offline_lineage_agrees_with_a_live_replay_through_the_gateway(
     endpoint: Endpoint, layout: Layout
 ) -> None:
@@ -144,15 +146,22 @@ async def test_offline_lineage_agrees_with_a_live_replay_through_the_gateway(
     scale = 8.0
     sim = simulate(
         trace,
-        SimulationOptions(replicas=4, policy="lineage", profile=profile, max_output_tokens=8,
-                          sessions=False),
+        SimulationOptions(
+            replicas=4, policy="lineage", profile=profile, max_output_tokens=8, sessions=False
+        ),
     ).report
-    async with SimCluster(4, profile, time_scale=scale) as cluster, gateway(
-        cluster.engines, models={"discover": False}
-    ) as gw:
+    async with (
+        SimCluster(4, profile, time_scale=scale) as cluster,
+        gateway(cluster.engines, models={"discover": False}) as gw,
+    ):
         live = await replay(
-            trace, gw.url, speedup=scale, endpoint=endpoint, layout=layout,
-            session_header=False, max_output_tokens=8,
+            trace,
+            gw.url,
+            speedup=scale,
+            endpoint=endpoint,
+            layout=layout,
+            session_header=False,
+            max_output_tokens=8,
         )
     assert live.errors == 0 and sim.errors == 0
     assert live.hit_rate is not None and sim.hit_rate is not None

@@ -87,7 +87,9 @@ async def keep_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter)
         await writer.drain()
 
 
-async def test_keep_alive_reuses_one_connection(serve: Callable[[Handler], Awaitable[Scripted]], client: H1Client) -> None:
+async def test_keep_alive_reuses_one_connection(
+    serve: Callable[[Handler], Awaitable[Scripted]], client: H1Client
+) -> None:
     server = await serve(keep_alive)
     for i in range(5):
         resp = await client.send("POST", server.url, [(b"x-n", b"%d" % i)], b"{}")
@@ -96,7 +98,9 @@ async def test_keep_alive_reuses_one_connection(serve: Callable[[Handler], Await
     assert server.connections == 1
 
 
-async def test_request_carries_host_length_and_headers(serve: Callable[[Handler], Awaitable[Scripted]], client: H1Client) -> None:
+async def test_request_carries_host_length_and_headers(
+    serve: Callable[[Handler], Awaitable[Scripted]], client: H1Client
+) -> None:
     seen: list[bytes] = []
 
     async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -116,7 +120,9 @@ async def test_request_carries_host_length_and_headers(serve: Callable[[Handler]
     assert body == b'{"k": 1}'
 
 
-async def test_connection_the_server_closed_while_idle_is_not_reused(serve: Callable[[Handler], Awaitable[Scripted]], client: H1Client) -> None:
+async def test_connection_the_server_closed_while_idle_is_not_reused(
+    serve: Callable[[Handler], Awaitable[Scripted]], client: H1Client
+) -> None:
     async def one_then_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
         writer.write(ok(b"a"))
@@ -132,10 +138,14 @@ async def test_connection_the_server_closed_while_idle_is_not_reused(serve: Call
     assert server.connections == 3
 
 
-async def test_connection_close_and_eof_framed_body(serve: Callable[[Handler], Awaitable[Scripted]], client: H1Client) -> None:
+async def test_connection_close_and_eof_framed_body(
+    serve: Callable[[Handler], Awaitable[Scripted]], client: H1Client
+) -> None:
     async def until_eof(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-type: text/plain\r\n\r\npart1-")
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-type: text/plain\r\n\r\npart1-"
+        )
         await writer.drain()
         await asyncio.sleep(0.02)
         writer.write(b"part2")
@@ -149,7 +159,9 @@ async def test_connection_close_and_eof_framed_body(serve: Callable[[Handler], A
     assert server.connections == 2  # `connection: close` is never pooled
 
 
-async def test_malformed_response_is_an_upstream_error(serve: Callable[[Handler], Awaitable[Scripted]], client: H1Client) -> None:
+async def test_malformed_response_is_an_upstream_error(
+    serve: Callable[[Handler], Awaitable[Scripted]], client: H1Client
+) -> None:
     async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
         writer.write(b"NOT HTTP AT ALL\r\n\r\n")
@@ -161,7 +173,9 @@ async def test_malformed_response_is_an_upstream_error(serve: Callable[[Handler]
         await client.send("POST", server.url, [], b"{}")
 
 
-async def test_drop_mid_body_fails_the_iterator(serve: Callable[[Handler], Awaitable[Scripted]], client: H1Client) -> None:
+async def test_drop_mid_body_fails_the_iterator(
+    serve: Callable[[Handler], Awaitable[Scripted]], client: H1Client
+) -> None:
     async def short_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly-some")
@@ -175,7 +189,9 @@ async def test_drop_mid_body_fails_the_iterator(serve: Callable[[Handler], Await
     await resp.aclose()
 
 
-async def test_slow_reader_pauses_the_engine_and_gets_every_byte(serve: Callable[[Handler], Awaitable[Scripted]]) -> None:
+async def test_slow_reader_pauses_the_engine_and_gets_every_byte(
+    serve: Callable[[Handler], Awaitable[Scripted]],
+) -> None:
     blob = bytes(range(256)) * 8192  # 2 MiB, far over the buffer's high-water mark
     server_done = asyncio.Event()
 
@@ -210,7 +226,9 @@ async def test_https_goes_to_the_tls_client_and_other_schemes_fail(client: H1Cli
         await client.send("POST", "ftp://127.0.0.1:1/v1/x", [], b"{}")
 
 
-async def test_pooled_connection_dropped_under_the_request_is_sent_once_more(serve: Callable[[Handler], Awaitable[Scripted]], client: H1Client) -> None:
+async def test_pooled_connection_dropped_under_the_request_is_sent_once_more(
+    serve: Callable[[Handler], Awaitable[Scripted]], client: H1Client
+) -> None:
     requests_seen: list[int] = []
 
     async def drop_second(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -233,7 +251,9 @@ async def test_pooled_connection_dropped_under_the_request_is_sent_once_more(ser
     assert requests_seen == [1, 1, 2]
 
 
-async def test_fresh_connection_dropped_without_answer_fails(serve: Callable[[Handler], Awaitable[Scripted]], client: H1Client) -> None:
+async def test_fresh_connection_dropped_without_answer_fails(
+    serve: Callable[[Handler], Awaitable[Scripted]], client: H1Client
+) -> None:
     async def drop(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
 
@@ -243,7 +263,9 @@ async def test_fresh_connection_dropped_without_answer_fails(serve: Callable[[Ha
     assert server.connections == 1
 
 
-async def test_max_connections_caps_each_engine_and_frees_slots_on_close(serve: Callable[[Handler], Awaitable[Scripted]]) -> None:
+async def test_max_connections_caps_each_engine_and_frees_slots_on_close(
+    serve: Callable[[Handler], Awaitable[Scripted]],
+) -> None:
     gate = asyncio.Event()
 
     async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -278,7 +300,9 @@ async def test_max_connections_caps_each_engine_and_frees_slots_on_close(serve: 
     assert client._open[next(iter(client._open))] == 0
 
 
-async def test_idle_limit_longer_than_the_header_deadline_keeps_one_timer(serve: Callable[[Handler], Awaitable[Scripted]]) -> None:
+async def test_idle_limit_longer_than_the_header_deadline_keeps_one_timer(
+    serve: Callable[[Handler], Awaitable[Scripted]],
+) -> None:
     # Headers come at once; the body then arrives after a gap longer than the headers
     # deadline (0.3 s) but shorter than the idle-read limit (0.8 s), so it must succeed;
     # a second, longer gap then times out on the idle limit, counted from the last data.
@@ -331,7 +355,9 @@ async def send_n(client: H1Client, url: str, n: int) -> tuple[int, bytes]:
         await resp.aclose()
 
 
-async def test_unsolicited_408_on_an_idle_connection_is_not_the_next_response(serve: Callable[[Handler], Awaitable[Scripted]], client: H1Client) -> None:
+async def test_unsolicited_408_on_an_idle_connection_is_not_the_next_response(
+    serve: Callable[[Handler], Awaitable[Scripted]], client: H1Client
+) -> None:
     async def answer_then_408(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if server.connections == 1:
             request = await read_request(reader)
@@ -354,13 +380,19 @@ async def test_unsolicited_408_on_an_idle_connection_is_not_the_next_response(se
     assert server.connections == 2  # the connection the 408 came on was dropped
 
 
-@pytest.mark.parametrize("interim", [
-    b"HTTP/1.1 103 Early Hints\r\nlink: </style.css>; rel=preload\r\n\r\n",
-    b"HTTP/1.1 100 Continue\r\n\r\n",
-    b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n",
-], ids=["103", "100", "100+103"])
+@pytest.mark.parametrize(
+    "interim",
+    [
+        b"HTTP/1.1 103 Early Hints\r\nlink: </style.css>; rel=preload\r\n\r\n",
+        b"HTTP/1.1 100 Continue\r\n\r\n",
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n",
+    ],
+    ids=["103", "100", "100+103"],
+)
 @pytest.mark.parametrize("apart", [False, True], ids=["one-write", "apart"])
-async def test_informational_responses_are_skipped(serve: Callable[[Handler], Awaitable[Scripted]], client: H1Client, interim: bytes, apart: bool) -> None:
+async def test_informational_responses_are_skipped(
+    serve: Callable[[Handler], Awaitable[Scripted]], client: H1Client, interim: bytes, apart: bool
+) -> None:
     async def hints_first(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
             request = await read_request(reader)
@@ -385,7 +417,9 @@ async def test_informational_responses_are_skipped(serve: Callable[[Handler], Aw
 
 
 @pytest.mark.parametrize("apart", [False, True], ids=["one-write", "apart"])
-async def test_a_response_pushed_after_the_answer_reaches_nobody(serve: Callable[[Handler], Awaitable[Scripted]], client: H1Client, apart: bool) -> None:
+async def test_a_response_pushed_after_the_answer_reaches_nobody(
+    serve: Callable[[Handler], Awaitable[Scripted]], client: H1Client, apart: bool
+) -> None:
     async def answer_then_push(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if server.connections == 1:
             intruder = ok(b"intruder")
@@ -417,7 +451,9 @@ async def test_a_response_pushed_after_the_answer_reaches_nobody(serve: Callable
 # -- issue 19: at max_connections, requests queue for the connections that are open -----
 
 
-async def test_requests_past_max_connections_wait_for_a_released_connection(serve: Callable[[Handler], Awaitable[Scripted]]) -> None:
+async def test_requests_past_max_connections_wait_for_a_released_connection(
+    serve: Callable[[Handler], Awaitable[Scripted]],
+) -> None:
     async def slowish(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
             request = await read_request(reader)
@@ -434,7 +470,9 @@ async def test_requests_past_max_connections_wait_for_a_released_connection(serv
     assert server.connections == 2
 
 
-async def test_a_connection_handed_to_a_request_cancelled_meanwhile_is_kept(serve: Callable[[Handler], Awaitable[Scripted]]) -> None:
+async def test_a_connection_handed_to_a_request_cancelled_meanwhile_is_kept(
+    serve: Callable[[Handler], Awaitable[Scripted]],
+) -> None:
     server = await serve(keep_alive)
     client = H1Client(Timeouts(connect_s=1, response_headers_s=2, read_s=2), max_connections=1)
     first = await client.send("POST", server.url, [], b"{}")

@@ -85,7 +85,9 @@ async def test_a_probe_does_not_wait_behind_proxied_requests(engine: Engine) -> 
 
 def test_a_pool_wait_is_not_held_against_the_replica() -> None:
     # Two replicas: passive evidence never ejects the last one (gateway.health).
-    cluster = Cluster([ReplicaState(R, "http://127.0.0.1:9"), ReplicaState(ReplicaId("r1"), "http://127.0.0.1:9")])
+    cluster = Cluster(
+        [ReplicaState(R, "http://127.0.0.1:9"), ReplicaState(ReplicaId("r1"), "http://127.0.0.1:9")]
+    )
     health = HealthMonitor(cluster, H1Client(Timeouts()), HealthSettings(failure_threshold=1))
     health.passive_failure(R, UpstreamPoolTimeout("all connections busy"))
     assert health.state(R) is Health.HEALTHY

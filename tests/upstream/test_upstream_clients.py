@@ -20,7 +20,9 @@ JSON = [(b"content-type", b"application/json")]
 
 
 def chat(**extra: object) -> bytes:
-    return orjson.dumps({"model": "kvgate-sim", "messages": [{"role": "user", "content": "x"}], **extra})
+    return orjson.dumps(
+        {"model": "kvgate-sim", "messages": [{"role": "user", "content": "x"}], **extra}
+    )
 
 
 @pytest.fixture
@@ -37,7 +39,12 @@ async def client(request: pytest.FixtureRequest) -> AsyncIterator[UpstreamClient
 
 
 async def test_non_streaming_roundtrip(engine: SimEngine, client: UpstreamClient) -> None:
-    resp = await client.send("POST", engine.url + "/v1/chat/completions", JSON + [(b"x-request-id", b"rid-1")], chat(max_tokens=2))
+    resp = await client.send(
+        "POST",
+        engine.url + "/v1/chat/completions",
+        JSON + [(b"x-request-id", b"rid-1")],
+        chat(max_tokens=2),
+    )
     assert resp.status == 200
     names = {k.lower() for k, _ in resp.headers}
     assert b"content-type" in names
@@ -48,7 +55,9 @@ async def test_non_streaming_roundtrip(engine: SimEngine, client: UpstreamClient
 
 
 async def test_streaming_chunks(engine: SimEngine, client: UpstreamClient) -> None:
-    resp = await client.send("POST", engine.url + "/v1/chat/completions", JSON, chat(max_tokens=5, stream=True))
+    resp = await client.send(
+        "POST", engine.url + "/v1/chat/completions", JSON, chat(max_tokens=5, stream=True)
+    )
     chunks = [c async for c in resp.iter_bytes()]
     await resp.aclose()
     data = b"".join(chunks)
@@ -59,7 +68,9 @@ async def test_streaming_chunks(engine: SimEngine, client: UpstreamClient) -> No
 async def test_aclose_undrained_closes_connection_and_engine_aborts(client: UpstreamClient) -> None:
     async with sim_engines(1, "h200-sparse") as engines:
         engine = engines[0]
-        resp = await client.send("POST", engine.url + "/v1/chat/completions", JSON, chat(max_tokens=3000, stream=True))
+        resp = await client.send(
+            "POST", engine.url + "/v1/chat/completions", JSON, chat(max_tokens=3000, stream=True)
+        )
         it = resp.iter_bytes()
         await anext(it)
         await resp.aclose()
@@ -78,7 +89,9 @@ def free_port() -> int:
 
 async def test_connection_refused_is_retryable_connect_error(client: UpstreamClient) -> None:
     with pytest.raises(UpstreamConnectError) as info:
-        await client.send("POST", f"http://127.0.0.1:{free_port()}/v1/chat/completions", JSON, chat())
+        await client.send(
+            "POST", f"http://127.0.0.1:{free_port()}/v1/chat/completions", JSON, chat()
+        )
     assert info.value.retryable
 
 
@@ -91,10 +104,15 @@ async def test_slow_headers_time_out(engine: SimEngine, client: UpstreamClient) 
     assert info.value.status == 504
 
 
-async def test_stalled_stream_times_out_in_iterator(engine: SimEngine, client: UpstreamClient) -> None:
+async def test_stalled_stream_times_out_in_iterator(
+    engine: SimEngine, client: UpstreamClient
+) -> None:
     await engine.set_faults(FaultConfig(stall=2))
     resp = await client.send(
-        "POST", engine.url + "/v1/chat/completions", JSON, chat(max_tokens=50, stream=True),
+        "POST",
+        engine.url + "/v1/chat/completions",
+        JSON,
+        chat(max_tokens=50, stream=True),
         timeouts=Timeouts(1, 5, 0.3),
     )
     t0 = asyncio.get_running_loop().time()
