@@ -44,18 +44,23 @@ class TokenEvents:
 
     def feed(self, chunk: bytes) -> int:
         data = self._held + chunk if self._held else chunk
-        last = None
-        for last in _BOUNDARY.finditer(data):
-            pass
-        if last is None:
+        # The last event boundary ("\n\n", or "\r\n\r\n", whose tail is "\n\r\n").
+        lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\n\r\n")
+        end = max(lf + 2 if lf >= 0 else -1, crlf + 3 if crlf >= 0 else -1)
+        if end < 0:
             self._held = data
             return self._hold_limit()
-        complete, self._held = data[: last.end()], data[last.end() :]
+        complete, self._held = data[:end], data[end:]
+        skip = self._counted_held
+        self._counted_held = False
+        if not skip and complete.find(b"\n\n") == lf and crlf < 0:
+            # One whole event (the engines write one per token): one search, no split.
+            return (1 if _HAS_TOKEN.search(complete) else 0) + self._hold_limit()
         events = _BOUNDARY.split(complete)
-        if self._counted_held:
-            self._counted_held = False
+        if skip:
             events = events[1:]
-        return sum(1 for event in events if _HAS_TOKEN.search(event)) + self._hold_limit()
+        search = _HAS_TOKEN.search
+        return sum(1 for event in events if search(event)) + self._hold_limit()
 
     def _hold_limit(self) -> int:
         """An event past the size bound is counted now (once) and no longer held whole."""
