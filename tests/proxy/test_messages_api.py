@@ -12,21 +12,9 @@ import pytest
 
 from gateway.auth.principal import hash_key
 from gateway.sim.server import SimEngine
-from gateway.testing.servers import RunningGateway, gateway, sim_engines
+from gateway.testing.servers import RunningGateway, gateway
 
 MODEL = "kvgate-sim"
-
-
-@pytest.fixture
-async def engines() -> AsyncIterator[list[SimEngine]]:
-    async with sim_engines(3, "instant") as engines:
-        yield engines
-
-
-@pytest.fixture
-async def gw(engines: list[SimEngine]) -> AsyncIterator[RunningGateway]:
-    async with gateway(engines) as gw:
-        yield gw
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from gateway.sim.server import SimEngine
-from gateway.testing.servers import RunningGateway, gateway, sim_engines
+from gateway.testing.servers import RunningGateway, sim_engines
 
 MODEL = "kvgate-sim"
 
@@ -23,18 +23,6 @@ MODEL = "kvgate-sim"
 async def engines() -> AsyncIterator[list[SimEngine]]:
     async with sim_engines(2, "instant") as engines:
         yield engines
-
-
-@pytest.fixture
-async def gw(engines: list[SimEngine]) -> AsyncIterator[RunningGateway]:
-    async with gateway(engines) as gw:
-        yield gw
-
-
-@pytest.fixture
-async def client(gw: RunningGateway) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client:
-        yield client
 
 
 @pytest.fixture

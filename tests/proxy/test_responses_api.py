@@ -4,34 +4,14 @@ as vLLM stores them) staying on that replica while other conversations spread.""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import openai
 import pytest
 
 from gateway.sim.server import SimEngine
-from gateway.testing.servers import RunningGateway, gateway, sim_engines
+from gateway.testing.servers import RunningGateway
 from gateway.types import EngineLoad
 
 MODEL = "kvgate-sim"
-
-
-@pytest.fixture
-async def engines() -> AsyncIterator[list[SimEngine]]:
-    async with sim_engines(3, "instant") as engines:
-        yield engines
-
-
-@pytest.fixture
-async def gw(engines: list[SimEngine]) -> AsyncIterator[RunningGateway]:
-    async with gateway(engines) as gw:
-        yield gw
-
-
-@pytest.fixture
-async def client(gw: RunningGateway) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client:
-        yield client
 
 
 async def test_response_non_streaming(client: openai.AsyncOpenAI) -> None:
