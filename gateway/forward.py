@@ -54,8 +54,11 @@ async def open_leg(
     path: str,
     headers: RawHeaders,
     body: bytes,
+    *,
+    peek: bool = True,
 ) -> Leg:
-    """POST `body` to `replica` + `path`; return once the response headers arrived.
+    """POST `body` to `replica` + `path`; return once the response headers arrived (and,
+    with `peek`, a stream's first chunk).
 
     Raises a `GatewayError` on transport errors (retryable ones: connect errors) and a
     retryable one on 502/503/504 (the response is closed first); any other status is
@@ -83,7 +86,7 @@ async def open_leg(
     if status < 500:
         health.passive_success(replica)
     leg = Leg(cluster, replica, response)
-    if not _is_stream(response.headers):
+    if not peek or not _is_stream(response.headers):
         return leg
     # A stream's headers come before its prefill; read up to its first chunk here, still
     # inside the attempt, so a replica that stalled after its headers can be failed over.

@@ -88,6 +88,8 @@ class Attempts:
         async def open_to(
             replica: ReplicaId, payload: bytes, hdrs: RawHeaders | None = None
         ) -> Leg:
+            # PD dispatchers wait for a leg's first chunk themselves (commit_first_chunk),
+            # racing it against the prefill leg: open_leg must not read it first.
             return await open_leg(
                 cluster,
                 state.client,
@@ -96,6 +98,7 @@ class Attempts:
                 path,
                 headers if hdrs is None else hdrs,
                 payload,
+                peek=False,
             )
 
         async def attempt() -> Leg:

@@ -73,7 +73,7 @@ async def relay(
     stripper = UsageStripper() if ex.strip_usage else None
     error_code: str | None = None
     try:
-        # open_leg read the first chunk of the streams it opened (PD legs may not have).
+        # open_leg read the first chunk of the streams it opened; PD legs are not peeked.
         chunk = leg.first if leg.first is not None else await anext(iterator, b"")
     except GatewayError as err:
         name_replica(err, leg.replica)
