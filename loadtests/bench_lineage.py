@@ -372,6 +372,9 @@ class Run:
     preemptions: float = 0.0
     error_kinds: dict[str, int] = field(default_factory=dict)
     skipped: str | None = None
+    # Per request in trace order: the replica that served it (kvgate names it), for --json.
+    replicas: list[str | None] = field(default_factory=list)
+    engine_prompt: list[float] = field(default_factory=list)
 
 
 def figures(
@@ -451,6 +454,8 @@ async def run_one(
     run.engine_cpu_s = math.nan if engine_cpu is None else engine_cpu
     run.evictions, run.preemptions = eng.evictions, eng.preemptions
     run.error_kinds = dict(report.error_kinds)
+    run.replicas = [r.replica for r in report.results]
+    run.engine_prompt = list(eng.prompt)
     return run
 
 

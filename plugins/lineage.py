@@ -24,8 +24,9 @@ conversation's lineage inferred from the prompt (gateway.lineage). Per request:
   of an agent kind onto the replica that first cached the kind's preamble. So the policy
   counts new sessions per branch point (the last cached hash they open with); once
   ``hot_after`` have branched there, the prefix is a shared preamble and a new session
-  from it goes only to replicas whose live sessions are within ``session_band`` of the
-  mean above the fewest, by cost among those. Hot preambles spread, hot sessions stay.
+  from it goes only to replicas within ``session_band`` of the mean above the least, in
+  live sessions and in those sessions' latest prompt tokens (what their next turns send),
+  by cost among those. Hot preambles spread, hot sessions stay.
 
 With KV cache events (gateway.kvevents), ``view.cache_evidence`` says what each replica
 really holds of the prompt: ``uncached_r`` then comes from it for every replica it knows
@@ -92,13 +93,14 @@ class LineageConfig(PolicyConfig):
         "load: above 1, a prefix recomputed elsewhere counts also as the cluster's lost work",
     )
     session_band: float | None = Field(
-        default=0.25,
+        default=0.3,
         ge=0,
         description="a new session that opens with a hot prefix goes only "
-        "to replicas whose live sessions are within this share of the mean above the fewest",
+        "to replicas whose live sessions, and their context tokens, are each within this "
+        "share of the mean above the replica with the least",
     )
     hot_after: int = Field(
-        default=2,
+        default=3,
         ge=1,
         description="new sessions branching where the prompt's cached prefix "
         "ends that make that prefix hot (a shared preamble, not one conversation's fork)",
@@ -213,7 +215,7 @@ class Lineage:
             ):
                 self._count_branch(hashes, self.index.matched(replica, hashes))
             self.index.record(replica, hashes, self._block_tokens)
-        self.sessions.place(request.session_key, replica, self._now)
+        self.sessions.place(request.session_key, replica, self._now, request.prompt_tokens)
 
     def _count_branch(self, hashes: Sequence[int], depth: int) -> None:
         if depth <= 0:
@@ -309,12 +311,7 @@ class Lineage:
         sh = self._tie.session_hash(request.session_key)
         rh = self._tie.replica_hash
         keys: list[tuple[float, int, int]] = []
-        band_limit = None
-        if cfg.session_band is not None and not moved and matched:
-            depth = max(matched.values())
-            if self._branches.get(hashes[depth - 1], 0) >= cfg.hot_after:
-                live = [counts(r.id, 0) for r in replicas]
-                band_limit = min(live) + max(1.0, cfg.session_band * sum(live) / len(live))
+        in_band = self._band(request, replicas, matched) if not moved else None
         held: dict[int, int] = {}
         for i, r in enumerate(replicas):
             rid = r.id
@@ -329,7 +326,7 @@ class Lineage:
                 + cw * (prompt - cached)
                 + per_session * counts(rid, 0)
             ) / (r.weight if r.weight > 0 else 1.0)
-            if band_limit is not None and counts(rid, 0) > band_limit:
+            if in_band is not None and rid not in in_band:
                 cost += 1e18  # outside the band: only as a failover
             if cached:
                 held[i] = cached
@@ -343,6 +340,33 @@ class Lineage:
         else:
             reason = "prefix" if held.get(best[0][2], 0) else "least_cost"
         return Choice(ranked, reason, self.name)
+
+    def _band(
+        self, request: RouteRequest, replicas: Sequence[ReplicaState], matched: dict[int, int]
+    ) -> frozenset[ReplicaId] | None:
+        """The replicas a new session from a hot prefix may go to, or None (no band).
+
+        Within the band on both live sessions and their context tokens: sessions alone
+        let a few long conversations pile onto one replica (its token volume and KV
+        pressure then run far ahead), tokens alone let many young ones pile up.
+        """
+        cfg = self.config
+        if cfg.session_band is None or not matched:
+            return None
+        depth = max(matched.values())
+        if self._branches.get(request.prefix_hashes[depth - 1], 0) < cfg.hot_after:
+            return None
+        counts, tokens = self.sessions.counts.get, self.sessions.tokens.get
+        n = len(replicas)
+        live = [counts(r.id, 0) for r in replicas]
+        mass = [tokens(r.id, 0) for r in replicas]
+        live_cap = min(live) + max(1.0, cfg.session_band * sum(live) / n)
+        mass_cap = min(mass) + max(1.0, cfg.session_band * sum(mass) / n)
+        return frozenset(
+            r.id
+            for r, c, m in zip(replicas, live, mass, strict=True)
+            if c <= live_cap and m <= mass_cap
+        )
 
     def _failover_order(
         self, first: ReplicaId, key: str, view: ClusterView

@@ -13,13 +13,15 @@ from gateway.types import ReplicaId, SessionKey
 
 
 class LiveSessions:
-    __slots__ = ("_counts", "_seen", "idle_s", "max_sessions")
+    __slots__ = ("_counts", "_seen", "_tokens", "idle_s", "max_sessions")
 
     def __init__(self, idle_s: float, max_sessions: int) -> None:
         self.idle_s = idle_s
         self.max_sessions = max(1, max_sessions)
-        self._seen: OrderedDict[SessionKey, tuple[ReplicaId, float]] = OrderedDict()
+        # key -> (replica, last seen, the session's last prompt tokens)
+        self._seen: OrderedDict[SessionKey, tuple[ReplicaId, float, int]] = OrderedDict()
         self._counts: dict[ReplicaId, int] = {}
+        self._tokens: dict[ReplicaId, int] = {}
 
     def __len__(self) -> int:
         return len(self._seen)
@@ -38,28 +40,38 @@ class LiveSessions:
         """Live sessions per replica (read-only by convention: the table owns it)."""
         return self._counts
 
-    def place(self, key: SessionKey, replica: ReplicaId, now: float) -> None:
-        """The session was (again) served on `replica` at `now`."""
-        seen, counts = self._seen, self._counts
+    @property
+    def tokens(self) -> dict[ReplicaId, int]:
+        """Per replica, the sum of its live sessions' latest prompt sizes: what their next
+        turns will send, as a session's context only grows (read-only by convention)."""
+        return self._tokens
+
+    def place(self, key: SessionKey, replica: ReplicaId, now: float, tokens: int = 0) -> None:
+        """The session was (again) served on `replica` at `now` with a `tokens` prompt."""
+        seen, counts, weight = self._seen, self._counts, self._tokens
         old = seen.pop(key, None)
         if old is not None:
             counts[old[0]] -= 1
-        seen[key] = (replica, now)
+            weight[old[0]] -= old[2]
+        seen[key] = (replica, now, tokens)
         counts[replica] = counts.get(replica, 0) + 1
+        weight[replica] = weight.get(replica, 0) + tokens
         self.expire(now)
 
     def expire(self, now: float) -> None:
         seen, counts = self._seen, self._counts
         horizon = now - self.idle_s
         while seen:
-            key, (replica, at) = next(iter(seen.items()))
+            key, (replica, at, tokens) = next(iter(seen.items()))
             if at >= horizon and len(seen) <= self.max_sessions:
                 break
             del seen[key]
             counts[replica] -= 1
+            self._tokens[replica] -= tokens
 
     def forget(self, replica: ReplicaId) -> None:
         """The replica left: its sessions are placed afresh on their next request."""
-        for key in [k for k, (r, _) in self._seen.items() if r == replica]:
+        for key in [k for k, (r, _, _) in self._seen.items() if r == replica]:
             del self._seen[key]
         self._counts.pop(replica, None)
+        self._tokens.pop(replica, None)

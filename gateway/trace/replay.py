@@ -163,8 +163,11 @@ async def _one(
     usage: Mapping[str, Any] | None = None
     error: str | None = None
     done = False
+    replica: str | None = None
     try:
         async with client.stream("POST", url, content=job.body, headers=job.headers) as resp:
+            # kvgate names the replica that served; other routers send nothing.
+            replica = resp.headers.get("x-kvgate-replica")
             if resp.status_code != 200:
                 await resp.aread()
                 error = f"http_{resp.status_code}"
@@ -215,6 +218,7 @@ async def _one(
         output_tokens=output_tokens,
         cached_tokens=cached,
         error=error,
+        replica=replica,
     )
 
 
