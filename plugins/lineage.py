@@ -93,11 +93,11 @@ class LineageConfig(PolicyConfig):
         "load: above 1, a prefix recomputed elsewhere counts also as the cluster's lost work",
     )
     session_band: float | None = Field(
-        default=0.3,
+        default=0.2,
         ge=0,
         description="a new session that opens with a hot prefix goes only "
-        "to replicas whose live sessions, and their context tokens, are each within this "
-        "share of the mean above the replica with the least",
+        "to replicas whose load score (live sessions over their mean plus those sessions' "
+        "latest prompt tokens over theirs) is within 2 x this of the lowest",
     )
     hot_after: int = Field(
         default=3,
@@ -346,9 +346,10 @@ class Lineage:
     ) -> frozenset[ReplicaId] | None:
         """The replicas a new session from a hot prefix may go to, or None (no band).
 
-        Within the band on both live sessions and their context tokens: sessions alone
+        The band is on live sessions and their context tokens together: sessions alone
         let a few long conversations pile onto one replica (its token volume and KV
-        pressure then run far ahead), tokens alone let many young ones pile up.
+        pressure then run far ahead), tokens alone let many young ones pile up. Two
+        separate bands can leave no replica in both.
         """
         cfg = self.config
         if cfg.session_band is None or not matched:
@@ -360,13 +361,12 @@ class Lineage:
         n = len(replicas)
         live = [counts(r.id, 0) for r in replicas]
         mass = [tokens(r.id, 0) for r in replicas]
-        live_cap = min(live) + max(1.0, cfg.session_band * sum(live) / n)
-        mass_cap = min(mass) + max(1.0, cfg.session_band * sum(mass) / n)
-        return frozenset(
-            r.id
-            for r, c, m in zip(replicas, live, mass, strict=True)
-            if c <= live_cap and m <= mass_cap
-        )
+        # One dimensionless score: each count over its mean (a session is at least 1).
+        mean_live = max(1.0, sum(live) / n)
+        mean_mass = max(1.0, sum(mass) / n)
+        score = [c / mean_live + m / mean_mass for c, m in zip(live, mass, strict=True)]
+        cap = min(score) + max(2.0 / mean_live, 2.0 * cfg.session_band)
+        return frozenset(r.id for r, x in zip(replicas, score, strict=True) if x <= cap)
 
     def _failover_order(
         self, first: ReplicaId, key: str, view: ClusterView
