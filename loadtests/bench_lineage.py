@@ -375,6 +375,23 @@ class Run:
     # Per request in trace order: the replica that served it (kvgate names it), for --json.
     replicas: list[str | None] = field(default_factory=list)
     engine_prompt: list[float] = field(default_factory=list)
+    # kvgate only: its routing decisions by reason over the run (its /metrics).
+    reasons: dict[str, float] = field(default_factory=dict)
+
+
+def decision_reasons(url: str) -> dict[str, float]:
+    """kvgate's routing decisions by reason, read off its /metrics (empty if unreadable)."""
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=5.0).text
+    except httpx.HTTPError:
+        return {}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("kvgate_routing_decisions_total{"):
+            labels, _, value = line.rpartition(" ")
+            reason = labels.split('reason="', 1)[1].split('"', 1)[0]
+            out[reason] = out.get(reason, 0.0) + float(value)
+    return out
 
 
 def figures(
@@ -444,6 +461,8 @@ async def run_one(
             run.client_cpu_s = time.process_time() - client_cpu0
             engine_cpu = cpu_delta(engine_cpu0, tree_cpu_seconds(engines.proc.pid))
             after = await read_counters(engines.urls)
+            if spec.kind == "kvgate":
+                run.reasons = await asyncio.to_thread(decision_reasons, url)
         finally:
             router.stop()
     finally:
