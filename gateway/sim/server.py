@@ -353,12 +353,15 @@ class SimEngine:
         if status is not None:
             return _error(status, f"simulated fault: replica {self.index} answers {status}")
         try:
-            body, digest, size = extras.transcription(
+            body, digest, size, stream = extras.transcription(
                 raw, request.headers.get("content-type", ""), self.model_name
             )
         except WireError as exc:
             return _error(exc.status, exc.message, exc.param)
         self.uploads.append((digest, size))
+        if stream:
+            events = extras.transcription_stream(body, self.model_name)
+            return Response(events, media_type="text/event-stream")
         return _json(body, request)
 
     async def _model(self, request: Request) -> Response:

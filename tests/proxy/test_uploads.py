@@ -169,3 +169,22 @@ async def test_an_unknown_model_in_the_form_is_refused_before_anything_went_out(
         )
     assert resp.status_code == 404 and resp.json()["error"]["code"] == "model_not_found"
     assert not any(e.upload_bytes for e in engines)  # refused before anything went out
+
+
+async def test_a_streamed_transcription_is_relayed_as_a_stream(
+    client: openai.AsyncOpenAI, gw: RunningGateway
+) -> None:
+    """`stream=true` in the form: vLLM answers `transcription.chunk` events, relayed as they
+    come, and the gateway (which read the field from the form's head) counts a stream."""
+    audio = os.urandom(2 * MB)
+    whole = await client.audio.transcriptions.create(model=MODEL, file=("a.wav", audio))
+    stream = await client.audio.transcriptions.create(
+        model=MODEL, file=("a.wav", audio), stream=True
+    )
+    chunks = [event.model_dump() async for event in stream]
+    text = "".join(c["choices"][0]["delta"]["content"] for c in chunks)
+    assert text == whole.text and chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    async with httpx.AsyncClient(base_url=gw.url) as http:
+        metrics = (await http.get("/metrics")).text
+    streamed = 'kvgate_request_duration_seconds_count{endpoint="transcriptions",stream="true"} 1.0'
+    assert streamed in metrics, [m for m in metrics.splitlines() if "transcriptions" in m]
