@@ -6,6 +6,7 @@ raise anything else for any input (a test feeds it malformed bodies).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -61,35 +62,15 @@ def check_content_type(value: bytes | None) -> None:
         )
 
 
-def check_multipart(value: bytes | None) -> None:
-    if (
-        value is None
-        or not value.lower().startswith(b"multipart/form-data")
-        or b"boundary=" not in value
-    ):
+_BOUNDARY = re.compile(rb'boundary\s*=\s*(?:"([^"]+)"|([^\s;"]+))', re.IGNORECASE)
+
+
+def check_multipart(value: bytes | None) -> bytes:
+    """The form's boundary; a 415 unless `value` is multipart/form-data with one."""
+    found = _BOUNDARY.search(value) if value is not None else None
+    if value is None or not value.lower().startswith(b"multipart/form-data") or found is None:
         raise UnsupportedMediaType("Content-Type must be multipart/form-data with a boundary")
-
-
-# How far into a form the gateway looks for a small field (the SDKs send `model` before
-# the file; one placed after a large file is not found, and the request goes anywhere).
-_FORM_SCAN_BYTES = 64 * 1024
-
-
-def form_field(raw: bytes, name: bytes) -> str | None:
-    """A small text field of a multipart form, read without parsing the rest of it."""
-    head = raw[:_FORM_SCAN_BYTES]
-    marker = b'name="' + name + b'"'
-    at = head.find(marker)
-    if at < 0:
-        return None
-    start = head.find(b"\r\n\r\n", at)
-    if start < 0:
-        return None
-    end = head.find(b"\r\n--", start + 4)
-    if end < 0:
-        return None
-    value = head[start + 4 : end]
-    return value.decode("utf-8", "replace").strip() if len(value) < 512 else None
+    return found.group(1) or found.group(2)
 
 
 def _depth_exceeds(value: Any, limit: int) -> bool:

@@ -7,6 +7,7 @@ place (the upstream seam); the ASGI boundary renders it with `render_error`.
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar
 
 import orjson
@@ -186,6 +187,7 @@ _ANTHROPIC_TYPES = {
     415: "invalid_request_error",
     429: "rate_limit_error",
     503: "overloaded_error",
+    504: "timeout_error",
     529: "overloaded_error",
 }
 
@@ -196,10 +198,28 @@ def anthropic_body(err: GatewayError) -> bytes:
     return orjson.dumps({"type": "error", "error": {"type": kind, "message": err.message}})
 
 
-def stream_error_event(err: GatewayError, shape: str = "openai") -> bytes:
-    """A failure told in-band, once a stream has started (vLLM's way, or Anthropic's)."""
+_SEQUENCE = re.compile(rb'"sequence_number":\s*(\d+)')
+
+
+def stream_error_event(err: GatewayError, shape: str = "openai", last: bytes = b"") -> bytes:
+    """A failure told in-band, once a stream has started, in the stream's own dialect.
+
+    "openai" (chat, completions): a `data:` chunk holding OpenAI's error object, as vLLM
+    sends it; "responses": the Responses API's `error` event, numbered after the last event
+    relayed (read from `last`, the stream's last chunk); "anthropic": Messages' `error` event.
+    """
     if shape == "anthropic":
         return b"event: error\ndata: " + anthropic_body(err) + b"\n\n"
+    if shape == "responses":
+        numbers = _SEQUENCE.findall(last)
+        event = {
+            "type": "error",
+            "code": err.code or err.error_type,
+            "message": err.message,
+            "param": err.param,
+            "sequence_number": int(numbers[-1]) + 1 if numbers else 0,
+        }
+        return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
     return b"data: " + err.body() + b"\n\n"
 
 

@@ -12,6 +12,7 @@ from gateway.cluster import Cluster
 from gateway.errors import GatewayError, UpstreamStalled, UpstreamStatusError, UpstreamTimeout
 from gateway.health import HealthMonitor
 from gateway.types import ReplicaId
+from gateway.upload import Upload
 from gateway.upstream import RawHeaders, UpstreamClient, UpstreamResponse
 
 RETRYABLE_STATUSES = frozenset({502, 503, 504})
@@ -53,7 +54,7 @@ async def open_leg(
     replica: ReplicaId,
     path: str,
     headers: RawHeaders,
-    body: bytes,
+    body: bytes | Upload,
     *,
     peek: bool = True,
 ) -> Leg:
@@ -63,23 +64,33 @@ async def open_leg(
     Raises a `GatewayError` on transport errors (retryable ones: connect errors) and a
     retryable one on 502/503/504 (the response is closed first); any other status is
     returned for the caller to relay. Only transport errors reach passive health: a status
-    the engine answers is about this request (gateway.health).
+    the engine answers is about this request (gateway.health). An upload whose client side
+    failed (gone: `ClientGone`; past the body limit: `PayloadTooLarge`) raises that, however
+    the upstream client wrapped it, and nothing is held against the replica.
     """
     url = cluster.url_of(replica) + path
     cluster.acquire(replica)
     try:
         response = await client.send("POST", url, headers, body)
-    except GatewayError as err:
+    except Exception as exc:
         cluster.release(replica)
-        health.passive_failure(replica, err)
-        name_replica(err, replica)
-        await _blame(health, replica, body, err)
+        failure = body.failure if isinstance(body, Upload) else None
+        if failure is not None:
+            if failure is exc:
+                raise
+            raise failure from exc
+        if not isinstance(exc, GatewayError):
+            raise
+        health.passive_failure(replica, exc)
+        name_replica(exc, replica)
+        await _blame(health, replica, body if isinstance(body, bytes) else b"", exc)
         raise
     except BaseException:
         cluster.release(replica)
         raise
     status = response.status
-    if status in RETRYABLE_STATUSES:
+    # An upload's bytes are gone: nothing can resend it, so the engine's answer is relayed.
+    if status in RETRYABLE_STATUSES and not (isinstance(body, Upload) and body.sent):
         cluster.release(replica)
         await response.aclose()
         raise UpstreamStatusError(f"replica {replica} answered {status}", upstream_status=status)
@@ -96,7 +107,7 @@ async def open_leg(
     except GatewayError as err:
         await leg.aclose()
         name_replica(err, replica)
-        await _blame(health, replica, body, err)
+        await _blame(health, replica, body if isinstance(body, bytes) else b"", err)
         raise
     except BaseException:
         await leg.aclose()

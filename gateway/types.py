@@ -61,7 +61,8 @@ class RouteSpec:
 
     `generates`: the engine decodes tokens for it (admission's output estimate, PD, the KV
     it leaves behind); `errors`: the shape of the gateway's own error bodies on it;
-    `multipart`: the body is streamed through unparsed.
+    `multipart`: the body is streamed through unparsed; `events`: the dialect of its
+    streams, in which a failure mid-stream is told (gateway.errors.stream_error_event).
     """
 
     path: str
@@ -69,6 +70,7 @@ class RouteSpec:
     generates: bool = False
     errors: Literal["openai", "anthropic"] = "openai"
     multipart: bool = False
+    events: Literal["openai", "responses", "anthropic"] = "openai"
     # The body field that names an earlier answer stored on one replica (Responses API).
     continues: str | None = None
 
@@ -79,10 +81,14 @@ ROUTE_SPECS: Mapping[Endpoint, RouteSpec] = MappingProxyType(
         Endpoint.COMPLETIONS: RouteSpec("/v1/completions", "prompt", generates=True),
         Endpoint.EMBEDDINGS: RouteSpec("/v1/embeddings", "input"),
         Endpoint.RESPONSES: RouteSpec(
-            "/v1/responses", "responses", generates=True, continues="previous_response_id"
+            "/v1/responses",
+            "responses",
+            generates=True,
+            continues="previous_response_id",
+            events="responses",
         ),
         Endpoint.MESSAGES: RouteSpec(
-            "/v1/messages", "anthropic", generates=True, errors="anthropic"
+            "/v1/messages", "anthropic", generates=True, errors="anthropic", events="anthropic"
         ),
         Endpoint.TOKENIZE: RouteSpec("/tokenize", "either"),
         Endpoint.DETOKENIZE: RouteSpec("/detokenize", "tokens"),

@@ -161,22 +161,6 @@ def test_validate_ok() -> None:
     assert validate({**GOOD_CHAT, "stream": True, "max_tokens": 5}, Endpoint.CHAT) == "m"
 
 
-def test_form_field_reads_a_small_field_only() -> None:
-    from gateway.body import check_multipart, form_field
-
-    form = (
-        b'--b\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper\r\n'
-        b'--b\r\nContent-Disposition: form-data; name="file"; filename="a"\r\n\r\n'
-        + b"\0" * 100
-        + b"\r\n--b--\r\n"
-    )
-    assert form_field(form, b"model") == "whisper"
-    assert form_field(form, b"language") is None
-    check_multipart(b"multipart/form-data; boundary=b")
-    with pytest.raises(UnsupportedMediaType):
-        check_multipart(b"application/json")
-
-
 def test_new_routes_validate_their_own_fields() -> None:
     from gateway.types import Endpoint as E
 

@@ -2,7 +2,8 @@
 
 `Attempts.open(ex)` returns the `Leg` whose response headers arrived. Retries are declared
 once (tenacity): retryable errors only, never the same replica twice, bounded in count and
-in time since the first failure. The first attempt runs bare, so the common case pays
+in time since the first failure, and for a streamed upload only while none of its bytes
+went out (a refused connection, a busy pool). The first attempt runs bare, so the common case pays
 nothing for tenacity. `state.dispatcher` (PD) may take over a leg on any attempt.
 """
 
@@ -68,6 +69,7 @@ class Attempts:
         state = self._state
         cluster = state.cluster
         body, raw, headers, path, pools = ex.body or {}, ex.raw, ex.headers, ex.path, ex.pools
+        upload = ex.upload
         view = cluster.view()
         choice = state.router.choose(request, view)
         pinned = request.sticky_replica
@@ -119,6 +121,11 @@ class Attempts:
             if state.router_prefill is not None:
                 state.router_prefill.dispatched(request, replica)
             try:
+                if upload is not None:
+                    # Forwarded as it is (no priority field to set in a form, nothing for PD).
+                    return await open_leg(
+                        cluster, state.client, state.health, replica, path, headers, upload
+                    )
                 if state.dispatcher is not None:
                     ctx = ForwardContext(request, body, raw, path, headers, choice, view, open_to)
                     leg = await state.dispatcher.dispatch(ctx)
@@ -130,6 +137,8 @@ class Attempts:
                     cluster, state.client, state.health, replica, path, headers, payload
                 )
             except GatewayError as err:
+                if upload is not None and upload.failure is err:
+                    raise  # the client's side of the upload, not the replica's
                 last_error = err
                 state.metrics.upstream_failure(replica, err.code or "error")
                 raise
@@ -138,11 +147,21 @@ class Attempts:
             try:
                 return await attempt()
             except GatewayError as err:
-                if not err.retryable or self._retrying is None:
+                if (
+                    not err.retryable
+                    or self._retrying is None
+                    or (upload is not None and upload.sent)
+                ):
                     raise
             if self._backoff_s:
                 await asyncio.sleep(self._backoff_s)
-            async for retry in self._retrying.copy():
+            retrying = self._retrying.copy()
+            if upload is not None:
+                # A streamed body cannot be sent again once a byte of it went out.
+                retrying = self._retrying.copy(
+                    retry=retry_if_exception(lambda e: _retryable(e) and not upload.sent)
+                )
+            async for retry in retrying:
                 with retry:
                     leg = await attempt()
                     ex.retries = len(tried) - 1

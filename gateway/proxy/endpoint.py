@@ -4,7 +4,8 @@ It runs behind the front chain (gateway.fastpath: request id, auth, rate limit),
 every route shares. Per request, on one `Exchange`:
 
 1. inbound (gateway.proxy.inbound): body limits, JSON, model -> `RouteRequest`;
-2. start watching for the client's `http.disconnect` (cancels the work at once);
+2. start watching for the client's `http.disconnect` (cancels the work at once); for an
+   upload streamed through (gateway.upload), once its last body message was read;
 3. identity: the session's sticky replica (`state.placements`), the priority class
    (`state.admission.classify`);
 4. routing, admission and attempts (gateway.proxy.attempts) until response headers arrive;
@@ -85,7 +86,12 @@ class ProxyEndpoint:
             self._outcome.finish(ex, None)
             return
         call = ex.call
-        call.watch(ex.receive)
+        upload = ex.upload
+        if upload is None or upload.ended:
+            call.watch(ex.receive)
+        else:
+            # The body's own messages still come through `receive`: watch once they ended.
+            upload.on_end = lambda: call.watch(ex.receive)
         try:
             await self._route_and_relay(ex)
         except asyncio.CancelledError:
@@ -152,6 +158,8 @@ class ProxyEndpoint:
             # The ASGI server refused a send: the client is gone (transport errors of the
             # upstream arrive as GatewayError, never as OSError).
             ex.call.disconnected = True
+        except ClientGone:
+            ex.call.disconnected = True  # left while its upload was being forwarded
         finally:
             await self._settle(ex, request, first_byte)
 

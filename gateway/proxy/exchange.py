@@ -3,7 +3,7 @@
 Each stage of the pipeline (gateway.proxy.endpoint) reads what the earlier ones wrote and
 fills its own part, so no stage needs more than the exchange as its argument:
 
-* inbound: `body`, `raw`, `request`, `headers`, `path`, `strip_usage`;
+* inbound: `body`, `raw` (or `upload`), `request`, `headers`, `path`, `strip_usage`;
 * identity: `request` gets its session's sticky replica and its priority class;
 * attempts: `leg`, `retries`;
 * relay and outcome: `status`, `ok`, `error_code`, `usage`.
@@ -19,6 +19,7 @@ from gateway.types import RouteRequest
 
 if TYPE_CHECKING:
     from gateway.forward import Leg
+    from gateway.upload import Upload
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -54,6 +55,7 @@ class Exchange:
         "status",
         "strip_usage",
         "t0",
+        "upload",
         "usage",
     )
 
@@ -78,6 +80,8 @@ class Exchange:
         self.request: RouteRequest | None = None
         self.body: dict[str, Any] | None = None
         self.raw = b""
+        # A body streamed through instead of read (multipart uploads); `raw` is then empty.
+        self.upload: Upload | None = None
         self.headers: RawHeaders = []
         self.path = ""
         self.strip_usage = False

@@ -16,7 +16,6 @@ from gateway.auth.principal import Principal
 from gateway.body import (
     check_content_type,
     check_multipart,
-    form_field,
     parse_json,
     read_body,
     validate,
@@ -29,6 +28,7 @@ from gateway.proxy.exchange import Exchange, Scope
 from gateway.state import GatewayState
 from gateway.stream_usage import inject_usage
 from gateway.types import ROUTE_SPECS, Endpoint, RouteRequest, SessionKey
+from gateway.upload import open_upload
 from gateway.upstream import request_headers
 
 
@@ -107,18 +107,22 @@ class Inbound:
             session = agent
         limits = state.settings.limits
         if self._multipart:
-            check_multipart(content_type)
-            raw = await read_body(
-                ex.receive, limits.max_body_bytes, declared_length(content_length)
+            # Streamed through, never read whole: only the form's leading fields are known
+            # (the `model` the SDKs send before the file; gateway.upload).
+            upload = await open_upload(
+                ex.receive,
+                limits.max_body_bytes,
+                declared_length(content_length),
+                check_multipart(content_type),
             )
-            model = form_field(raw, b"model") or ""
+            model = upload.fields.get("model", "").strip()
             tenant_name = self._authorize(
                 scope, model, tenant.decode("latin-1") if tenant else None
             )
             known = state.cluster.known_models()
             if model and known is not None and model not in known:
                 raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
-            ex.body, ex.raw = None, raw
+            ex.body, ex.upload = None, upload
             ex.request = RouteRequest(
                 request_id=ex.request_id,
                 model=model,
@@ -129,6 +133,7 @@ class Inbound:
                 endpoint=self._endpoint,
                 priority_class=priority.decode("latin-1") if priority else "default",
                 tenant=tenant_name,
+                stream=upload.fields.get("stream", "").strip().lower() == "true",
             )
             ex.named_class = priority is not None
             self._forward_headers(ex, scope)

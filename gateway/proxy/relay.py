@@ -18,6 +18,7 @@ from gateway.proxy.continuation import id_in_json, id_in_stream
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.respond import send_error
 from gateway.stream_usage import UsageStripper
+from gateway.types import ROUTE_SPECS
 from gateway.upstream import response_headers
 from gateway.usage import USAGE_TAIL_BYTES, usage_from_json, usage_from_sse, usage_tokens
 
@@ -91,9 +92,11 @@ async def relay(
     await send({"type": "http.response.start", "status": status, "headers": out_headers})
     ended = False
     seek_id = ex.find_response_id and status < 400
+    relayed = before = b""  # the last two chunks out: where a failure event continues from
     try:
         while True:
             if chunk:
+                before, relayed = relayed, chunk
                 timer.feed(chunk)
                 if seek_id and (found := id_in_stream(chunk)) is not None:
                     ex.response_id, seek_id = found, False
@@ -119,7 +122,11 @@ async def relay(
         log.warning("upstream %s failed mid-stream: %s", leg.replica, err.message)
         if stripper is not None and (held := stripper.flush()):
             await send({"type": "http.response.body", "body": held, "more_body": True})
-        event = stream_error_event(err, ex.errors)
+        shape = ROUTE_SPECS[request.endpoint].events if request is not None else ex.errors
+        event = stream_error_event(err, shape, before + relayed)
+        if relayed and not relayed.endswith((b"\n\n", b"\r\n\r\n")):
+            # The engine stopped inside an event: end it, so the error is an event of its own.
+            event = b"\n\n" + event
         await send({"type": "http.response.body", "body": event, "more_body": True})
     if not ended:
         if stripper is not None and (held := stripper.flush()):

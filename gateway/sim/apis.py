@@ -197,6 +197,10 @@ class ResponsesStream:
             )
         )
 
+    def error(self, code: str, message: str) -> bytes:
+        """The API's `error` event: a failure after the stream began."""
+        return self._ev("error", code=code, message=message, param=None)
+
     def delta(self, text: str) -> bytes:
         self.text.append(text)
         return self._ev(

@@ -231,8 +231,38 @@ def multipart_parts(raw: bytes, content_type: str) -> Mapping[str, bytes]:
     return parts
 
 
-def transcription(raw: bytes, content_type: str, model: str) -> tuple[dict[str, Any], str, int]:
-    """(body, sha256 of the audio file, its size): the engine keeps the checksum for tests."""
+def transcription_stream(body: Mapping[str, Any], model: str) -> bytes:
+    """A transcript as vLLM streams it (`stream=true`): one `transcription.chunk` per word,
+    the last with its finish reason and usage, then `[DONE]`."""
+    rid, created = f"trsc-{uuid.uuid4().hex}", int(time.time())
+    words = str(body["text"]).split(" ")
+    events = []
+    for i, word in enumerate(words):
+        last = i == len(words) - 1
+        chunk: dict[str, Any] = {
+            "id": rid,
+            "object": "transcription.chunk",
+            "created": created,
+            "model": model,
+            "choices": [
+                {
+                    "delta": {"content": word if i == 0 else " " + word},
+                    "finish_reason": "stop" if last else None,
+                    "stop_reason": None,
+                }
+            ],
+        }
+        if last:
+            chunk["usage"] = body["usage"]
+        events.append(b"data: " + orjson.dumps(chunk) + b"\n\n")
+    return b"".join(events) + b"data: [DONE]\n\n"
+
+
+def transcription(
+    raw: bytes, content_type: str, model: str
+) -> tuple[dict[str, Any], str, int, bool]:
+    """(body, sha256 of the audio file, its size, whether it is to be streamed): the engine
+    keeps the checksum for tests."""
     parts = multipart_parts(raw, content_type)
     audio = parts.get("file")
     if audio is None:
@@ -249,4 +279,5 @@ def transcription(raw: bytes, content_type: str, model: str) -> tuple[dict[str, 
         },
         digest,
         len(audio),
+        parts.get("stream", b"").strip().lower() == b"true",
     )

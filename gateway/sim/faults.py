@@ -10,7 +10,8 @@ body replaces the whole fault set, `{}` clears it):
   re-opens it (same port) after that many seconds, since an engine that refuses
   connections cannot be told over HTTP to stop refusing.
 * ``stall``: after this many streamed tokens (0: right after the headers) stop sending but
-  keep the connection open; a non-streaming request never gets an answer.
+  keep the connection open, on every API that streams (chat, completions, Responses,
+  Messages); a non-streaming request never gets an answer.
 * ``unhealthy``: `/health` answers 503.
 """
 

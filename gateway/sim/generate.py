@@ -334,6 +334,9 @@ class Generation(Response):
         out = OutputText(engine.seed, request.output_seed)
         responses = ResponsesStream(self.api_id, engine.model_name, p.echo)
         await self._start(send, b"text/event-stream")
+        if engine.faults.config.stall == 0:
+            await self._stall()
+            return
         sent = 0
         try:
             async for n in engine.runner.stream(handle):
@@ -350,6 +353,18 @@ class Generation(Response):
                         else responses.opening()
                     )
                 for _ in range(n):
+                    stall_at = engine.faults.config.stall
+                    if stall_at is not None and sent >= stall_at:
+                        if events:
+                            await send(
+                                {
+                                    "type": "http.response.body",
+                                    "body": b"".join(events),
+                                    "more_body": True,
+                                }
+                            )
+                        await self._stall()
+                        return
                     sent += 1
                     text = out.take(1)
                     events.append(
@@ -359,18 +374,12 @@ class Generation(Response):
                     {"type": "http.response.body", "body": b"".join(events), "more_body": True}
                 )
         except EngineStopped as exc:
-            error = (
-                anthropic_error(500, str(exc))
+            failure = (
+                event("error", orjson.loads(anthropic_error(500, str(exc))))
                 if p.kind == "messages"
-                else error_body(500, str(exc))
+                else responses.error("engine_stopped", str(exc))
             )
-            await send(
-                {
-                    "type": "http.response.body",
-                    "body": event("error", orjson.loads(error)),
-                    "more_body": False,
-                }
-            )
+            await send({"type": "http.response.body", "body": failure, "more_body": False})
             return
         if p.kind == "messages":
             closing = message_closing(

@@ -25,7 +25,7 @@ import httpx
 import orjson
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -133,8 +133,10 @@ class SimEngine:
         self.request_log: deque[RequestRecord] = deque(maxlen=request_log_size)
         # Responses kept for `previous_response_id` (id -> conversation, oldest first).
         self.responses: dict[str, tuple[Mapping[str, Any], ...]] = {}
-        # (sha256, size) of each audio file received, for the pass-through tests.
+        # (sha256, size) of each audio file received, for the pass-through tests, and the
+        # upload bytes received so far (counted as they arrive, before a form is complete).
         self.uploads: deque[tuple[str, int]] = deque(maxlen=request_log_size)
+        self.upload_bytes = 0
         self.kv_pull_failures = 0
         self.rooms: dict[int, str] = {}
         self.closing = asyncio.Event()
@@ -338,14 +340,28 @@ class SimEngine:
         return _json(body, request)
 
     async def _transcription(self, request: Request) -> Response:
-        raw = await request.body()
+        chunks = []
         try:
-            body, digest, size = extras.transcription(
+            async for chunk in request.stream():
+                self.upload_bytes += len(chunk)
+                chunks.append(chunk)
+        except ClientDisconnect:
+            self.metrics.client_disconnects += 1
+            return Response(status_code=499)
+        raw = b"".join(chunks)
+        status = self.faults.should_error()
+        if status is not None:
+            return _error(status, f"simulated fault: replica {self.index} answers {status}")
+        try:
+            body, digest, size, stream = extras.transcription(
                 raw, request.headers.get("content-type", ""), self.model_name
             )
         except WireError as exc:
             return _error(exc.status, exc.message, exc.param)
         self.uploads.append((digest, size))
+        if stream:
+            events = extras.transcription_stream(body, self.model_name)
+            return Response(events, media_type="text/event-stream")
         return _json(body, request)
 
     async def _model(self, request: Request) -> Response:

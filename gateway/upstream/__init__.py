@@ -5,6 +5,8 @@ from __future__ import annotations
 from gateway.upstream.base import (
     DEFAULT_MAX_RESPONSE_BYTES,
     RawHeaders,
+    RequestBody,
+    StreamedBody,
     Timeouts,
     UpstreamClient,
     UpstreamResponse,
@@ -13,6 +15,8 @@ from gateway.upstream.headers import request_headers, response_headers
 
 __all__ = [
     "RawHeaders",
+    "RequestBody",
+    "StreamedBody",
     "Timeouts",
     "UpstreamClient",
     "UpstreamResponse",

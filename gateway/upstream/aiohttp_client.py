@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 from yarl import URL
 
-from gateway.upstream.base import DEFAULT_MAX_RESPONSE_BYTES, RawHeaders, Timeouts
+from gateway.upstream.base import DEFAULT_MAX_RESPONSE_BYTES, RawHeaders, RequestBody, Timeouts
 from gateway.upstream.errors import map_transport_error, too_large
 
 _TRANSPORT_ERRORS = (aiohttp.ClientError, OSError, TimeoutError, asyncio.IncompleteReadError)
@@ -107,7 +107,7 @@ class AiohttpClient:
         method: str,
         url: str,
         headers: RawHeaders,
-        body: bytes | None = None,
+        body: RequestBody | None = None,
         *,
         timeouts: Timeouts | None = None,
     ) -> AiohttpResponse:
@@ -115,6 +115,9 @@ class AiohttpClient:
         t = timeouts or self._timeouts
         client_timeout = self._client_timeout if timeouts is None else self._to_client_timeout(t)
         str_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
+        if body is not None and not isinstance(body, bytes) and body.length is not None:
+            # Without it aiohttp sends an iterable body chunked.
+            str_headers.append(("content-length", str(body.length)))
         try:
             async with asyncio.timeout(t.response_headers_s):
                 resp = await session.request(

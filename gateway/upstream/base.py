@@ -13,6 +13,11 @@ Contract:
   The proxy then sends the last chunk with the end of the response (one write, not two)
   and stops iterating, so an implementation offering it must count the body as read
   without a final StopAsyncIteration (h1 does; the others do not offer it).
+* A request body is bytes, or a `StreamedBody` sent as it arrives (multipart uploads):
+  framed by its `length` (Content-Length; None: chunked), iterated at most once. An
+  exception the body's own iterator raises (the client left, the body is too large) comes
+  out of `send()` as it is or wrapped; the body keeps it (gateway.upload), so the caller can
+  tell it from the engine's failure.
 * `aclose()` on a response whose body was not read to the end closes the TCP connection
   instead of returning it to the pool: that is how the engine learns the client left and
   aborts generation. `aclose()` is idempotent.
@@ -52,6 +57,17 @@ class Timeouts:
     read_s: float = 600.0
 
 
+class StreamedBody(Protocol):
+    """A request body forwarded chunk by chunk; `length`: its size, when declared."""
+
+    length: int | None
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+
+RequestBody = bytes | StreamedBody
+
+
 class UpstreamResponse(Protocol):
     status: int
     headers: RawHeaders  # as received (names may be any case)
@@ -76,7 +92,7 @@ class UpstreamClient(Protocol):
         method: str,
         url: str,
         headers: RawHeaders,
-        body: bytes | None = None,
+        body: RequestBody | None = None,
         *,
         timeouts: Timeouts | None = None,
     ) -> UpstreamResponse: ...

@@ -7,7 +7,9 @@ side by side. Parsing is httptools' (llhttp), the same parser uvicorn serves us 
 
 Scope, on purpose: plain `http://` (engines sit on the cluster network; `https://` URLs are
 handed to an aiohttp client made on first use), HTTP/1.1 with keep-alive, request bodies
-sent whole (they are bounded by the gateway's body limit and already in memory).
+sent whole (they are bounded by the gateway's body limit and already in memory), except a
+`StreamedBody` (an upload), written chunk by chunk as it arrives with the transport's flow
+control, on a new connection (so no stale pooled one can fail it once bytes are gone).
 
 Timeouts use one timer per request instead of one per read: a watchdog fires at the
 deadline and, when data arrived since it was armed, re-arms for the remaining time.
@@ -37,6 +39,8 @@ from gateway.errors import (
 from gateway.upstream.base import (
     DEFAULT_MAX_RESPONSE_BYTES,
     RawHeaders,
+    RequestBody,
+    StreamedBody,
     Timeouts,
     UpstreamClient,
     UpstreamPoolTimeout,
@@ -67,6 +71,7 @@ class _Conn(asyncio.Protocol):
         self.closed = False
         self.reused = False  # has carried an exchange before (set when first released)
         self._parser = httptools.HttpResponseParser(self)
+        self.write_paused = False  # the transport's buffer is full (an upload waits)
         self._reset()
 
     def _reset(self) -> None:
@@ -108,6 +113,13 @@ class _Conn(asyncio.Protocol):
                 return
             self.paused = True
             self.transport.pause_reading()
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self._wake()
 
     def eof_received(self) -> bool:
         return False  # close our side too
@@ -230,6 +242,33 @@ def _declared_length(headers: RawHeaders) -> int:
             except ValueError:
                 return -1
     return -1
+
+
+async def _write_stream(conn: _Conn, body: StreamedBody) -> None:
+    """Write `body` as it arrives, waiting while the transport's buffer is full.
+
+    An engine that answers before the whole body went (an early error) gets no more of it,
+    and its connection is not reused: the request it carried was cut short.
+    """
+    transport = conn.transport
+    assert transport is not None
+    chunked = body.length is None
+    async for chunk in body:
+        if conn.headers_done:
+            conn.keep_alive = False
+            return
+        if conn.error is not None:
+            raise conn.error
+        if chunked:
+            transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
+        else:
+            transport.write(chunk)
+        while conn.write_paused and conn.error is None and not conn.headers_done:
+            await conn.wait()
+    if conn.error is not None:
+        raise conn.error
+    if chunked:
+        transport.write(b"0\r\n\r\n")
 
 
 class _Watchdog:
@@ -499,7 +538,7 @@ class H1Client:
         method: str,
         url: str,
         headers: RawHeaders,
-        body: bytes | None = None,
+        body: RequestBody | None = None,
         *,
         timeouts: Timeouts | None = None,
     ) -> UpstreamResponse:
@@ -515,7 +554,14 @@ class H1Client:
         head = [method.encode("ascii"), b" ", target, b" HTTP/1.1\r\nhost: ", host, b"\r\n"]
         for name, value in headers:
             head += (name, b": ", value, b"\r\n")
-        if body is not None or method in ("POST", "PUT", "PATCH"):
+        stream: StreamedBody | None = None
+        if body is not None and not isinstance(body, bytes):
+            stream, body = body, None
+            if stream.length is None:
+                head.append(b"transfer-encoding: chunked\r\n")
+            else:
+                head.append(b"content-length: %d\r\n" % stream.length)
+        elif body is not None or method in ("POST", "PUT", "PATCH"):
             head.append(b"content-length: %d\r\n" % len(body or b""))
         head.append(b"\r\n")
         message = b"".join(head)
@@ -526,7 +572,7 @@ class H1Client:
         # skipped. One the engine closes just as the request goes out fails before any
         # response byte: that request is sent once more (the engine dropped an idle
         # connection, it never took the request). Anything else fails.
-        idle = self._idle.get(key)
+        idle = self._idle.get(key) if stream is None else None
         conn: _Conn | None = None
         while idle:
             candidate = idle.pop()
@@ -542,6 +588,8 @@ class H1Client:
             dog = _Watchdog(loop, conn, t, url)
             try:
                 conn.transport.write(message)
+                if stream is not None:
+                    await _write_stream(conn, stream)
                 while not conn.headers_done:
                     if conn.error is not None:
                         raise conn.error

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from gateway.upstream.base import DEFAULT_MAX_RESPONSE_BYTES, RawHeaders, Timeouts
+from gateway.upstream.base import DEFAULT_MAX_RESPONSE_BYTES, RawHeaders, RequestBody, Timeouts
 from gateway.upstream.errors import map_transport_error, too_large
 
 _TRANSPORT_ERRORS = (httpx.HTTPError, httpx.StreamError, OSError, TimeoutError)
@@ -81,15 +81,19 @@ class HttpxClient:
         method: str,
         url: str,
         headers: RawHeaders,
-        body: bytes | None = None,
+        body: RequestBody | None = None,
         *,
         timeouts: Timeouts | None = None,
     ) -> HttpxResponse:
         t = timeouts or self._timeouts
+        out = list(headers)
+        if body is not None and not isinstance(body, bytes) and body.length is not None:
+            # Without it httpx sends an iterable body chunked.
+            out.append((b"content-length", b"%d" % body.length))
         request = self._client.build_request(
             method,
             url,
-            headers=list(headers),
+            headers=out,
             content=body,
             timeout=httpx.USE_CLIENT_DEFAULT if timeouts is None else self._to_httpx_timeout(t),
         )

@@ -134,3 +134,61 @@ async def test_get_requests(engine: SimEngine, client: UpstreamClient) -> None:
 def test_unknown_kind() -> None:
     with pytest.raises(ValueError):
         make_client("curl", Timeouts())
+
+
+class _Streamed:
+    """A `StreamedBody` counting what the client pulled from it."""
+
+    def __init__(self, body: bytes, length: int | None, piece: int = 64 * 1024) -> None:
+        self.body, self.length, self.piece, self.pulled = body, length, piece, 0
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
+        for at in range(0, len(self.body), self.piece):
+            chunk = self.body[at : at + self.piece]
+            self.pulled += len(chunk)
+            yield chunk
+            await asyncio.sleep(0)
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._chunks()
+
+
+@pytest.mark.parametrize("declared", [True, False], ids=["content-length", "chunked"])
+async def test_streamed_bodies_arrive_whole(
+    engine: SimEngine, client: UpstreamClient, declared: bool
+) -> None:
+    import hashlib
+    import os
+
+    from gateway.testing.forms import CONTENT_TYPE, form
+
+    audio = os.urandom(3 * 1024 * 1024 + 17)
+    body = form({"model": "kvgate-sim"}, audio)
+    streamed = _Streamed(body, len(body) if declared else None)
+    headers = [(b"content-type", CONTENT_TYPE.encode())]
+    for _ in range(2):  # and the connection is good for the next request (h1 pools it)
+        resp = await client.send("POST", engine.url + "/v1/audio/transcriptions", headers, streamed)
+        assert resp.status == 200 and b"transcript" in await resp.read()
+        await resp.aclose()
+        streamed = _Streamed(body, streamed.length)
+    assert list(engine.uploads) == [(hashlib.sha256(audio).hexdigest(), len(audio))] * 2
+
+
+async def test_h1_stops_sending_when_the_engine_answers_early(engine: SimEngine) -> None:
+    client = make_client("h1", Timeouts(connect_s=1, response_headers_s=5, read_s=5))
+    try:
+        # An unknown path: the engine answers 404 without reading the body.
+        big = _Streamed(b"\0" * (64 * 1024 * 1024), None)
+        resp = await client.send("POST", engine.url + "/nope", JSON, big)
+        assert resp.status == 404
+        await resp.read()
+        await resp.aclose()
+        assert big.pulled < len(big.body) // 2
+        # The cut-short connection is not reused: the next request works.
+        ok = await client.send(
+            "POST", engine.url + "/v1/chat/completions", JSON, chat(max_tokens=1)
+        )
+        assert ok.status == 200
+        await ok.aclose()
+    finally:
+        await client.aclose()
