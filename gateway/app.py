@@ -67,6 +67,8 @@ FEATURE_INSTALLERS: tuple[str, ...] = (
     "gateway.accounting:install",
     # Reads what the others installed (scraper, pools, admission); adds no request-path hook.
     "gateway.console.install:install",
+    # With --workers N: /metrics merges every worker's series (gateway.workers).
+    "gateway.workers.install:install",
     # Its service starts after every other one (they listen to membership changes).
     "gateway.discovery.install:install",
 )
@@ -227,7 +229,7 @@ def build_app(settings: KvgateSettings | None = None) -> Starlette:
         return Response(body, status_code=200 if ok else 503, media_type="application/json")
 
     async def metrics(request: Request) -> Response:
-        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+        return Response(await state.metrics.exposition(), media_type=CONTENT_TYPE)
 
     async def models(request: Request) -> Response:
         return Response(await state.models.body(), media_type="application/json")
