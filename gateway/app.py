@@ -60,6 +60,7 @@ FEATURE_INSTALLERS: tuple[str, ...] = (
     "gateway.auth.install:install",
     "gateway.pd.install:install",
     "gateway.trace.install:install",
+    "gateway.tracing.install:install",
     "gateway.scrape.install:install",
     "gateway.kvevents.install:install",
     # Last: it detects the final router's abilities (e.g. a prefix index) once.

@@ -6,7 +6,7 @@ is released exactly once whatever happens (error, cancellation, double close).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from gateway.cluster import Cluster
 from gateway.errors import GatewayError, UpstreamStalled, UpstreamStatusError, UpstreamTimeout
@@ -56,6 +56,7 @@ async def open_leg(
     body: bytes,
     *,
     peek: bool = True,
+    on_headers: Callable[[], None] | None = None,
 ) -> Leg:
     """POST `body` to `replica` + `path`; return once the response headers arrived (and,
     with `peek`, a stream's first chunk).
@@ -63,7 +64,8 @@ async def open_leg(
     Raises a `GatewayError` on transport errors (retryable ones: connect errors) and a
     retryable one on 502/503/504 (the response is closed first); any other status is
     returned for the caller to relay. Only transport errors reach passive health: a status
-    the engine answers is about this request (gateway.health).
+    the engine answers is about this request (gateway.health). `on_headers` is called
+    when the response headers arrived (a tracing span's end).
     """
     url = cluster.url_of(replica) + path
     cluster.acquire(replica)
@@ -78,6 +80,8 @@ async def open_leg(
     except BaseException:
         cluster.release(replica)
         raise
+    if on_headers is not None:
+        on_headers()
     status = response.status
     if status in RETRYABLE_STATUSES:
         cluster.release(replica)

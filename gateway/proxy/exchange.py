@@ -19,6 +19,7 @@ from gateway.types import RouteRequest
 
 if TYPE_CHECKING:
     from gateway.forward import Leg
+    from gateway.hooks import RequestSpans
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -54,6 +55,8 @@ class Exchange:
         "status",
         "strip_usage",
         "t0",
+        "trace",
+        "traceparent",
         "usage",
     )
 
@@ -96,3 +99,6 @@ class Exchange:
         # Responses API: read the answer's id, so a continuation finds its replica.
         self.find_response_id = False
         self.response_id: str | None = None
+        # The caller's W3C traceparent, and the spans of this request (tracing enabled).
+        self.traceparent: bytes | None = None
+        self.trace: RequestSpans | None = None
