@@ -10,12 +10,15 @@ sampler record it. `tracestate` is relayed unchanged (the gateway adds no entry 
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 
 TRACEPARENT = b"traceparent"
 TRACESTATE = b"tracestate"
 SAMPLED = 0x01
-_HEX = frozenset(b"0123456789abcdef")
+_TRACEPARENT = re.compile(
+    rb"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?", re.DOTALL
+)
 _ZERO_TRACE = b"0" * 32
 _ZERO_SPAN = b"0" * 16
 
@@ -34,8 +37,18 @@ class TraceParent:
         return b"00-%s-%s-%02x" % (self.trace_id, self.parent_id, self.flags)
 
 
-def _hex(part: bytes) -> bool:
-    return _HEX.issuperset(part)
+def _fields(value: bytes | None) -> tuple[bytes, bytes, bytes] | None:
+    if value is None:
+        return None
+    m = _TRACEPARENT.fullmatch(value.strip())
+    if m is None:
+        return None
+    version, trace_id, parent_id, flags, rest = m.groups()
+    if version == b"ff" or (version == b"00" and rest):
+        return None
+    if trace_id == _ZERO_TRACE or parent_id == _ZERO_SPAN:
+        return None
+    return trace_id, parent_id, flags
 
 
 def parse(value: bytes | None) -> TraceParent | None:
@@ -45,23 +58,10 @@ def parse(value: bytes | None) -> TraceParent | None:
     dash (they are ignored, and the header is passed on as version 00). Version ff, upper-
     case hex and all-zero ids are invalid.
     """
-    if value is None or len(value) < 55:
+    fields = _fields(value)
+    if fields is None:
         return None
-    value = value.strip()
-    version = value[:2]
-    if len(value) < 55 or not _hex(version) or version == b"ff":
-        return None
-    if version == b"00" and len(value) != 55:
-        return None
-    if len(value) > 55 and value[55:56] != b"-":
-        return None
-    if value[2:3] != b"-" or value[35:36] != b"-" or value[52:53] != b"-":
-        return None
-    trace_id, parent_id, flags = value[3:35], value[36:52], value[53:55]
-    if not (_hex(trace_id) and _hex(parent_id) and _hex(flags)):
-        return None
-    if trace_id == _ZERO_TRACE or parent_id == _ZERO_SPAN:
-        return None
+    trace_id, parent_id, flags = fields
     return TraceParent(trace_id, parent_id, int(flags, 16))
 
 
@@ -84,7 +84,7 @@ def child(incoming: bytes | None, span_id: bytes | None = None) -> bytes:
     """The `traceparent` for the next hop: `incoming`'s trace with `span_id` (a new one by
     default) as its parent, or a new sampled trace when `incoming` is missing or invalid."""
     span = span_id if span_id is not None else new_span_id()
-    parent = parse(incoming)
-    if parent is None:
+    fields = _fields(incoming)
+    if fields is None:
         return b"00-%s-%s-01" % (new_trace_id(), span)
-    return b"00-%s-%s-%02x" % (parent.trace_id, span, parent.flags)
+    return b"00-%s-%s-%s" % (fields[0], span, fields[2])
