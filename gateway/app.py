@@ -60,6 +60,7 @@ FEATURE_INSTALLERS: tuple[str, ...] = (
     "gateway.auth.install:install",
     "gateway.pd.install:install",
     "gateway.trace.install:install",
+    "gateway.tracing.install:install",
     "gateway.scrape.install:install",
     "gateway.kvevents.install:install",
     # Last: it detects the final router's abilities (e.g. a prefix index) once.
@@ -67,6 +68,8 @@ FEATURE_INSTALLERS: tuple[str, ...] = (
     "gateway.accounting:install",
     # Reads what the others installed (scraper, pools, admission); adds no request-path hook.
     "gateway.console.install:install",
+    # With --workers N: /metrics merges every worker's series (gateway.workers).
+    "gateway.workers.install:install",
     # Its service starts after every other one (they listen to membership changes).
     "gateway.discovery.install:install",
 )
@@ -227,7 +230,7 @@ def build_app(settings: KvgateSettings | None = None) -> Starlette:
         return Response(body, status_code=200 if ok else 503, media_type="application/json")
 
     async def metrics(request: Request) -> Response:
-        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+        return Response(await state.metrics.exposition(), media_type=CONTENT_TYPE)
 
     async def models(request: Request) -> Response:
         return Response(await state.models.body(), media_type="application/json")

@@ -93,7 +93,11 @@ def _serve(args: argparse.Namespace) -> int:
             )
         if args.config:
             os.environ[CONFIG_FILE_ENV] = os.path.abspath(args.config)
-        uvicorn.run("gateway.app:app_from_env", factory=True, workers=server.workers, **options)
+        from gateway.workers.directory import metrics_directory
+
+        # Before the workers spawn: they inherit the directory, so /metrics is all of them.
+        with metrics_directory():
+            uvicorn.run("gateway.app:app_from_env", factory=True, workers=server.workers, **options)
         return 0
     from gateway.app import build_app
     from gateway.serving import DrainingServer

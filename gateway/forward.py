@@ -6,7 +6,7 @@ is released exactly once whatever happens (error, cancellation, double close).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from gateway.cluster import Cluster
 from gateway.errors import GatewayError, UpstreamStalled, UpstreamStatusError, UpstreamTimeout
@@ -57,6 +57,7 @@ async def open_leg(
     body: bytes | Upload,
     *,
     peek: bool = True,
+    on_headers: Callable[[], None] | None = None,
 ) -> Leg:
     """POST `body` to `replica` + `path`; return once the response headers arrived (and,
     with `peek`, a stream's first chunk).
@@ -67,6 +68,7 @@ async def open_leg(
     the engine answers is about this request (gateway.health). An upload whose client side
     failed (gone: `ClientGone`; past the body limit: `PayloadTooLarge`) raises that, however
     the upstream client wrapped it, and nothing is held against the replica.
+    `on_headers` is called when the response headers arrived (a tracing span's end).
     """
     url = cluster.url_of(replica) + path
     cluster.acquire(replica)
@@ -88,6 +90,8 @@ async def open_leg(
     except BaseException:
         cluster.release(replica)
         raise
+    if on_headers is not None:
+        on_headers()
     status = response.status
     # An upload's bytes are gone: nothing can resend it, so the engine's answer is relayed.
     if status in RETRYABLE_STATUSES and not (isinstance(body, Upload) and body.sent):

@@ -20,6 +20,10 @@ request path pays nothing for a feature that is not configured:
   `RequestOutcome` (cost accounting, trace capture). Must be quick and must not raise;
   schedule I/O elsewhere. The router's `ObservesPlacement.placed` and
   `ObservesOutcome.finished` are called by the proxy itself when it implements them.
+* `state.tracer: RequestTracer | None` -- OpenTelemetry spans of each proxied request
+  (gateway.tracing); `begin` is called once the request is understood, the returned
+  `RequestSpans` is told the route, the admission wait, each attempt, the first token and
+  the end.
 * `state.cluster.publish_load(replica, EngineLoad)` -- the scraper's input.
 * `state.services: list[Service]` -- started in order in the lifespan, stopped in reverse.
 """
@@ -87,6 +91,48 @@ class AdmissionGate(Protocol):
     ) -> bytes: ...
 
     def finished(self, request: RouteRequest, replica: ReplicaId | None) -> None: ...
+
+
+class AttemptSpan(Protocol):
+    def headers(self, base: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        """`base` with this attempt as the engine's parent span (when propagating)."""
+        ...
+
+    def mark_headers(self) -> None: ...
+
+    def end(
+        self, status: int | None = None, code: str | None = None, message: str = ""
+    ) -> None: ...
+
+
+class RequestSpans(Protocol):
+    """See gateway.tracing.spans.RequestSpan."""
+
+    def forward_headers(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]: ...
+
+    def route(
+        self, start_ns: int, policy: str, reason: str, replica: str | None, ranked: int
+    ) -> None: ...
+
+    def queued(self, start_ns: int, priority_class: str, replica: str, outcome: str) -> None: ...
+
+    def upstream(self, replica: str, attempt: int) -> AttemptSpan: ...
+
+    def first_token(self, end_ns: int, replica: str) -> None: ...
+
+    def finish(
+        self, status: int, replica: str | None, retries: int, error_code: str | None
+    ) -> None: ...
+
+
+class RequestTracer(Protocol):
+    def begin(
+        self,
+        headers: Sequence[tuple[bytes, bytes]],
+        incoming: bytes | None,
+        start_ns: int,
+        attributes: dict[str, str],
+    ) -> RequestSpans: ...
 
 
 class SessionPlacements(Protocol):

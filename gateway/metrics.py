@@ -36,15 +36,18 @@ statuses); `phase` of a disconnect is `before_response` or `mid_stream`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import ClassVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from gateway.cluster import Cluster
 from gateway.lineage import LineageIndex
 from gateway.token_timing import StreamTimer
+from gateway.workers.snapshot import MergeMode
 
 # Latencies of LLM calls span milliseconds (cached, short) to minutes (100K-token prefill).
 LATENCY_BUCKETS = (
@@ -98,7 +101,42 @@ OTHER_MODEL = "other"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+class GatewayRegistry(CollectorRegistry):
+    """A registry that knows which of its collectors compute their series at scrape time.
+
+    prometheus-client's own metric objects (Counter, Gauge, Histogram) keep their values in
+    files shared by the workers of `kvgate serve --workers N`; the other collectors read a
+    worker's live state when collected, so gateway.workers copies their output between
+    workers. Such a collector may say how its gauges merge across workers with a
+    `merge_modes` mapping (gateway.workers.snapshot.MergesAcrossWorkers).
+    """
+
+    def __init__(self) -> None:
+        super().__init__(auto_describe=True)
+        self._live: list[Collector] = []
+
+    def register(self, collector: Collector) -> None:
+        super().register(collector)
+        if not isinstance(collector, MetricWrapperBase):
+            self._live.append(collector)
+
+    def unregister(self, collector: Collector) -> None:
+        super().unregister(collector)
+        if collector in self._live:
+            self._live.remove(collector)
+
+    def live_collectors(self) -> tuple[Collector, ...]:
+        return tuple(self._live)
+
+
 class _ClusterCollector(Collector):
+    # Workers: each counts its own requests in flight; a replica takes traffic while any
+    # worker sends it some.
+    merge_modes: ClassVar[Mapping[str, MergeMode]] = {
+        "kvgate_in_flight": "sum",
+        "kvgate_replica_healthy": "max",
+    }
+
     def __init__(self, cluster: Cluster) -> None:
         self._cluster = cluster
 
@@ -118,10 +156,38 @@ class _ClusterCollector(Collector):
         yield healthy
 
 
+class _LineageCollector(Collector):
+    # Each worker has an index of its own: the sizes add up.
+    merge_modes: ClassVar[Mapping[str, MergeMode]] = {
+        "kvgate_lineage_blocks": "sum",
+        "kvgate_lineage_capacity_blocks": "sum",
+        "kvgate_lineages": "sum",
+    }
+
+    def __init__(self, index: LineageIndex) -> None:
+        self._index = index
+
+    def collect(self) -> Iterator[Metric]:
+        index = self._index
+        for name, doc, value in (
+            ("kvgate_lineage_blocks", "Prefix hashes held by the lineage index", len(index)),
+            ("kvgate_lineage_capacity_blocks", "Bound of the lineage index", index.capacity),
+            ("kvgate_lineages", "Conversations the lineage index remembers", index.lineages),
+        ):
+            family = GaugeMetricFamily(name, doc)
+            family.add_metric([], float(value))
+            yield family
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
 class GatewayMetrics:
-    def __init__(self, cluster: Cluster, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry(auto_describe=True)
+    def __init__(self, cluster: Cluster, registry: GatewayRegistry | None = None) -> None:
+        self.registry = registry or GatewayRegistry()
         r = self.registry
+        # What GET /metrics serves; gateway.workers swaps in the merge of all workers.
+        self.exposition: Callable[[], Awaitable[bytes]] = self._own_exposition
         self.requests = Counter(
             "kvgate_requests", "Requests answered", ["endpoint", "replica", "status"], registry=r
         )
@@ -291,16 +357,11 @@ class GatewayMetrics:
 
     def watch_lineage(self, index: LineageIndex) -> None:
         """Export the lineage index's size, read at scrape time (nothing on the request path)."""
-        r = self.registry
-        Gauge(
-            "kvgate_lineage_blocks", "Prefix hashes held by the lineage index", registry=r
-        ).set_function(lambda: float(len(index)))
-        Gauge(
-            "kvgate_lineage_capacity_blocks", "Bound of the lineage index", registry=r
-        ).set_function(lambda: float(index.capacity))
-        Gauge(
-            "kvgate_lineages", "Conversations the lineage index remembers", registry=r
-        ).set_function(lambda: float(index.lineages))
+        self.registry.register(_LineageCollector(index))
 
     def render(self) -> bytes:
+        """This process's own series (with `--workers N`, one worker's)."""
+        return generate_latest(self.registry)
+
+    async def _own_exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -41,6 +41,7 @@ from gateway.routing import RoutingSettings
 from gateway.scrape.config import ScrapeSettings
 from gateway.store.config import StoreSettings
 from gateway.trace.config import TraceCaptureSettings
+from gateway.tracing.config import TracingSettings
 from gateway.types import Role
 from gateway.upstream.base import DEFAULT_MAX_RESPONSE_BYTES
 
@@ -362,6 +363,10 @@ class KvgateSettings(BaseSettings):
     )
     trace_capture: TraceCaptureSettings = Field(
         default_factory=TraceCaptureSettings, description="private trace of proxied requests"
+    )
+    tracing: TracingSettings = Field(
+        default_factory=TracingSettings,
+        description="W3C traceparent to the engines, OpenTelemetry spans (gateway.tracing)",
     )
     store: StoreSettings = Field(
         default_factory=StoreSettings, description="shared routing state (gateway.store)"

@@ -17,6 +17,7 @@ from gateway.hooks import (
     Dispatcher,
     LocalPlacements,
     OutcomeObserver,
+    RequestTracer,
     Service,
     SessionPlacements,
 )
@@ -44,6 +45,7 @@ class GatewayState:
     observers: list[OutcomeObserver] = field(default_factory=list)
     admission: AdmissionGate | None = None
     dispatcher: Dispatcher | None = None
+    tracer: RequestTracer | None = None
     placements: SessionPlacements | None = field(default_factory=LocalPlacements)
     services: list[Service] = field(default_factory=list)
     # Feature-owned objects by feature name (e.g. extras["pd"]), for their own endpoints.

@@ -16,6 +16,7 @@ class AdmissionMetrics:
             "kvgate_admission_queue_depth",
             "Requests waiting in the gateway for a saturated replica, per priority class.",
             ["priority_class"],
+            multiprocess_mode="livesum",
             registry=registry,
         )
         self.wait_seconds = Histogram(

@@ -36,6 +36,7 @@ class DiscoveryMetrics:
             "kvgate_discovery_replicas",
             "Replicas the last answer for each DNS target named",
             ["target"],
+            multiprocess_mode="livemax",
             registry=registry,
         )
         self.lookups = Counter(

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import ClassVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -10,10 +11,18 @@ from prometheus_client.registry import Collector
 
 from gateway.kvevents.index import MEDIUM_NAMES, EventIndex, SyncState
 from gateway.types import ReplicaId
+from gateway.workers.snapshot import MergeMode
 
 
 class _IndexCollector(Collector):
     """Blocks per replica and medium, and each replica's sync state, read at scrape time."""
+
+    # Workers: each subscribes to every engine's feed, so each holds the same index.
+    merge_modes: ClassVar[Mapping[str, MergeMode]] = {
+        "kvgate_kv_index_blocks": "max",
+        "kvgate_kv_index_orphan_blocks": "max",
+        "kvgate_kv_events_state": "latest",
+    }
 
     def __init__(self, index: EventIndex, states: Callable[[], dict[ReplicaId, SyncState]]) -> None:
         self._index = index
@@ -89,6 +98,7 @@ class KVEventMetrics:
             "kvgate_kv_events_lag_seconds",
             "Publisher timestamp to applied, last batch (wall clocks of two hosts)",
             ["replica"],
+            multiprocess_mode="livemax",
             registry=r,
         )
         self.lag_hist = Histogram(
@@ -118,6 +128,7 @@ class KVEventMetrics:
         self.bridge_entries = Gauge(
             "kvgate_kv_bridge_entries",
             "Prompt blocks mapped to engine token blocks",
+            multiprocess_mode="livesum",
             registry=r,
         )
         self._registry = registry

@@ -4,12 +4,14 @@ scrape time, so the request path never touches a metric object for them."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import ClassVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from gateway.pools.controller import WeightSnapshot
 from gateway.pools.cost import BASES, CostLedger
+from gateway.workers.snapshot import MergeMode
 
 # name -> help; the reference table in the docs is checked against this.
 METRICS: dict[str, str] = {
@@ -30,6 +32,19 @@ WarmCountsSource = Callable[[], Mapping[tuple[str, str, str], int]]
 
 
 class PoolCollector(Collector):
+    # Workers: each runs its own weight controller and cost ledger. Ratios do not add up,
+    # so the per-1K costs and the last change's code stay per worker.
+    merge_modes: ClassVar[Mapping[str, MergeMode]] = {
+        "kvgate_pool_weight": "latest",
+        "kvgate_pool_utilisation": "latest",
+        "kvgate_pool_weight_last_change_timestamp_seconds": "max",
+        "kvgate_pool_weight_last_change_reason": "worker",
+        "kvgate_pool_cost": "sum",
+        "kvgate_pool_cost_per_1k_tokens": "worker",
+        "kvgate_pool_cost_per_1k_output_tokens": "worker",
+        "kvgate_pool_throughput_tokens_per_second": "sum",
+    }
+
     def __init__(
         self,
         snapshot: Callable[[], WeightSnapshot],

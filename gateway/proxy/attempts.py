@@ -10,13 +10,14 @@ nothing for tenacity. `state.dispatcher` (PD) may take over a leg on any attempt
 from __future__ import annotations
 
 import asyncio
+import time
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay
 from tenacity.wait import wait_fixed, wait_none
 
-from gateway.errors import GatewayError, NoHealthyReplica
+from gateway.errors import GatewayError, NoHealthyReplica, UpstreamStatusError
 from gateway.forward import Leg, open_leg
-from gateway.hooks import ForwardContext
+from gateway.hooks import AttemptSpan, ForwardContext, RequestSpans
 from gateway.proxy.continuation import KEY_SOURCE
 from gateway.proxy.exchange import Exchange, RawHeaders
 from gateway.state import GatewayState
@@ -70,6 +71,8 @@ class Attempts:
         cluster = state.cluster
         body, raw, headers, path, pools = ex.body or {}, ex.raw, ex.headers, ex.path, ex.pools
         upload = ex.upload
+        trace = ex.trace
+        started_ns = time.time_ns() if trace is not None else 0
         view = cluster.view()
         choice = state.router.choose(request, view)
         pinned = request.sticky_replica
@@ -77,12 +80,19 @@ class Attempts:
             # The answer it continues is stored on that replica only: no other may serve it
             # (a missing replica leaves the router's choice, and the engine's own 404).
             choice = Choice((pinned,), "previous_response_id", choice.policy)
-        state.metrics.decision(choice.policy or type(state.router).__name__, choice.reason)
+        policy = choice.policy or type(state.router).__name__
+        state.metrics.decision(policy, choice.reason)
+        if trace is not None:
+            first = self._candidate(choice, [], pools)
+            trace.route(started_ns, policy, choice.reason, first, len(choice.ranked))
         gate = state.admission
         if gate is not None:
             target = self._candidate(choice, [], pools)
             if target is not None and gate.must_wait(request, target, view):
-                await gate.wait(request, target)
+                if trace is None:
+                    await gate.wait(request, target)
+                else:
+                    await self._traced_wait(trace, request, target)
                 view = cluster.view()
         tried: list[ReplicaId] = []
         last_error: GatewayError | None = None
@@ -120,6 +130,8 @@ class Attempts:
             tried.append(replica)
             if state.router_prefill is not None:
                 state.router_prefill.dispatched(request, replica)
+            if trace is not None:
+                return await traced_attempt(replica, trace.upstream(replica, len(tried)))
             try:
                 if upload is not None:
                     # Forwarded as it is (no priority field to set in a form, nothing for PD).
@@ -142,6 +154,39 @@ class Attempts:
                 last_error = err
                 state.metrics.upstream_failure(replica, err.code or "error")
                 raise
+
+        async def traced_attempt(replica: ReplicaId, span: AttemptSpan) -> Leg:
+            # attempt() with the attempt's span: the engine sees it as its parent.
+            nonlocal last_error
+            hdrs = span.headers(headers)
+            try:
+                if state.dispatcher is not None:
+                    ctx = ForwardContext(request, body, raw, path, hdrs, choice, view, open_to)
+                    leg = await state.dispatcher.dispatch(ctx)
+                    if leg is not None:
+                        span.end(leg.response.status)
+                        return leg
+                payload = raw if gate is None else gate.payload(request, body, raw, replica)
+                leg = await open_leg(
+                    cluster,
+                    state.client,
+                    state.health,
+                    replica,
+                    path,
+                    hdrs,
+                    payload,
+                    on_headers=span.mark_headers,
+                )
+                span.end(leg.response.status)
+            except GatewayError as err:
+                last_error = err
+                state.metrics.upstream_failure(replica, err.code or "error")
+                status = err.upstream_status if isinstance(err, UpstreamStatusError) else None
+                span.end(status, err.code or "error", err.message)
+                raise
+            finally:
+                span.end()  # cancelled: the span still ends (a no-op after the others)
+            return leg
 
         try:
             try:
@@ -170,3 +215,18 @@ class Attempts:
             assert last_error is not None
             raise last_error from None
         raise AssertionError("unreachable: tenacity either returns or raises")
+
+    async def _traced_wait(
+        self, trace: RequestSpans, request: RouteRequest, target: ReplicaId
+    ) -> None:
+        assert self._state.admission is not None
+        started_ns = time.time_ns()
+        outcome = "cancelled"
+        try:
+            await self._state.admission.wait(request, target)
+            outcome = "released"
+        except GatewayError as err:
+            outcome = err.code or "rejected"
+            raise
+        finally:
+            trace.queued(started_ns, request.priority_class, target, outcome)

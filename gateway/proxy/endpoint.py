@@ -24,6 +24,7 @@ from collections.abc import Callable
 from gateway.body import ClientGone
 from gateway.disconnect import CallState
 from gateway.errors import GatewayError, error_response_parts
+from gateway.hooks import RequestTracer
 from gateway.middleware.request_id import SCOPE_KEY, RequestIds
 from gateway.proxy.attempts import Attempts
 from gateway.proxy.continuation import response_key
@@ -92,6 +93,9 @@ class ProxyEndpoint:
         else:
             # The body's own messages still come through `receive`: watch once they ended.
             upload.on_end = lambda: call.watch(ex.receive)
+        tracer = state.tracer
+        if tracer is not None:
+            self._begin_trace(ex, tracer)
         try:
             await self._route_and_relay(ex)
         except asyncio.CancelledError:
@@ -104,6 +108,18 @@ class ProxyEndpoint:
         finally:
             call.active = False
             call.close_watcher()
+
+    def _begin_trace(self, ex: Exchange, tracer: RequestTracer) -> None:
+        assert ex.request is not None
+        attributes = {
+            "kvgate.endpoint": self.endpoint.value,
+            "kvgate.request_id": ex.request_id,
+            "kvgate.model": ex.request.model,
+        }
+        trace = ex.trace = tracer.begin(
+            ex.headers, ex.traceparent, int(ex.started_at * 1e9), attributes
+        )
+        ex.headers = trace.forward_headers(ex.headers)
 
     async def _identify(self, ex: Exchange, request: RouteRequest) -> RouteRequest:
         state = self.state
@@ -193,3 +209,5 @@ class ProxyEndpoint:
             if not ex.status:
                 ex.status = 499
         self._outcome.finish(ex, replica)
+        if ex.trace is not None:
+            ex.trace.finish(ex.status, replica, ex.retries, ex.error_code)

@@ -19,6 +19,7 @@ from gateway.types import RouteRequest
 
 if TYPE_CHECKING:
     from gateway.forward import Leg
+    from gateway.hooks import RequestSpans
     from gateway.upload import Upload
 
 Scope = MutableMapping[str, Any]
@@ -55,6 +56,8 @@ class Exchange:
         "status",
         "strip_usage",
         "t0",
+        "trace",
+        "traceparent",
         "upload",
         "usage",
     )
@@ -100,3 +103,6 @@ class Exchange:
         # Responses API: read the answer's id, so a continuation finds its replica.
         self.find_response_id = False
         self.response_id: str | None = None
+        # The caller's W3C traceparent, and the spans of this request (tracing enabled).
+        self.traceparent: bytes | None = None
+        self.trace: RequestSpans | None = None

@@ -27,6 +27,7 @@ from gateway.proxy.continuation import continuing
 from gateway.proxy.exchange import Exchange, Scope
 from gateway.state import GatewayState
 from gateway.stream_usage import inject_usage
+from gateway.tracing.context import TRACEPARENT, child
 from gateway.types import ROUTE_SPECS, Endpoint, RouteRequest, SessionKey
 from gateway.upload import open_upload
 from gateway.upstream import request_headers
@@ -54,6 +55,7 @@ class Inbound:
         "_multipart",
         "_path",
         "_priority_header",
+        "_propagate",
         "_session_header",
         "_state",
         "_strip_pd",
@@ -81,6 +83,8 @@ class Inbound:
         self._engine_auth: tuple[tuple[bytes, bytes], ...] | None = None
         if not s.upstream.passes_client_authorization(s.auth.enabled):
             self._engine_auth = s.upstream.auth_headers()
+        # W3C trace context: the engine gets the gateway's child of the caller's trace.
+        self._propagate = s.tracing.propagate
         # Only these endpoints stream tokens with an optional usage event.
         self._may_inject_usage = endpoint in (Endpoint.CHAT, Endpoint.COMPLETIONS)
 
@@ -88,6 +92,7 @@ class Inbound:
         state = self._state
         scope = ex.scope
         content_type = content_length = session = priority = tenant = agent = None
+        traceparent = None
         sh, ph, th = self._session_header, self._priority_header, self._tenant_header
         agents = self._agent_headers
         for name, value in scope["headers"]:
@@ -103,8 +108,11 @@ class Inbound:
                 tenant = value
             elif name in agents:
                 agent = value
+            elif name == TRACEPARENT:
+                traceparent = value
         if session is None:
             session = agent
+        ex.traceparent = traceparent
         limits = state.settings.limits
         if self._multipart:
             # Streamed through, never read whole: only the form's leading fields are known
@@ -204,7 +212,11 @@ class Inbound:
         return principal.tenant
 
     def _forward_headers(self, ex: Exchange, scope: Scope) -> None:
-        headers = request_headers(scope["headers"])
+        propagate = self._propagate
+        headers = request_headers(scope["headers"], traced=propagate)
+        if propagate and self._state.tracer is None:
+            # With spans on, the request's span id goes instead (gateway.proxy.endpoint).
+            headers.append((TRACEPARENT, child(ex.traceparent)))
         if self._engine_auth is not None:
             # The client's credentials are for the gateway; the engine gets its own.
             headers = [h for h in headers if h[0] != b"authorization"]

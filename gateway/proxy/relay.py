@@ -138,5 +138,8 @@ async def relay(
     else:
         ex.usage = usage_from_sse(tail) if want_usage else None
     timer.finish(usage_tokens(ex.usage)[2])
+    trace = ex.trace
+    if trace is not None and (ttft := timer.ttft_s) is not None:
+        trace.first_token(int((ex.started_at + ttft) * 1e9), leg.replica)
     ex.ok = error_code is None and status < 400
     ex.error_code = error_code

@@ -3,16 +3,27 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from typing import ClassVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gateway.types import EngineLoad, ReplicaId
+from gateway.workers.snapshot import MergeMode
 
 
 class _SnapshotCollector(Collector):
     """Renders the current snapshots at collection time, so the age is always current."""
+
+    # Workers: each scrapes every engine; the freshest reading wins.
+    merge_modes: ClassVar[Mapping[str, MergeMode]] = {
+        "kvgate_scrape_waiting": "latest",
+        "kvgate_scrape_running": "latest",
+        "kvgate_scrape_kv_usage": "latest",
+        "kvgate_scrape_prefix_hit_rate": "latest",
+        "kvgate_scrape_age_seconds": "min",
+    }
 
     def __init__(
         self, loads: Callable[[], Mapping[ReplicaId, EngineLoad]], clock: Callable[[], float]

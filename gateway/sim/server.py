@@ -137,6 +137,11 @@ class SimEngine:
         # upload bytes received so far (counted as they arrive, before a form is complete).
         self.uploads: deque[tuple[str, int]] = deque(maxlen=request_log_size)
         self.upload_bytes = 0
+        # W3C trace context of each generation request as received (X-Request-Id,
+        # traceparent, tracestate), faulted ones included: vLLM continues that trace.
+        self.trace_contexts: deque[tuple[str, str | None, str | None]] = deque(
+            maxlen=request_log_size
+        )
         self.kv_pull_failures = 0
         self.rooms: dict[int, str] = {}
         self.closing = asyncio.Event()
@@ -383,6 +388,10 @@ class SimEngine:
                 await asyncio.wait_for(self.closing.wait(), self.faults.config.slow)
             if self.closing.is_set():
                 return _error(503, "engine is shutting down")
+        headers = request.headers
+        self.trace_contexts.append(
+            (headers.get("x-request-id", ""), headers.get("traceparent"), headers.get("tracestate"))
+        )
         status = self.faults.should_error()
         if status is not None:
             return error(status, f"simulated fault: replica {self.index} answers {status}")

@@ -24,6 +24,7 @@ class StoreMetrics:
             degraded=Gauge(
                 "kvgate_store_degraded",
                 "1 while the shared store is unreachable and state is served locally",
+                multiprocess_mode="livemax",
                 registry=registry,
             ),
             errors=Counter(

@@ -19,6 +19,8 @@ HOP_BY_HOP: frozenset[bytes] = frozenset(
 )
 # Recomputed by the next hop; forwarding them would lie about the new message.
 _REQUEST_DROP = HOP_BY_HOP | {b"host", b"content-length", b"expect"}
+# When the gateway propagates trace context it sends its own traceparent (gateway.tracing).
+_REQUEST_DROP_TRACED = _REQUEST_DROP | {b"traceparent"}
 # X-Request-Id too: the gateway answers with its own (the client's, or one it minted).
 _RESPONSE_DROP = HOP_BY_HOP | {b"content-length", b"x-request-id"}
 
@@ -42,9 +44,12 @@ def _filter(
     return out
 
 
-def request_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """Client request headers that may go to the engine (lower-cased names)."""
-    return _filter(headers, _REQUEST_DROP)
+def request_headers(
+    headers: Iterable[tuple[bytes, bytes]], *, traced: bool = False
+) -> list[tuple[bytes, bytes]]:
+    """Client request headers that may go to the engine (lower-cased names); `traced`
+    leaves out the client's traceparent, which the caller replaces with its own."""
+    return _filter(headers, _REQUEST_DROP_TRACED if traced else _REQUEST_DROP)
 
 
 def response_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

@@ -1,0 +1,1 @@
+"""`kvgate serve --workers N`: one consistent `/metrics` over all worker processes."""
