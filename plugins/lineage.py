@@ -75,7 +75,7 @@ class LineageConfig(PolicyConfig):
         "is at most this times the mean (plus the slack)",
     )
     slack_requests: float = Field(
-        default=12.0,
+        default=24.0,
         ge=0,
         description="load above the bound a sticky replica may carry, in "
         "mean per-request prefills (at light load a bound of the mean alone moves sessions)",
