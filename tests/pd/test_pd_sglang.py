@@ -129,3 +129,44 @@ async def test_client_disconnect_mid_stream(rig_factory: Any) -> None:
         await rig.settle()
         await _eventually(lambda: rig.engine("d0").aborted == 1)
         assert rig.engine("d0").model.num_running == 0
+
+
+async def test_a_failed_prefill_falls_back_at_once_not_when_the_room_times_out(
+    rig_factory: Any,
+) -> None:
+    # The decode leg waits for its room up to the bootstrap timeout; the dispatcher races
+    # its first chunk against the prefill leg, so a prefill failure ends the wait at once.
+    async with rig_factory(
+        [B, P, D], protocol="sglang", faults={1: FaultConfig(error=500)}, bootstrap_timeout_s=30
+    ) as rig:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        resp = await rig.chat(stream=True)
+        took = loop.time() - started
+        assert resp.status_code == 200 and b"[DONE]" in resp.content
+        assert resp.headers["x-kvgate-replica"] == "c0"
+        assert took < 5.0, took
+        await rig.settle()
+
+
+async def test_the_decode_stream_reaches_the_client_whole_and_once(rig_factory: Any) -> None:
+    # The first chunk is read by the dispatcher, then replayed: it must arrive once, with
+    # every later chunk after it (no second reader, nothing skipped).
+    async with rig_factory([B, P, D], protocol="sglang") as rig:
+        client = openai.AsyncOpenAI(base_url=rig.url + "/v1", api_key="x", max_retries=0)
+        raw = await client.chat.completions.with_raw_response.create(
+            model="kvgate-sim",
+            messages=[{"role": "user", "content": "w " * 4000}],
+            max_tokens=12,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        assert raw.headers["x-kvgate-replica"] == "d0"
+        chunks = [c async for c in raw.parse()]
+        roles = [c.choices[0].delta.role for c in chunks if c.choices and c.choices[0].delta.role]
+        tokens = [c for c in chunks if c.choices and c.choices[0].delta.content]
+        assert roles == ["assistant"]
+        assert len(tokens) == 12
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
+        assert len({c.id for c in chunks}) == 1
+        await rig.settle()
