@@ -118,6 +118,8 @@ class Attempts:
             tried.append(replica)
             if state.router_prefill is not None:
                 state.router_prefill.dispatched(request, replica)
+            for observe in state.dispatch_observers:
+                observe(request, replica, body)
             try:
                 if state.dispatcher is not None:
                     ctx = ForwardContext(request, body, raw, path, headers, choice, view, open_to)

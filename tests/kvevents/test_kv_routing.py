@@ -13,6 +13,7 @@ import pytest
 
 from gateway.kvevents.index import SyncState
 from gateway.kvevents.install import KVEventsFeature
+from gateway.sim.faults import FaultConfig
 from gateway.sim.server import KVEventsOptions, SimEngine
 from gateway.testing.servers import RunningGateway, gateway, sim_engines
 
@@ -122,6 +123,48 @@ async def test_routing_follows_an_eviction_the_gateway_did_not_cause(events: boo
             # The approximate index still believes the home engine holds the conversation.
             assert served == home and cached == 0
             assert decisions(gw, "sticky") == 1
+
+
+@pytest.mark.parametrize("events", [True, False])
+async def test_a_turn_sent_while_the_previous_one_is_in_flight_follows_it(events: bool) -> None:
+    # The engines wait before starting a request: the first turn is sent, not yet prefilled
+    # (no block stored, no byte back) when the next one is routed.
+    async with (
+        sim_engines(
+            2, "tiny", kv_events=KVEventsOptions(), faults=FaultConfig(slow=0.4)
+        ) as engines,
+        gateway(engines, **settings(engines, events)) as gw,
+        openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client,
+    ):
+        turn1 = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "Walk me through the write path, step by step. " * 24},
+        ]
+        if events:
+            feature: KVEventsFeature = gw.state.extras["kv_events"]
+            for e in engines:  # a publisher is heard of once it published something
+                await direct(e, [{"role": "user", "content": f"warm up {e.index} " * 20}])
+            states = feature.feed.states
+            await until(lambda: [*states().values()] == [SyncState.SYNCED] * 2)
+        first = asyncio.create_task(ask(client, turn1))
+        await until(lambda: sum(gw.state.cluster.view().in_flight.values()) == 1)
+        if events:
+            # Tokenized as it was sent, not when it ends.
+            await until(lambda: feature.stage.pending == 0 and len(feature.bridge) > 0)
+            assert not first.done()
+        turn2 = turn1 + [
+            {"role": "assistant", "content": "First the log, then the memtable."},
+            {"role": "user", "content": "And when the memtable is full?"},
+        ]
+        served2, cached2, _ = await ask(client, turn2)
+        served1, _, _ = await first
+        if events:
+            # Its blocks will be there when it runs: the next turn queues behind it.
+            assert served2 == served1 and cached2 > 0
+            assert decisions(gw, "prefix") == 1
+        else:
+            # Nothing knows the first turn yet: the idle replica looks cheaper.
+            assert served2 != served1 and cached2 == 0
 
 
 async def test_a_killed_publisher_degrades_to_approximate_and_recovers() -> None:
