@@ -24,6 +24,9 @@ request path pays nothing for a feature that is not configured:
   (gateway.tracing); `begin` is called once the request is understood, the returned
   `RequestSpans` is told the route, the admission wait, each attempt, the first token and
   the end.
+* `state.dispatch_observers: list[DispatchObserver]` -- called with (request, replica, body)
+  each time an attempt is sent to a replica, before its response arrives (KV cache events
+  count the prompt as about to be cached there). Quick, never raising, never blocking.
 * `state.cluster.publish_load(replica, EngineLoad)` -- the scraper's input.
 * `state.services: list[Service]` -- started in order in the lifespan, stopped in reverse.
 """
@@ -31,7 +34,7 @@ request path pays nothing for a feature that is not configured:
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -70,6 +73,7 @@ class RequestOutcome:
 
 
 OutcomeObserver = Callable[[RequestOutcome], None]
+DispatchObserver = Callable[[RouteRequest, ReplicaId, Mapping[str, Any]], None]
 Release = Callable[[], None]
 
 

@@ -15,6 +15,7 @@ from gateway.health import HealthMonitor
 from gateway.hooks import (
     AdmissionGate,
     Dispatcher,
+    DispatchObserver,
     LocalPlacements,
     OutcomeObserver,
     RequestTracer,
@@ -43,6 +44,7 @@ class GatewayState:
     health: HealthMonitor
     models: ModelsCache
     observers: list[OutcomeObserver] = field(default_factory=list)
+    dispatch_observers: list[DispatchObserver] = field(default_factory=list)
     admission: AdmissionGate | None = None
     dispatcher: Dispatcher | None = None
     tracer: RequestTracer | None = None

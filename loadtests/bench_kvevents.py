@@ -9,7 +9,8 @@ time, trace replay over HTTP, 3 repeats), with the routers that matter here:
 * ``sglang-cache_aware``: the best peer router of bench_lineage's tables (skipped, with the
   reason, when its binary is not in ``--router-bin``).
 
-The KV cache is smaller than bench_lineage's (16000 blocks, 256K tokens per engine) so that
+Every router's engines publish their events (only kvgate+events listens), so that the
+engines do the same work in every row. The KV cache is smaller than bench_lineage's (16000 blocks, 256K tokens per engine) so that
 engines evict under any routing. Every argument of bench_lineage.py is accepted and wins
 over these defaults, e.g.
 
@@ -38,7 +39,8 @@ DEFAULTS = {
 def main() -> int:
     given = {a.split("=", 1)[0] for a in sys.argv[1:] if a.startswith("--")}
     extra = [x for k, v in DEFAULTS.items() if k not in given for x in (k, v)]
-    sys.argv[1:] = extra + sys.argv[1:]
+    # Every router's engines publish (the cost of publishing is the engines', whoever listens).
+    sys.argv[1:] = ["--engine-events", *extra, *sys.argv[1:]]
     return bench_lineage.main()
 
 

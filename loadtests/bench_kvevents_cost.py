@@ -4,7 +4,8 @@ the request path's latency with events on and off at one client.
 * tokenize: the tokenizer stage's work on one finished 100K-token chat request (sim
   renderer: the simulated engines' template and tokenizer), off the event loop;
 * lookup: `CacheEvidence.cached_tokens` for that prompt's next turn against an index where
-  8 synced replicas hold it (the memo defeated: a fresh request each time);
+  8 synced replicas hold it, with 64 other requests in flight (the memo defeated: a fresh
+  request each time);
 * latency: median and p99 of 400 sequential chat requests through a gateway in front of 4
   `instant` simulated engines, with kv_events off, then on (engines publishing, gateway
   subscribed, `sim` tokenizer), each after 50 warm-up requests.
@@ -82,6 +83,15 @@ def cpu_figures(tokens: int) -> None:
             rid, [BlockStored(tuple(range(1, n + 1)), None, tuple(ids[: n * 16]), 16, None, "GPU")]
         )
     evidence = EventEvidence(index, feed, bridge, {"GPU": 1.0})
+    # Requests in flight meanwhile (each counted where it went until it ends): 8 a replica,
+    # sharing the prompt's system message.
+    for i in range(64):
+        other = chat(tokens // 4)
+        other["messages"][1]["content"] = f"in flight {i} " + other["messages"][1]["content"]
+        sent = route_request(
+            other, Endpoint.CHAT, f"f{i}", block_tokens=512, max_prefix_blocks=2048
+        )
+        evidence.dispatched(sent, ReplicaId(f"e{i % 8}"), other)
     nxt = chat(tokens, turn=1)
     reqs = [
         route_request(nxt, Endpoint.CHAT, f"q{i}", block_tokens=512, max_prefix_blocks=2048)

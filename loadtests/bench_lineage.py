@@ -431,7 +431,8 @@ async def run_one(
 ) -> Run:
     """One router on fresh engines: the replay of one cell, and the figures of its row."""
     run = Run(spec.name, cell.label, repeat)
-    engines = start_engines(REPLICAS, args.blocks, work.time_scale, kv_events=spec.events)
+    publish = spec.events or args.engine_events
+    engines = start_engines(REPLICAS, args.blocks, work.time_scale, kv_events=publish)
     try:
         started = await asyncio.to_thread(
             start_router, spec, engines.urls, work.time_scale, args, workdir, engines.kv
@@ -774,6 +775,12 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1, help="runs per router and cell")
     ap.add_argument(
         "--start-timeout", type=float, default=60.0, help="seconds a router may take to start"
+    )
+    ap.add_argument(
+        "--engine-events",
+        action="store_true",
+        help="engines publish KV cache events for every router, not only +events ones "
+        "(the engines then do the same work whoever listens)",
     )
     ap.add_argument("--json", help="write every run's figures to this file")
     ap.add_argument("--progress", action="store_true", help="replay progress on stderr")

@@ -1,19 +1,26 @@
 """`EventEvidence`: the `CacheEvidence` routing reads (gateway.types), from the bridge, the
-event-fed index and each replica's sync state.
+event-fed index, the prompts in flight and each replica's sync state.
 
-Precise answers only: a replica is in the answer when its stream is synced (nothing lost
-since a known-empty cache); it is left to the approximate index while warming or down,
-and so is every replica while the prompt's token blocks are not known yet. The answer is
-memoised per request, since a policy, admission and PD may each ask.
+Per synced replica (nothing lost since a known-empty cache), the tokens it holds of the
+prompt by its events, or will hold by the time it runs the request: the part another
+request in flight there shares (`InFlight`), whose blocks its events have not shown yet.
+A replica warming or down is left to the approximate index, and so is every replica while
+neither the bridge nor an in-flight prompt knows the prompt. The answer is memoised per
+request, since a policy, admission and PD may each ask.
+
+It is also the dispatch observer and outcome observer that keep `InFlight` (install.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
+from gateway.hooks import RequestOutcome
 from gateway.kvevents.bridge import PromptBridge
 from gateway.kvevents.feed import EventFeed
 from gateway.kvevents.index import MEDIUM_BITS, EventIndex, SyncState
+from gateway.kvevents.inflight import InFlight
 from gateway.kvevents.metrics import KVEventMetrics
 from gateway.types import ReplicaId, RouteRequest
 
@@ -36,21 +43,38 @@ class EventEvidence:
         metrics: KVEventMetrics | None = None,
         *,
         block_size: int = 16,
+        inflight: InFlight | None = None,
     ) -> None:
         self.block_size = block_size
         self.index = index
         self.feed = feed
         self.bridge = bridge
+        self.inflight = inflight if inflight is not None else InFlight()
         self.weights = weights_by_bit(medium_weights)
         self.metrics = metrics
-        self._memo: tuple[str, int, Mapping[ReplicaId, int] | None] = ("", -1, None)
+        self._memo: tuple[str, int, int, Mapping[ReplicaId, int] | None] = ("", -1, -1, None)
 
+    # -- observers (install.py) ------------------------------------------------------------
+    def dispatched(
+        self, request: RouteRequest, replica: ReplicaId, body: Mapping[str, Any]
+    ) -> None:
+        self.inflight.dispatched(request.request_id, replica, request.prefix_hashes)
+
+    def finished(self, outcome: RequestOutcome) -> None:
+        self.inflight.done(outcome.request_id)
+
+    # -- CacheEvidence ---------------------------------------------------------------------
     def cached_tokens(self, request: RouteRequest) -> Mapping[ReplicaId, int] | None:
-        rid, version, answer = self._memo
-        if rid == request.request_id and version == self.index.version and rid:
+        rid, version, flying, answer = self._memo
+        if (
+            rid == request.request_id
+            and version == self.index.version
+            and flying == self.inflight.version
+            and rid
+        ):
             return answer
         answer = self._lookup(request)
-        self._memo = (request.request_id, self.index.version, answer)
+        self._memo = (request.request_id, self.index.version, self.inflight.version, answer)
         if self.metrics is not None:
             self.metrics.evidence.labels("approximate" if answer is None else "precise").inc()
         return answer
@@ -59,19 +83,24 @@ class EventEvidence:
         hashes = request.prefix_hashes
         if not hashes:
             return None
-        known = self.bridge.lookup(hashes)
-        if known is None:
-            return None
-        keys, n = known
-        chain = keys[:n] if n < len(keys) else keys
         out: dict[ReplicaId, int] = {}
-        state, matched, blocks = self.feed.state, self.index.matched, self.index.blocks
-        for replica in list(self.index.replicas()):
-            if state(replica) is not SyncState.SYNCED:
-                continue
-            r = blocks(replica)
-            if r is not None and r.block_size and r.block_size != self.block_size:
-                continue  # keyed with another block size: these keys cannot match
-            _, weighed = matched(replica, chain, self.weights)
-            out[replica] = int(weighed * self.block_size)
+        state = self.feed.state
+        known = self.bridge.lookup(hashes)
+        if known is not None:
+            keys, n = known
+            chain = keys[:n] if n < len(keys) else keys
+            matched, blocks = self.index.matched, self.index.blocks
+            for replica in list(self.index.replicas()):
+                if state(replica) is not SyncState.SYNCED:
+                    continue
+                r = blocks(replica)
+                if r is not None and r.block_size and r.block_size != self.block_size:
+                    continue  # keyed with another block size: these keys cannot match
+                _, weighed = matched(replica, chain, self.weights)
+                out[replica] = int(weighed * self.block_size)
+        inflight, bt = self.inflight, request.block_tokens
+        for replica in list(inflight.replicas()):
+            n = inflight.matched(replica, hashes, request.request_id)
+            if n and state(replica) is SyncState.SYNCED and n * bt > out.get(replica, 0):
+                out[replica] = n * bt
         return out or None

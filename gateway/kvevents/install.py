@@ -71,7 +71,8 @@ def install(state: GatewayState) -> None:
     )
     state.cluster.set_cache_evidence(evidence)
     state.services.extend((stage, intake))
-    state.observers.append(stage)
+    state.dispatch_observers.extend((evidence.dispatched, stage.dispatched))
+    state.observers.extend((evidence.finished, stage))
     state.extras["kv_events"] = KVEventsFeature(index, feed, bridge, evidence, intake, stage)
 
 

@@ -1,9 +1,16 @@
-"""`TokenStage`: tokenizes finished requests' prompts in worker threads and teaches the
-`PromptBridge` their token blocks (an `OutcomeObserver`; never on the request path).
+"""`TokenStage`: tokenizes prompts in worker threads as their requests are sent, and teaches
+the `PromptBridge` their token blocks (a dispatch observer, and an `OutcomeObserver` for
+the prompts it dropped then; never waited for on the request path).
 
-Bounded: at most `max_pending` prompts wait; more are dropped (counted), and a prompt the
-bridge already knows to its last block is not tokenized again, so a conversation costs
-one tokenization per turn and none for a repeated prompt. A job that runs longer than
+At dispatch, not at the end: the engine stores a prompt's blocks during its prefill, and
+a request that shares them can arrive long before the first one finished decoding (the
+next turn of a conversation, another session with the same preamble); by then the bridge
+should know the prompt.
+
+Bounded: at most `max_pending` prompts wait; more are dropped (counted) and retried when
+their request ends. A prompt the bridge already knows to its last block, or that is queued,
+is not tokenized again, so a conversation costs one tokenization per turn and none for a
+repeated prompt. A job that runs longer than
 `timeout_s` is counted as slow and its result discarded, so a pathological prompt cannot
 feed the bridge stale answers. The routing decision never waits for any of this: a
 prompt not learnt yet is answered by the approximate index.
@@ -25,7 +32,7 @@ from gateway.kvevents.bridge import PromptBridge
 from gateway.kvevents.metrics import KVEventMetrics
 from gateway.kvevents.render import Renderer
 from gateway.kvevents.tokenkeys import chain_keys, root_seed
-from gateway.types import Endpoint
+from gateway.types import Endpoint, ReplicaId, RouteRequest
 
 log = logging.getLogger("kvgate.kvevents")
 
@@ -73,6 +80,7 @@ class TokenStage:
         self.timeout_s = timeout_s
         self.metrics = metrics
         self.pending = 0
+        self._queued: set[int] = set()  # last prompt hash of each job waiting or running
         self._pool: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -89,25 +97,37 @@ class TokenStage:
         if self.metrics is not None:
             self.metrics.tokenize.labels(outcome).inc()
 
+    def dispatched(
+        self, request: RouteRequest, replica: ReplicaId, body: Mapping[str, Any]
+    ) -> None:
+        """The dispatch observer: hand the prompt to a worker (never blocks)."""
+        self._submit(request, body, count_known=True)
+
     def __call__(self, outcome: RequestOutcome) -> None:
-        """The observer: hand a finished request's prompt to a worker (never blocks)."""
-        request, body = outcome.request, outcome.body
+        """The outcome observer: a prompt dropped at dispatch gets another chance."""
+        if outcome.ok and outcome.request is not None and outcome.body is not None:
+            self._submit(outcome.request, outcome.body, count_known=False)
+
+    def _submit(self, request: RouteRequest, body: Mapping[str, Any], *, count_known: bool) -> None:
         pool = self._pool
-        if not outcome.ok or request is None or body is None or pool is None:
-            return
         hashes = request.prefix_hashes
-        if not hashes or request.endpoint not in (Endpoint.CHAT, Endpoint.COMPLETIONS):
+        if pool is None or not hashes or not body:
             return
-        if self.bridge.knows(hashes[-1]):
-            self._count("known")
+        if request.endpoint not in (Endpoint.CHAT, Endpoint.COMPLETIONS):
+            return
+        last = hashes[-1]
+        if last in self._queued or self.bridge.knows(last):
+            if count_known:
+                self._count("known")
             return
         if self.pending >= self.max_pending:
             self._count("dropped")
             return
         self.pending += 1
+        self._queued.add(last)
         bytes_per_block = request.block_tokens * CHARS_PER_TOKEN
         future = pool.submit(self._job, body, request.endpoint, hashes, bytes_per_block)
-        future.add_done_callback(self._done)
+        future.add_done_callback(lambda f: self._done(f, last))
 
     def _job(
         self, body: Mapping[str, Any], endpoint: Endpoint, hashes: Sequence[int], block_bytes: int
@@ -116,17 +136,18 @@ class TokenStage:
         learnt = learn_prompt(self.renderer, body, endpoint, hashes, block_bytes, self.block_size)
         return learnt, time.perf_counter() - t0
 
-    def _done(self, future: Future[tuple[Learnt | None, float]]) -> None:
+    def _done(self, future: Future[tuple[Learnt | None, float]], last: int) -> None:
         loop = self._loop
         if loop is None or loop.is_closed():
             return
         try:
-            loop.call_soon_threadsafe(self._apply, future)
+            loop.call_soon_threadsafe(self._apply, future, last)
         except RuntimeError:  # the loop closed meanwhile
             pass
 
-    def _apply(self, future: Future[tuple[Learnt | None, float]]) -> None:
+    def _apply(self, future: Future[tuple[Learnt | None, float]], last: int) -> None:
         self.pending -= 1
+        self._queued.discard(last)
         if future.cancelled():
             return
         exc = future.exception()

@@ -130,6 +130,8 @@ class Attempts:
             tried.append(replica)
             if state.router_prefill is not None:
                 state.router_prefill.dispatched(request, replica)
+            for observe in state.dispatch_observers:
+                observe(request, replica, body)
             if trace is not None:
                 return await traced_attempt(replica, trace.upstream(replica, len(tried)))
             try:

@@ -13,6 +13,7 @@ import pytest
 
 from gateway.kvevents.index import SyncState
 from gateway.kvevents.install import KVEventsFeature
+from gateway.sim.faults import FaultConfig
 from gateway.sim.server import KVEventsOptions, SimEngine
 from gateway.testing.servers import RunningGateway, gateway, sim_engines
 
@@ -124,6 +125,48 @@ async def test_routing_follows_an_eviction_the_gateway_did_not_cause(events: boo
             assert decisions(gw, "sticky") == 1
 
 
+@pytest.mark.parametrize("events", [True, False])
+async def test_a_turn_sent_while_the_previous_one_is_in_flight_follows_it(events: bool) -> None:
+    # The engines wait before starting a request: the first turn is sent, not yet prefilled
+    # (no block stored, no byte back) when the next one is routed.
+    async with (
+        sim_engines(
+            2, "tiny", kv_events=KVEventsOptions(), faults=FaultConfig(slow=0.4)
+        ) as engines,
+        gateway(engines, **settings(engines, events)) as gw,
+        openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client,
+    ):
+        turn1 = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "Walk me through the write path, step by step. " * 24},
+        ]
+        if events:
+            feature: KVEventsFeature = gw.state.extras["kv_events"]
+            for e in engines:  # a publisher is heard of once it published something
+                await direct(e, [{"role": "user", "content": f"warm up {e.index} " * 20}])
+            states = feature.feed.states
+            await until(lambda: [*states().values()] == [SyncState.SYNCED] * 2)
+        first = asyncio.create_task(ask(client, turn1))
+        await until(lambda: sum(gw.state.cluster.view().in_flight.values()) == 1)
+        if events:
+            # Tokenized as it was sent, not when it ends.
+            await until(lambda: feature.stage.pending == 0 and len(feature.bridge) > 0)
+            assert not first.done()
+        turn2 = turn1 + [
+            {"role": "assistant", "content": "First the log, then the memtable."},
+            {"role": "user", "content": "And when the memtable is full?"},
+        ]
+        served2, cached2, _ = await ask(client, turn2)
+        served1, _, _ = await first
+        if events:
+            # Its blocks will be there when it runs: the next turn queues behind it.
+            assert served2 == served1 and cached2 > 0
+            assert decisions(gw, "prefix") == 1
+        else:
+            # Nothing knows the first turn yet: the idle replica looks cheaper.
+            assert served2 != served1 and cached2 == 0
+
+
 async def test_a_killed_publisher_degrades_to_approximate_and_recovers() -> None:
     async with (
         sim_engines(2, "tiny", kv_events=KVEventsOptions()) as engines,
@@ -163,3 +206,60 @@ async def test_a_killed_publisher_degrades_to_approximate_and_recovers() -> None
         # The restart emptied the cache; the events say so, and the answer still comes.
         assert cached == 0
         assert served in {"e0", "e1"}
+
+
+def lookups(gw: RunningGateway, outcome: str) -> float:
+    return sum(
+        s.value
+        for m in gw.state.metrics.registry.collect()
+        for s in m.samples
+        if s.name == "kvgate_kv_evidence_lookups_total" and s.labels.get("outcome") == outcome
+    )
+
+
+async def test_events_stopped_mid_run_under_load_cost_no_request_and_come_back() -> None:
+    async with (
+        sim_engines(2, "tiny", kv_events=KVEventsOptions()) as engines,
+        gateway(engines, **settings(engines, True)) as gw,
+        openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client,
+    ):
+        feature: KVEventsFeature = gw.state.extras["kv_events"]
+        failures: list[BaseException] = []
+        phase = {"n": 0}
+
+        async def conversation(worker: int) -> None:
+            # Short conversations, one after another: the tiny engines hold 1024 tokens.
+            while phase["n"] < 3:
+                convo = [{"role": "system", "content": SYSTEM}]
+                for turn in range(3):
+                    convo.append({"role": "user", "content": f"w{worker} t{turn} " * 12})
+                    try:
+                        _, _, answer = await ask(client, convo)
+                    except Exception as exc:  # noqa: BLE001 - every failure is the finding
+                        failures.append(exc)
+                        return
+                    convo.append({"role": "assistant", "content": answer})
+
+        workers = [asyncio.create_task(conversation(w)) for w in range(3)]
+        try:
+            await until(lambda: len(feature.feed.states()) == 2, timeout=10)
+            engine = engines[0]
+            await asyncio.sleep(0.3)
+            precise_before = lookups(gw, "precise")
+            engine.stop_kv_events()  # the publisher dies while requests keep coming
+            await until(lambda: feature.feed.state("e0") is SyncState.DOWN)  # type: ignore[arg-type]
+            phase["n"] = 1
+            await asyncio.sleep(0.5)  # traffic on the approximate index for e0
+            engine.start_kv_events()  # back, as a restarted engine: empty cache, seq from 0
+            await until(lambda: feature.feed.state("e0") is SyncState.SYNCED, timeout=10)  # type: ignore[arg-type]
+            phase["n"] = 2
+            resumed = lookups(gw, "precise")
+            await until(lambda: lookups(gw, "precise") > resumed, timeout=10)
+            phase["n"] = 3
+        finally:
+            phase["n"] = 3
+            await asyncio.gather(*workers)
+        assert failures == []
+        assert precise_before > 0
+        index = feature.index.blocks("e0")  # type: ignore[arg-type]
+        assert index is not None and index.media  # the index is fed again after the restart
