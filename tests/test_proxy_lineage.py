@@ -87,3 +87,39 @@ async def test_completions_with_a_growing_prompt_stick(client: openai.AsyncOpenA
         served.append(homes[0])
     # Two sessions, one after the other, at no load: the second may well go where the
     # preamble is cached; each is one lineage of its own (its own key).
+
+
+async def test_a_turn_sent_during_the_previous_prefill_follows_it() -> None:
+    # Agents fire a follow-up (or a parallel tool call) before the earlier answer is back.
+    # The earlier request is placed as it is sent, so the follow-up, whose prompt extends
+    # it, finds its lineage and its replica, not a replica without its prefix.
+    async with (
+        sim_engines(REPLICAS, "h200-sparse", time_scale=4.0) as engines,
+        gateway(engines) as gw,
+        openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client,
+    ):
+
+        async def send(messages: list[dict[str, str]]) -> str:
+            raw = await client.chat.completions.with_raw_response.create(
+                model=MODEL,
+                messages=messages,  # type: ignore[arg-type]
+                max_tokens=4,
+            )
+            return raw.headers["x-kvgate-replica"]
+
+        async def pair(n: int) -> tuple[str, str]:
+            # ~20K tokens: about 0.35 s of prefill at this time scale.
+            task = f"Task {n}: " + f"context line {n} of the repository listing. " * 1800
+            first = [{"role": "system", "content": PREAMBLE}, {"role": "user", "content": task}]
+            earlier = asyncio.create_task(send(first))
+            await asyncio.sleep(0.05)  # the first is in prefill
+            follow = [*first, {"role": "assistant", "content": "..."}]
+            follow.append({"role": "user", "content": f"and also check module {n}"})
+            later = await send(follow)
+            return await earlier, later
+
+        # One pair at a time: the earlier request's replica is then the only busy one,
+        # which is what would push a follow-up that did not know of it elsewhere.
+        for n in range(4):
+            a, b = await pair(n)
+            assert a == b, (n, a, b)

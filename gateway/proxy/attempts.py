@@ -113,6 +113,19 @@ class Attempts:
                 peek=False,
             )
 
+        def placed_now(replica: ReplicaId) -> None:
+            # Placed as the attempt is sent, not once the first byte is back: a request
+            # sharing this prompt that arrives during its prefill (seconds at 100K tokens)
+            # must find it placed. After the PD decision, which asks what is cached where.
+            ex.placed_on = replica
+            if state.router_placed is not None:
+                state.router_placed(request, replica)
+            if state.lineage is not None and request.key_source == "lineage":
+                state.lineage.fit(view.replicas)
+                state.lineage.record(
+                    request.lineage_hashes, request.session_key, request.lineage_tail
+                )
+
         async def attempt() -> Leg:
             nonlocal choice, last_error
             replica = self._candidate(choice, tried, pools)
@@ -137,6 +150,7 @@ class Attempts:
             try:
                 if upload is not None:
                     # Forwarded as it is (no priority field to set in a form, nothing for PD).
+                    placed_now(replica)
                     return await open_leg(
                         cluster, state.client, state.health, replica, path, headers, upload
                     )
@@ -146,6 +160,7 @@ class Attempts:
                     if leg is not None:
                         return leg
                 payload = raw if gate is None else gate.payload(request, body, raw, replica)
+                placed_now(replica)
                 # Straight to open_leg, not through open_to: one coroutine less per request.
                 return await open_leg(
                     cluster, state.client, state.health, replica, path, headers, payload
@@ -169,6 +184,7 @@ class Attempts:
                         span.end(leg.response.status)
                         return leg
                 payload = raw if gate is None else gate.payload(request, body, raw, replica)
+                placed_now(replica)
                 leg = await open_leg(
                     cluster,
                     state.client,

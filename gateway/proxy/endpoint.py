@@ -164,7 +164,7 @@ class ProxyEndpoint:
                 ex.status, ex.error_code = err.status, err.code
                 await send_error(ex, err, state.metrics)
                 return
-            await self._placed(request, leg.replica)
+            await self._placed(ex, request, leg.replica)
             await relay(
                 ex, leg, state.metrics, bool(state.observers), first_byte if prefilling else None
             )
@@ -179,11 +179,14 @@ class ProxyEndpoint:
         finally:
             await self._settle(ex, request, first_byte)
 
-    async def _placed(self, request: RouteRequest, replica: ReplicaId) -> None:
+    async def _placed(self, ex: Exchange, request: RouteRequest, replica: ReplicaId) -> None:
         state = self.state
         placements = state.placements
         if placements is not None and request.sticky_replica != replica:
             await placements.record(request.session_key, replica)
+        if replica == ex.placed_on:
+            return  # the router and the lineage index were told at dispatch
+        # A PD hand-off serves from its decode replica, not the one the attempt was sent to.
         if state.router_placed is not None:
             state.router_placed(request, replica)
         if state.lineage is not None and request.key_source == "lineage":

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from gateway.disconnect import CallState
-from gateway.types import RouteRequest
+from gateway.types import ReplicaId, RouteRequest
 
 if TYPE_CHECKING:
     from gateway.forward import Leg
@@ -43,6 +43,7 @@ class Exchange:
         "named_class",
         "ok",
         "path",
+        "placed_on",
         "pools",
         "raw",
         "receive",
@@ -93,6 +94,8 @@ class Exchange:
         self.pools: frozenset[str] | None = None
         # Attempts and relay.
         self.leg: Leg | None = None
+        # The replica the last attempt was sent to (the router was told of it then).
+        self.placed_on: ReplicaId | None = None
         self.retries = 0
         self.status = 0
         self.ok = False
