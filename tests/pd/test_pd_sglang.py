@@ -22,17 +22,23 @@ async def _eventually(check: Any) -> None:
     assert check()
 
 
+async def _stream(rig: Any, max_tokens: int) -> tuple[str, list[Any]]:
+    """A streamed chat completion through the official client: (replica, chunks)."""
+    client = openai.AsyncOpenAI(base_url=rig.url + "/v1", api_key="x", max_retries=0)
+    raw = await client.chat.completions.with_raw_response.create(
+        model="kvgate-sim",
+        messages=[{"role": "user", "content": "w " * 4000}],
+        max_tokens=max_tokens,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    return raw.headers["x-kvgate-replica"], [c async for c in raw.parse()]
+
+
 async def test_both_legs_meet_in_one_room(rig_factory: Any) -> None:
     async with rig_factory([B, P, D], protocol="sglang") as rig:
-        client = openai.AsyncOpenAI(base_url=rig.url + "/v1", api_key="x", max_retries=0)
-        raw = await client.chat.completions.with_raw_response.create(
-            model="kvgate-sim",
-            messages=[{"role": "user", "content": "w " * 4000}],
-            max_tokens=7,
-            stream=True,
-        )
-        assert raw.headers["x-kvgate-replica"] == "d0"
-        chunks = [c async for c in raw.parse()]
+        replica, chunks = await _stream(rig, 7)
+        assert replica == "d0"
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         await rig.settle()
         (pre,) = rig.records("p0")
@@ -153,16 +159,8 @@ async def test_the_decode_stream_reaches_the_client_whole_and_once(rig_factory: 
     # The first chunk is read by the dispatcher, then replayed: it must arrive once, with
     # every later chunk after it (no second reader, nothing skipped).
     async with rig_factory([B, P, D], protocol="sglang") as rig:
-        client = openai.AsyncOpenAI(base_url=rig.url + "/v1", api_key="x", max_retries=0)
-        raw = await client.chat.completions.with_raw_response.create(
-            model="kvgate-sim",
-            messages=[{"role": "user", "content": "w " * 4000}],
-            max_tokens=12,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-        assert raw.headers["x-kvgate-replica"] == "d0"
-        chunks = [c async for c in raw.parse()]
+        replica, chunks = await _stream(rig, 12)
+        assert replica == "d0"
         roles = [c.choices[0].delta.role for c in chunks if c.choices and c.choices[0].delta.role]
         tokens = [c for c in chunks if c.choices and c.choices[0].delta.content]
         assert roles == ["assistant"]
