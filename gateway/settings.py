@@ -229,6 +229,17 @@ class SessionSettings(Section):
     )
 
 
+class ResponsesSettings(Section):
+    """Stored Responses (`GET|DELETE /v1/responses/{id}`, `.../cancel`, `.../input_items`)."""
+
+    locate: bool = Field(
+        True,
+        description="an id with no recorded placement (aged out, recorded by another "
+        "gateway, lost in a restart) is looked for by asking every healthy replica "
+        "`GET /v1/responses/{id}` at once; false: it is a 404 straight away",
+    )
+
+
 class HealthSettings(Section):
     enabled: bool = Field(True, description="actively probe each replica")
     path: str = Field("/health", description="probe path")
@@ -346,6 +357,9 @@ class KvgateSettings(BaseSettings):
     sim: EmbeddedSimSettings = Field(default_factory=EmbeddedSimSettings)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     session: SessionSettings = Field(default_factory=SessionSettings)
+    responses: ResponsesSettings = Field(
+        default_factory=ResponsesSettings, description="stored Responses and their replicas"
+    )
     health: HealthSettings = Field(default_factory=HealthSettings)
     retries: RetrySettings = Field(default_factory=RetrySettings)
     timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)

@@ -116,8 +116,10 @@ def response_object(
     prompt_tokens: int = 0,
     output_tokens: int = 0,
     cached_tokens: int = 0,
+    status: str | None = None,
 ) -> dict[str, Any]:
-    """A Responses API `response` object; `text=None`: still in progress, no output yet."""
+    """A Responses API `response` object; `text=None`: not finished, no output yet
+    (`status` then says how far it is: "in_progress" unless told, "queued" in background)."""
     done = text is not None
     incomplete = finish_reason == "length"
     output: list[dict[str, Any]] = []
@@ -128,7 +130,11 @@ def response_object(
         "object": "response",
         "created_at": int(time.time()),
         "model": model,
-        "status": ("incomplete" if incomplete else "completed") if done else "in_progress",
+        "status": ("incomplete" if incomplete else "completed")
+        if done
+        else status or "in_progress",
+        "background": bool(echo.get("background", False)),
+        "store": echo.get("store", True) is not False,
         "incomplete_details": {"reason": "max_output_tokens"} if done and incomplete else None,
         "instructions": echo.get("instructions"),
         "max_output_tokens": echo.get("max_output_tokens"),
@@ -172,6 +178,7 @@ class ResponsesStream:
         self.item_id = "msg_" + rid.removeprefix("resp_")
         self.seq = 0
         self.text: list[str] = []
+        self.final: dict[str, Any] = {}  # the completed `response` object, once closed
 
     def _ev(self, name: str, **fields: Any) -> bytes:
         out = event(name, {"type": name, "sequence_number": self.seq, **fields})
@@ -224,6 +231,7 @@ class ResponsesStream:
             output_tokens=output,
             cached_tokens=cached,
         )
+        self.final = final
         item = final["output"][0]
         return b"".join(
             (
