@@ -284,9 +284,10 @@ class LimitSettings(Section):
     max_response_bytes: int = Field(
         DEFAULT_MAX_RESPONSE_BYTES,
         ge=1024,
-        description="largest non-streaming body read from "
+        description="largest JSON body read whole from "
         "an engine (answers, probes, model lists); past it the client gets a 502 and the engine "
-        "connection is dropped. Streams are relayed unbuffered and not bounded",
+        "connection is dropped. SSE streams and other bodies (audio) are relayed as they "
+        "arrive and not bounded",
     )
 
 

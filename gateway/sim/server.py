@@ -47,6 +47,7 @@ from gateway.sim.kvpublish import KVEventPublisher
 from gateway.sim.metrics import CONTENT_TYPE, Flavor, SimMetrics
 from gateway.sim.profiles import HardwareProfile
 from gateway.sim.runner import EngineRunner
+from gateway.sim.speech import SpeechResponse
 from gateway.sim.stored import ResponseStore
 from gateway.sim.tokenizer import Tokenizer
 from gateway.sim.wire import (
@@ -142,6 +143,11 @@ class SimEngine:
         # (sha256, size) of each audio file received, for the pass-through tests, and the
         # upload bytes received so far (counted as they arrive, before a form is complete).
         self.uploads: deque[tuple[str, int]] = deque(maxlen=request_log_size)
+        # /v1/audio/speech: (sha256, size) of each body sent whole, bytes sent so far, and
+        # an event that, while set here and not yet set itself, holds back each last part.
+        self.speeches: deque[tuple[str, int]] = deque(maxlen=request_log_size)
+        self.speech_bytes_sent = 0
+        self.speech_hold: asyncio.Event | None = None
         # (method, path) of each stored-response request (retrieve, cancel), for routing tests.
         self.lifecycle_log: deque[tuple[str, str]] = deque(maxlen=request_log_size)
         self.upload_bytes = 0
@@ -375,7 +381,7 @@ class SimEngine:
             return _error(404, f"The model `{name}` does not exist.", "model")
         try:
             if path == "/v1/audio/speech":
-                return Response(extras.speech(raw), media_type="audio/wav")
+                return SpeechResponse(self, raw)
             body: Any
             if path == "/tokenize":
                 max_len = min(self.profile.max_model_len, self.profile.kv_capacity_tokens)
