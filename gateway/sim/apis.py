@@ -67,7 +67,9 @@ def responses_messages(body: Mapping[str, Any], history: History) -> list[Messag
     return out
 
 
-def anthropic_messages(body: Mapping[str, Any]) -> list[Message]:
+def anthropic_messages(body: Mapping[str, Any], *, budget: bool = True) -> list[Message]:
+    """Chat messages of a Messages body; `budget`: `max_tokens` is required (a generation;
+    `count_tokens` has none)."""
     messages = body.get("messages")
     if (
         not isinstance(messages, list)
@@ -75,7 +77,8 @@ def anthropic_messages(body: Mapping[str, Any]) -> list[Message]:
         or not all(isinstance(m, Mapping) for m in messages)
     ):
         raise WireError(400, "messages: must be a non-empty list of objects", "messages")
-    if not isinstance(body.get("max_tokens"), int) or isinstance(body.get("max_tokens"), bool):
+    tokens = body.get("max_tokens")
+    if budget and (not isinstance(tokens, int) or isinstance(tokens, bool)):
         raise WireError(400, "max_tokens: Field required", "max_tokens")
     out: list[Message] = []
     system = body.get("system")

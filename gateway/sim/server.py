@@ -286,6 +286,7 @@ class SimEngine:
             Route("/v1/responses/{response_id}", self._retrieve_response, methods=["GET"]),
             Route("/v1/responses/{response_id}/cancel", self._cancel_response, methods=["POST"]),
             Route("/v1/messages", self._messages, methods=["POST"]),
+            Route("/v1/messages/count_tokens", self._count_tokens, methods=["POST"]),
             *(Route(path, self._extra, methods=["POST"]) for path in _EXTRA_PATHS),
             Route("/v1/audio/transcriptions", self._transcription, methods=["POST"]),
             Route("/v1/audio/translations", self._transcription, methods=["POST"]),
@@ -335,6 +336,26 @@ class SimEngine:
 
     async def _messages(self, request: Request) -> Response:
         return await self._generate(request, "messages", anthropic_messages)
+
+    async def _count_tokens(self, request: Request) -> Response:
+        """Anthropic's token count, as vLLM answers it: the prompt tokens the same body
+        would have on /v1/messages (one template, so the counts agree)."""
+        status = self.faults.should_error()
+        if status is not None:
+            return _anthropic_error(
+                status, f"simulated fault: replica {self.index} answers {status}"
+            )
+        try:
+            parsed = parse_generation(
+                await request.body(), "messages", lambda b: anthropic_messages(b, budget=False)
+            )
+        except WireError as exc:
+            return _anthropic_error(exc.status, exc.message, exc.param)
+        if parsed.model is not None and parsed.model != self.model_name:
+            return _anthropic_error(404, f"The model `{parsed.model}` does not exist.", "model")
+        tokens, _ = self.model.prompt_from_text(parsed.text, parsed.cache_salt)
+        self.request_log.append(RequestRecord(uuid.uuid4().hex, "count_tokens", 200, tokens))
+        return _json({"input_tokens": tokens}, request)
 
     def store_response(
         self, response_id: str, parsed: ParsedRequest, text: str, answer: dict[str, Any]
