@@ -41,6 +41,7 @@ from gateway.middleware.request_id import RequestIdMiddleware
 from gateway.models import ModelsCache
 from gateway.policy import PolicyContext, ReactsToMembership
 from gateway.proxy import ProxyEndpoint
+from gateway.proxy.stored import STORED_ROUTES, StoredResponseEndpoint
 from gateway.routing import build_router
 from gateway.settings import KvgateSettings, ReplicaSettings
 from gateway.state import GatewayState
@@ -256,6 +257,9 @@ def build_app(settings: KvgateSettings | None = None) -> Starlette:
     proxies = {path: ProxyEndpoint(state, endpoint, path) for path, endpoint in ROUTES}
     routes: list[BaseRoute] = [
         Route(path, proxy, methods=["POST"]) for path, proxy in proxies.items()
+    ]
+    routes += [
+        Route(r.path, StoredResponseEndpoint(state, r), methods=[r.method]) for r in STORED_ROUTES
     ]
     routes += [
         Route("/v1/models", models, methods=["GET"]),

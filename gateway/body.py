@@ -232,7 +232,8 @@ def _check_body(body: dict[str, Any], endpoint: Endpoint) -> None:
             )
     elif kind == "anthropic":
         _check_messages(body.get("messages"))
-        if not _is_int(body.get("max_tokens")):
+        # Only a generation needs a budget (count_tokens has none).
+        if ROUTE_SPECS[endpoint].generates and not _is_int(body.get("max_tokens")):
             raise BadRequest("'max_tokens' is required and must be an integer", param="max_tokens")
     elif kind == "either":
         if "messages" in body:

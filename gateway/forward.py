@@ -54,13 +54,14 @@ async def open_leg(
     replica: ReplicaId,
     path: str,
     headers: RawHeaders,
-    body: bytes | Upload,
+    body: bytes | Upload | None,
     *,
     peek: bool = True,
     on_headers: Callable[[], None] | None = None,
+    method: str = "POST",
 ) -> Leg:
-    """POST `body` to `replica` + `path`; return once the response headers arrived (and,
-    with `peek`, a stream's first chunk).
+    """`method` (POST unless told) `body` to `replica` + `path`; return once the response
+    headers arrived (and, with `peek`, a stream's first chunk).
 
     Raises a `GatewayError` on transport errors (retryable ones: connect errors) and a
     retryable one on 502/503/504 (the response is closed first); any other status is
@@ -73,7 +74,7 @@ async def open_leg(
     url = cluster.url_of(replica) + path
     cluster.acquire(replica)
     try:
-        response = await client.send("POST", url, headers, body)
+        response = await client.send(method, url, headers, body)
     except Exception as exc:
         cluster.release(replica)
         failure = body.failure if isinstance(body, Upload) else None

@@ -229,6 +229,17 @@ class SessionSettings(Section):
     )
 
 
+class ResponsesSettings(Section):
+    """Stored Responses (`GET|DELETE /v1/responses/{id}`, `.../cancel`, `.../input_items`)."""
+
+    locate: bool = Field(
+        True,
+        description="an id with no recorded placement (aged out, recorded by another "
+        "gateway, lost in a restart) is looked for by asking every healthy replica "
+        "`GET /v1/responses/{id}` at once; false: it is a 404 straight away",
+    )
+
+
 class HealthSettings(Section):
     enabled: bool = Field(True, description="actively probe each replica")
     path: str = Field("/health", description="probe path")
@@ -273,9 +284,10 @@ class LimitSettings(Section):
     max_response_bytes: int = Field(
         DEFAULT_MAX_RESPONSE_BYTES,
         ge=1024,
-        description="largest non-streaming body read from "
+        description="largest JSON body read whole from "
         "an engine (answers, probes, model lists); past it the client gets a 502 and the engine "
-        "connection is dropped. Streams are relayed unbuffered and not bounded",
+        "connection is dropped. SSE streams and other bodies (audio) are relayed as they "
+        "arrive and not bounded",
     )
 
 
@@ -346,6 +358,9 @@ class KvgateSettings(BaseSettings):
     sim: EmbeddedSimSettings = Field(default_factory=EmbeddedSimSettings)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     session: SessionSettings = Field(default_factory=SessionSettings)
+    responses: ResponsesSettings = Field(
+        default_factory=ResponsesSettings, description="stored Responses and their replicas"
+    )
     health: HealthSettings = Field(default_factory=HealthSettings)
     retries: RetrySettings = Field(default_factory=RetrySettings)
     timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)

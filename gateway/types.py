@@ -33,6 +33,7 @@ class Endpoint(str, Enum):
     EMBEDDINGS = "embeddings"
     RESPONSES = "responses"
     MESSAGES = "messages"  # Anthropic's Messages API, as vLLM and SGLang serve it
+    COUNT_TOKENS = "count_tokens"  # Anthropic's token counting, as vLLM serves it
     TOKENIZE = "tokenize"
     DETOKENIZE = "detokenize"
     RERANK = "rerank"
@@ -89,6 +90,9 @@ ROUTE_SPECS: Mapping[Endpoint, RouteSpec] = MappingProxyType(
         ),
         Endpoint.MESSAGES: RouteSpec(
             "/v1/messages", "anthropic", generates=True, errors="anthropic", events="anthropic"
+        ),
+        Endpoint.COUNT_TOKENS: RouteSpec(
+            "/v1/messages/count_tokens", "anthropic", errors="anthropic", events="anthropic"
         ),
         Endpoint.TOKENIZE: RouteSpec("/tokenize", "either"),
         Endpoint.DETOKENIZE: RouteSpec("/detokenize", "tokens"),

@@ -1,6 +1,7 @@
 """Bounded upstream bodies (issue 19, defect 4): a non-streaming answer larger than
 `limits.max_response_bytes` is a clean 502, the engine connection is dropped, the slot
-released; a stream of any length is relayed unbuffered."""
+released; a stream of any length is relayed unbuffered, and so is a body that is neither
+JSON nor SSE (audio), which, cut short by the engine, ends short for the client too."""
 
 from __future__ import annotations
 
@@ -163,3 +164,55 @@ async def test_every_client_bounds_read(kind: str) -> None:
             await resp.aclose()
         finally:
             await client.aclose()
+
+
+_AUDIO = b"HTTP/1.1 200 OK\r\ncontent-type: audio/wav\r\n"
+SPEECH = {"model": "m", "input": "hello", "voice": "alloy"}
+
+
+@contextlib.asynccontextmanager
+async def _speaking(engine: _HostileEngine) -> AsyncIterator[httpx.AsyncClient]:
+    async with (
+        engine.running(),
+        gateway(
+            [],
+            replicas=[{"id": "hostile", "url": engine.url, "models": ["m"]}],
+            limits={"max_response_bytes": LIMIT},
+            health={"interval_s": 60},
+            scrape={"enabled": False},
+        ) as gw,
+        httpx.AsyncClient(base_url=gw.url, timeout=15) as http,
+    ):
+        yield http
+        assert gw.state.cluster.in_flight[ReplicaId("hostile")] == 0
+
+
+async def test_a_passed_through_body_is_not_bounded() -> None:
+    size = 4 * LIMIT
+    engine = _HostileEngine(_AUDIO + b"content-length: %d\r\n\r\n" % size, lambda: _PIECE, size)
+    async with _speaking(engine) as http:
+        resp = await http.post("/v1/audio/speech", json=SPEECH)
+        assert resp.status_code == 200 and len(resp.content) == size
+
+
+@pytest.mark.parametrize(
+    ("head", "piece"),
+    [
+        (_AUDIO + b"content-length: %d\r\n\r\n" % (8 * LIMIT), lambda: _PIECE),
+        (_AUDIO + b"transfer-encoding: chunked\r\n\r\n", _chunk),
+    ],
+    ids=["content-length", "chunked"],
+)
+async def test_a_body_cut_short_by_the_engine_ends_short_for_the_client(
+    head: bytes, piece: Callable[[], bytes]
+) -> None:
+    # The engine goes away after 1 MB: the client must not take what it got for the whole.
+    engine = _HostileEngine(head, piece, total=LIMIT)
+    async with _speaking(engine) as http:
+        async with http.stream("POST", "/v1/audio/speech", json=SPEECH) as resp:
+            assert resp.status_code == 200
+            received = 0
+            with pytest.raises(httpx.RemoteProtocolError):
+                async for chunk in resp.aiter_raw():
+                    received += len(chunk)
+        assert 0 < received <= LIMIT

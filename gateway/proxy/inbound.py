@@ -144,7 +144,7 @@ class Inbound:
                 stream=upload.fields.get("stream", "").strip().lower() == "true",
             )
             ex.named_class = priority is not None
-            self._forward_headers(ex, scope)
+            self.forward_headers(ex, scope, self._path)
             return
         check_content_type(content_type)
         raw = await read_body(ex.receive, limits.max_body_bytes, declared_length(content_length))
@@ -193,7 +193,7 @@ class Inbound:
             raw = orjson.dumps(body)
         ex.body, ex.raw, ex.request = body, raw, request
         ex.named_class = priority is not None or "priority" in body
-        self._forward_headers(ex, scope)
+        self.forward_headers(ex, scope, self._path)
 
     def _authorize(self, scope: Scope, model: str, tenant_name: str | None) -> str | None:
         """The caller's key may use `model` and acts for its own tenant; returns the tenant."""
@@ -211,7 +211,8 @@ class Inbound:
             )
         return principal.tenant
 
-    def _forward_headers(self, ex: Exchange, scope: Scope) -> None:
+    def forward_headers(self, ex: Exchange, scope: Scope, path: str) -> None:
+        """`ex.headers` and `ex.path` for the engine: `path` plus the client's query."""
         propagate = self._propagate
         headers = request_headers(scope["headers"], traced=propagate)
         if propagate and self._state.tracer is None:
@@ -224,4 +225,4 @@ class Inbound:
         ex.headers = headers
         # The query string goes along unchanged (vLLM ignores it; a proxy must not eat it).
         query: bytes = scope.get("query_string", b"")
-        ex.path = self._path + "?" + query.decode("latin-1") if query else self._path
+        ex.path = path + "?" + query.decode("latin-1") if query else path

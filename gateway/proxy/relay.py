@@ -1,8 +1,19 @@
 """Relay stage: the leg's status, end-to-end headers and body to the client.
 
-Streams go chunk by chunk, unbuffered; other bodies in one message. Nothing is retried
-once a byte went out: a failure mid-stream is told in-band, the way vLLM does. The result
-(status, ok, error code, usage) is written to the exchange for the outcome stage.
+Three kinds of body, by the engine's content type:
+
+* SSE streams go chunk by chunk, unbuffered; a failure mid-stream is told in-band, in the
+  route's dialect, the way vLLM does.
+* JSON (and a body with no content type) is read whole, bounded by the client's
+  `max_response_bytes`, because the gateway reads it (usage, a Response's id) and can still
+  turn a failure into a clean 502; it goes out in one message.
+* Anything else (audio from /v1/audio/speech, text transcripts) is passed through as it
+  arrives, with the engine's Content-Length when it sent one, never held whole nor bounded.
+  Once its first byte went out a failure cannot be told in it: the response is left
+  incomplete, so the server drops the connection and the client sees a short body.
+
+Nothing is retried once a byte went out. The result (status, ok, error code, usage) is
+written to the exchange for the outcome stage.
 """
 
 from __future__ import annotations
@@ -16,6 +27,7 @@ from gateway.forward import Leg, name_replica
 from gateway.metrics import GatewayMetrics
 from gateway.proxy.continuation import id_in_json, id_in_stream
 from gateway.proxy.exchange import Exchange
+from gateway.proxy.passthrough import pass_through
 from gateway.proxy.respond import send_error
 from gateway.stream_usage import UsageStripper
 from gateway.types import ROUTE_SPECS
@@ -26,6 +38,12 @@ log = logging.getLogger("kvgate.proxy")
 
 REPLICA_HEADER = b"x-kvgate-replica"
 _SSE = b"text/event-stream"
+
+
+def _read_whole(content_type: bytes) -> bool:
+    """JSON bodies are read whole (the gateway may parse them); others pass through."""
+    media = content_type.split(b";", 1)[0].strip().lower()
+    return media == b"application/json" or media.endswith(b"+json")
 
 
 async def relay(
@@ -43,7 +61,11 @@ async def relay(
     status = ex.status = response.status
     out_headers = response_headers(response.headers)
     out_headers.append((REPLICA_HEADER, leg.replica.encode()))
-    streaming = any(n == b"content-type" and v.startswith(_SSE) for n, v in out_headers)
+    content_type = next((v for n, v in out_headers if n == b"content-type"), None)
+    streaming = content_type is not None and content_type.startswith(_SSE)
+    if not streaming and content_type is not None and not _read_whole(content_type):
+        await pass_through(ex, leg, metrics, out_headers, first_byte)
+        return
     if not streaming:
         try:
             payload = await response.read()

@@ -67,7 +67,9 @@ def responses_messages(body: Mapping[str, Any], history: History) -> list[Messag
     return out
 
 
-def anthropic_messages(body: Mapping[str, Any]) -> list[Message]:
+def anthropic_messages(body: Mapping[str, Any], *, budget: bool = True) -> list[Message]:
+    """Chat messages of a Messages body; `budget`: `max_tokens` is required (a generation;
+    `count_tokens` has none)."""
     messages = body.get("messages")
     if (
         not isinstance(messages, list)
@@ -75,7 +77,8 @@ def anthropic_messages(body: Mapping[str, Any]) -> list[Message]:
         or not all(isinstance(m, Mapping) for m in messages)
     ):
         raise WireError(400, "messages: must be a non-empty list of objects", "messages")
-    if not isinstance(body.get("max_tokens"), int) or isinstance(body.get("max_tokens"), bool):
+    tokens = body.get("max_tokens")
+    if budget and (not isinstance(tokens, int) or isinstance(tokens, bool)):
         raise WireError(400, "max_tokens: Field required", "max_tokens")
     out: list[Message] = []
     system = body.get("system")
@@ -116,8 +119,10 @@ def response_object(
     prompt_tokens: int = 0,
     output_tokens: int = 0,
     cached_tokens: int = 0,
+    status: str | None = None,
 ) -> dict[str, Any]:
-    """A Responses API `response` object; `text=None`: still in progress, no output yet."""
+    """A Responses API `response` object; `text=None`: not finished, no output yet
+    (`status` then says how far it is: "in_progress" unless told, "queued" in background)."""
     done = text is not None
     incomplete = finish_reason == "length"
     output: list[dict[str, Any]] = []
@@ -128,7 +133,11 @@ def response_object(
         "object": "response",
         "created_at": int(time.time()),
         "model": model,
-        "status": ("incomplete" if incomplete else "completed") if done else "in_progress",
+        "status": ("incomplete" if incomplete else "completed")
+        if done
+        else status or "in_progress",
+        "background": bool(echo.get("background", False)),
+        "store": echo.get("store", True) is not False,
         "incomplete_details": {"reason": "max_output_tokens"} if done and incomplete else None,
         "instructions": echo.get("instructions"),
         "max_output_tokens": echo.get("max_output_tokens"),
@@ -172,6 +181,7 @@ class ResponsesStream:
         self.item_id = "msg_" + rid.removeprefix("resp_")
         self.seq = 0
         self.text: list[str] = []
+        self.final: dict[str, Any] = {}  # the completed `response` object, once closed
 
     def _ev(self, name: str, **fields: Any) -> bytes:
         out = event(name, {"type": name, "sequence_number": self.seq, **fields})
@@ -224,6 +234,7 @@ class ResponsesStream:
             output_tokens=output,
             cached_tokens=cached,
         )
+        self.final = final
         item = final["output"][0]
         return b"".join(
             (

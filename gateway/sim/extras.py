@@ -1,6 +1,7 @@
 """vLLM's other endpoints on the simulated engine: tokenize, detokenize, rerank, score,
-classify, pooling, and the audio ones. Deterministic bodies in vLLM's shapes, cheap to make:
-none of them occupies the simulated GPU (their cost is not what the gateway's tests measure).
+classify, pooling, and the audio uploads (speech is gateway.sim.speech). Deterministic
+bodies in vLLM's shapes, cheap to make: none of them occupies the simulated GPU (their cost
+is not what the gateway's tests measure).
 
 Each function takes the raw body and returns (status, JSON-able body); `WireError` for a bad one.
 """
@@ -192,24 +193,6 @@ def pooling(raw: bytes, model: str, dim: int = 8) -> dict[str, Any]:
         "data": data,
         "usage": _usage(sum(map(_tokens, texts))),
     }
-
-
-def speech(raw: bytes) -> bytes:
-    """A short silent WAV, its length growing with the input text."""
-    body = _body(raw)
-    if not isinstance(body.get("input"), str):
-        raise WireError(400, "'input' must be a string", "input")
-    rate, samples = 8000, 80 * len(body["input"])
-    data = b"\0\0" * samples
-    header = (
-        b"RIFF"
-        + struct.pack("<I", 36 + len(data))
-        + b"WAVEfmt "
-        + struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16)
-        + b"data"
-        + struct.pack("<I", len(data))
-    )
-    return header + data
 
 
 def multipart_parts(raw: bytes, content_type: str) -> Mapping[str, bytes]:

@@ -138,15 +138,41 @@ class Generation(Response):
             else:
                 await self._buffered(send, request, kv_out)
         finally:
-            handle = self.handle
-            if handle is not None:
-                if not handle.finished:
-                    engine.runner.abort(handle)
-                record.cached_tokens = handle.cached_tokens or 0
-                record.output_tokens = handle.output_tokens
-                record.finish_reason = handle.finish_reason
-                record.preemptions = handle.num_preemptions
-                record.transfer_bytes = handle.transfer_bytes
+            self._settle(record)
+
+    def _settle(self, record: RequestRecord) -> None:
+        handle = self.handle
+        if handle is not None:
+            if not handle.finished:
+                self.engine.runner.abort(handle)
+            record.cached_tokens = handle.cached_tokens or 0
+            record.output_tokens = handle.output_tokens
+            record.finish_reason = handle.finish_reason
+            record.preemptions = handle.num_preemptions
+            record.transfer_bytes = handle.transfer_bytes
+
+    async def detached(self) -> None:
+        """A `background: true` Response, generated with no client attached: the stored
+        object tells how far it is, and `cancel` cancels this coroutine (which aborts it)."""
+        from gateway.sim.server import RequestRecord
+
+        engine, p = self.engine, self.parsed
+        self.record = record = RequestRecord(self.rid, p.kind, status=200, priority=p.priority)
+        engine.request_log.append(record)
+        try:
+            request, _, _ = await self._prepare()
+            record.prompt_tokens = request.prompt_tokens
+            self.handle = handle = engine.runner.submit(request)
+            engine.responses.set_status(self.api_id, "in_progress")
+            await engine.runner.wait(handle)
+            self._api_object(
+                OutputText(engine.seed, request.output_seed).take(handle.output_tokens)
+            )
+        except (_PDFailed, RequestRejected, EngineStopped) as exc:
+            record.status = 500
+            engine.responses.set_status(self.api_id, "failed", str(exc))
+        finally:
+            self._settle(record)
 
     async def _prepare(self) -> tuple[SimRequest, str | None, dict[str, Any] | None]:
         engine, p = self.engine, self.parsed
@@ -310,8 +336,7 @@ class Generation(Response):
             return message_object(
                 self.api_id, engine.model_name, text, handle.finish_reason, *counts
             )
-        engine.store_response(self.api_id, p, text)
-        return response_object(
+        answer = response_object(
             self.api_id,
             engine.model_name,
             p.echo,
@@ -321,6 +346,8 @@ class Generation(Response):
             output_tokens=counts[1],
             cached_tokens=counts[2],
         )
+        engine.store_response(self.api_id, p, text, answer)
+        return answer
 
     @property
     def api_id(self) -> str:
@@ -395,7 +422,7 @@ class Generation(Response):
                 handle.output_tokens,
                 handle.cached_tokens or 0,
             )
-            engine.store_response(self.api_id, p, "".join(responses.text))
+            engine.store_response(self.api_id, p, "".join(responses.text), responses.final)
         await send({"type": "http.response.body", "body": closing, "more_body": False})
 
     async def _stream(self, send: Send, request: SimRequest) -> None:

@@ -33,7 +33,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.kvevents.wire import EventBatch, Layout
 from gateway.serving import RunningServer, start_server
 from gateway.sim import extras
-from gateway.sim.apis import anthropic_error, anthropic_messages, responses_messages
+from gateway.sim.apis import (
+    anthropic_error,
+    anthropic_messages,
+    response_object,
+    responses_messages,
+)
 from gateway.sim.clock import RealClock
 from gateway.sim.engine import EngineModel
 from gateway.sim.faults import NO_FAULTS, FaultConfig, FaultState
@@ -42,6 +47,8 @@ from gateway.sim.kvpublish import KVEventPublisher
 from gateway.sim.metrics import CONTENT_TYPE, Flavor, SimMetrics
 from gateway.sim.profiles import HardwareProfile
 from gateway.sim.runner import EngineRunner
+from gateway.sim.speech import SpeechResponse
+from gateway.sim.stored import ResponseStore
 from gateway.sim.tokenizer import Tokenizer
 from gateway.sim.wire import (
     Kind,
@@ -131,11 +138,18 @@ class SimEngine:
         self.faults = FaultState(faults, seed=seed + index)
         self.bootstrap_timeout_s = bootstrap_timeout_s
         self.request_log: deque[RequestRecord] = deque(maxlen=request_log_size)
-        # Responses kept for `previous_response_id` (id -> conversation, oldest first).
-        self.responses: dict[str, tuple[Mapping[str, Any], ...]] = {}
+        # Responses kept for `previous_response_id` and `GET /v1/responses/{id}`.
+        self.responses = ResponseStore(DEFAULT_REQUEST_LOG_SIZE)
         # (sha256, size) of each audio file received, for the pass-through tests, and the
         # upload bytes received so far (counted as they arrive, before a form is complete).
         self.uploads: deque[tuple[str, int]] = deque(maxlen=request_log_size)
+        # /v1/audio/speech: (sha256, size) of each body sent whole, bytes sent so far, and
+        # an event that, while set here and not yet set itself, holds back each last part.
+        self.speeches: deque[tuple[str, int]] = deque(maxlen=request_log_size)
+        self.speech_bytes_sent = 0
+        self.speech_hold: asyncio.Event | None = None
+        # (method, path) of each stored-response request (retrieve, cancel), for routing tests.
+        self.lifecycle_log: deque[tuple[str, str]] = deque(maxlen=request_log_size)
         self.upload_bytes = 0
         # W3C trace context of each generation request as received (X-Request-Id,
         # traceparent, tracestate), faulted ones included: vLLM continues that trace.
@@ -232,6 +246,7 @@ class SimEngine:
             yield
         finally:
             self.closing.set()
+            await self.responses.close()
             await self.runner.stop()
             await self.http.aclose()
             self.http = None
@@ -268,7 +283,10 @@ class SimEngine:
             Route("/v1/completions", self._completions, methods=["POST"]),
             Route("/v1/embeddings", self._embeddings, methods=["POST"]),
             Route("/v1/responses", self._responses, methods=["POST"]),
+            Route("/v1/responses/{response_id}", self._retrieve_response, methods=["GET"]),
+            Route("/v1/responses/{response_id}/cancel", self._cancel_response, methods=["POST"]),
             Route("/v1/messages", self._messages, methods=["POST"]),
+            Route("/v1/messages/count_tokens", self._count_tokens, methods=["POST"]),
             *(Route(path, self._extra, methods=["POST"]) for path in _EXTRA_PATHS),
             Route("/v1/audio/transcriptions", self._transcription, methods=["POST"]),
             Route("/v1/audio/translations", self._transcription, methods=["POST"]),
@@ -296,20 +314,80 @@ class SimEngine:
 
     async def _responses(self, request: Request) -> Response:
         return await self._generate(
-            request, "responses", lambda body: responses_messages(body, self.responses.get)
+            request, "responses", lambda body: responses_messages(body, self.responses.history)
         )
+
+    async def _retrieve_response(self, request: Request) -> Response:
+        self.lifecycle_log.append(("GET", request.url.path))
+        if request.query_params.get("stream", "").lower() == "true":
+            # vLLM replays a background stream's events from `starting_after`.
+            return _error(400, "the simulated engine does not stream stored responses", "stream")
+        try:
+            return _json(self.responses.get(request.path_params["response_id"]), request)
+        except WireError as exc:
+            return _error(exc.status, exc.message, exc.param)
+
+    async def _cancel_response(self, request: Request) -> Response:
+        self.lifecycle_log.append(("POST", request.url.path))
+        try:
+            return _json(await self.responses.cancel(request.path_params["response_id"]), request)
+        except WireError as exc:
+            return _error(exc.status, exc.message, exc.param)
 
     async def _messages(self, request: Request) -> Response:
         return await self._generate(request, "messages", anthropic_messages)
 
-    def store_response(self, response_id: str, parsed: ParsedRequest, text: str) -> None:
-        """Keep a Responses answer with its conversation, for `previous_response_id`
-        (vLLM keeps them in the memory of the process that made them)."""
+    async def _count_tokens(self, request: Request) -> Response:
+        """Anthropic's token count, as vLLM answers it: the prompt tokens the same body
+        would have on /v1/messages (one template, so the counts agree)."""
+        status = self.faults.should_error()
+        if status is not None:
+            return _anthropic_error(
+                status, f"simulated fault: replica {self.index} answers {status}"
+            )
+        try:
+            parsed = parse_generation(
+                await request.body(), "messages", lambda b: anthropic_messages(b, budget=False)
+            )
+        except WireError as exc:
+            return _anthropic_error(exc.status, exc.message, exc.param)
+        if parsed.model is not None and parsed.model != self.model_name:
+            return _anthropic_error(404, f"The model `{parsed.model}` does not exist.", "model")
+        tokens, _ = self.model.prompt_from_text(parsed.text, parsed.cache_salt)
+        self.request_log.append(RequestRecord(uuid.uuid4().hex, "count_tokens", 200, tokens))
+        return _json({"input_tokens": tokens}, request)
+
+    def store_response(
+        self, response_id: str, parsed: ParsedRequest, text: str, answer: dict[str, Any]
+    ) -> None:
+        """Keep a Responses answer with its conversation, for `previous_response_id` and
+        retrieval (vLLM keeps them in the memory of the process that made them)."""
         if parsed.echo is not None and parsed.echo.get("store", True) is False:
             return
-        self.responses[response_id] = (*parsed.conversation, {"role": "assistant", "content": text})
-        while len(self.responses) > DEFAULT_REQUEST_LOG_SIZE:
-            self.responses.pop(next(iter(self.responses)))
+        conversation = (*parsed.conversation, {"role": "assistant", "content": text})
+        self.responses.put(response_id, conversation, answer)
+
+    def _background(self, parsed: ParsedRequest, rid: str) -> Response:
+        """`background: true`: a `queued` answer now, the generation in a task."""
+        echo = parsed.echo or {}
+        if echo.get("store", True) is False:
+            return _error(400, "background can only be used when `store` is true", "background")
+        if parsed.stream:
+            return _error(
+                400, "the simulated engine does not stream background responses", "stream"
+            )
+        generation = Generation(self, parsed, rid)
+        queued = response_object(
+            generation.api_id,
+            self.model_name,
+            echo,
+            text=None,
+            finish_reason=None,
+            status="queued",
+        )
+        task = asyncio.create_task(generation.detached(), name=f"background-{rid}")
+        self.responses.put(generation.api_id, (*parsed.conversation,), queued, task)
+        return _json(queued)
 
     async def _extra(self, request: Request) -> Response:
         status = self.faults.should_error()
@@ -324,7 +402,7 @@ class SimEngine:
             return _error(404, f"The model `{name}` does not exist.", "model")
         try:
             if path == "/v1/audio/speech":
-                return Response(extras.speech(raw), media_type="audio/wav")
+                return SpeechResponse(self, raw)
             body: Any
             if path == "/tokenize":
                 max_len = min(self.profile.max_model_len, self.profile.kv_capacity_tokens)
@@ -407,6 +485,8 @@ class SimEngine:
                 400, f"Got priority {parsed.priority} but Priority scheduling is not enabled."
             )
         rid = request.headers.get("x-request-id") or parsed.body_request_id or uuid.uuid4().hex
+        if kind == "responses" and parsed.echo is not None and parsed.echo.get("background"):
+            return self._background(parsed, rid)
         return Generation(self, parsed, rid)
 
     async def _embeddings(self, request: Request) -> Response:

@@ -14,6 +14,7 @@ from gateway.auth.principal import hash_key
 from gateway.console.api import console_asset_paths
 from gateway.sim.server import SimEngine
 from gateway.testing.servers import RunningGateway, gateway, sim_engines
+from gateway.types import error_shape
 
 MODEL = "kvgate-sim"
 ENGINE_KEY = "engine-secret"
@@ -148,7 +149,7 @@ async def test_no_route_but_health_and_ready_answers_without_credentials(
                 assert r.status_code == 200, path
             else:
                 assert r.status_code == 401, (method, path, r.status_code)
-                if path == "/v1/messages":  # Anthropic's API, Anthropic's error shape
+                if error_shape(path) == "anthropic":  # Anthropic's API, Anthropic's error shape
                     assert r.json()["error"]["type"] == "authentication_error"
                 else:
                     assert r.json()["error"]["code"] == "invalid_api_key"

@@ -133,3 +133,34 @@ async def test_claude_code_session_header_keeps_each_session_on_one_replica(
 
 async def test_opencode_session_header_counts_too(gw: RunningGateway) -> None:
     assert all(len(r) == 1 for r in (await _agent_sessions(gw, "x-opencode-session")).values())
+
+
+async def test_count_tokens_is_the_prompt_a_message_would_have(
+    client: anthropic.AsyncAnthropic, engines: list[SimEngine]
+) -> None:
+    messages = user("count the tokens of this conversation, please " * 20)
+    raw = await client.messages.with_raw_response.count_tokens(
+        model=MODEL, system="be brief", messages=messages
+    )
+    counted = await raw.parse()
+    assert counted.input_tokens > 100
+    assert raw.headers["x-kvgate-replica"] in {"e0", "e1", "e2"}
+    # Answered by the engine (its tokenizer and template), and equal to what it then charges.
+    assert [r.prompt_tokens for e in engines for r in e.request_log if r.endpoint == "count_tokens"]
+    message = await client.messages.create(
+        model=MODEL, max_tokens=1, system="be brief", messages=messages
+    )
+    used = message.usage
+    assert used.input_tokens + (used.cache_read_input_tokens or 0) == counted.input_tokens
+
+
+async def test_count_tokens_errors_are_in_anthropics_shape(
+    client: anthropic.AsyncAnthropic,
+) -> None:
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        await client.messages.count_tokens(model="no-such-model", messages=user("hi"))
+    assert isinstance(missing.value.body, dict)
+    assert missing.value.body["error"]["type"] == "not_found_error"
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        await client.messages.count_tokens(model=MODEL, messages=[])
+    assert isinstance(bad.value.body, dict) and bad.value.body["type"] == "error"
