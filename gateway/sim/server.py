@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import time
 import uuid
@@ -28,7 +27,6 @@ from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.kvevents.wire import EventBatch, Layout
 from gateway.serving import RunningServer, start_server
@@ -45,6 +43,7 @@ from gateway.sim.faults import NO_FAULTS, FaultConfig, FaultState
 from gateway.sim.generate import Generation
 from gateway.sim.kvpublish import KVEventPublisher
 from gateway.sim.metrics import CONTENT_TYPE, Flavor, SimMetrics
+from gateway.sim.middleware import EchoRequestId, RequireApiKey
 from gateway.sim.profiles import HardwareProfile
 from gateway.sim.runner import EngineRunner
 from gateway.sim.speech import SpeechResponse
@@ -609,34 +608,6 @@ def _json(body: Any, request: Request | None = None) -> Response:
     return Response(orjson.dumps(body), media_type="application/json")
 
 
-class EchoRequestId:
-    """Pure ASGI middleware: copy the caller's X-Request-Id onto every response."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        rid = next((v for k, v in scope["headers"] if k == b"x-request-id"), None)
-        if rid is None:
-            await self.app(scope, receive, send)
-            return
-
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = [
-                    (k, v) for k, v in message.get("headers", []) if k.lower() != b"x-request-id"
-                ]
-                headers.append((b"x-request-id", rid))
-                message = {**message, "headers": headers}
-            await send(message)
-
-        await self.app(scope, receive, send_with_id)
-
-
-_KEYED_PATHS = ("/v1", "/admin/", "/reset_prefix_cache")
 _EXTRA_PATHS = (
     "/tokenize",
     "/detokenize",
@@ -650,26 +621,6 @@ _EXTRA_PATHS = (
     "/pooling",
     "/v1/audio/speech",
 )
-
-
-class RequireApiKey:
-    """Pure ASGI middleware: like vLLM's `--api-key`, every `/v1` path needs
-    `Authorization: Bearer <key>` (401 otherwise), and so do the fault and reset endpoints
-    (anyone could break the engine through them); health and metrics stay open."""
-
-    def __init__(self, app: ASGIApp, key: str) -> None:
-        self.app = app
-        self.expected = b"Bearer " + key.encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(_KEYED_PATHS):
-            given = next((v for k, v in scope["headers"] if k == b"authorization"), None)
-            if given is None or not hmac.compare_digest(given, self.expected):
-                await Response(
-                    b'{"error":"Unauthorized"}', status_code=401, media_type="application/json"
-                )(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 def _anthropic_error(status: int, message: str, param: str | None = None) -> Response:
