@@ -158,13 +158,11 @@ async def test_a_turn_sent_while_the_previous_one_is_in_flight_follows_it(events
         ]
         served2, cached2, _ = await ask(client, turn2)
         served1, _, _ = await first
-        if events:
-            # Its blocks will be there when it runs: the next turn queues behind it.
-            assert served2 == served1 and cached2 > 0
-            assert decisions(gw, "prefix") == 1
-        else:
-            # Nothing knows the first turn yet: the idle replica looks cheaper.
-            assert served2 != served1 and cached2 == 0
+        # The first turn was placed (and its lineage recorded) as it was sent: the next
+        # one continues that conversation there, with or without events, and its blocks
+        # are stored when it runs, as it queues behind the first.
+        assert served2 == served1 and cached2 > 0
+        assert decisions(gw, "sticky") == 1
 
 
 async def test_a_killed_publisher_degrades_to_approximate_and_recovers() -> None:
