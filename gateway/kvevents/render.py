@@ -41,6 +41,7 @@ class _Span:
     rendered_start: int  # char offset of the content in the rendered text
     rendered_end: int
     prev_end: int  # rendered char offset where the previous message's content ended
+    ascii: bool  # one character a byte: no decoding to count them
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +68,10 @@ class Rendered:
                 break
             within = end - span.canon_start
             if within <= len(span.content):
-                chars = len(span.content[:within].decode("utf-8", "ignore"))
+                if span.ascii:
+                    chars = within
+                else:
+                    chars = len(span.content[:within].decode("utf-8", "ignore"))
                 cut = span.rendered_start + chars
                 inside = True
                 break
@@ -118,7 +122,8 @@ def _locate(body: Mapping[str, Any], text: str, enc: Encoded) -> Rendered:
         if found < 0 or value is None:
             break
         start = canon + len(header)
-        spans.append(_Span(start, content, found, found + len(value), prev_end))
+        span = _Span(start, content, found, found + len(value), prev_end, content.isascii())
+        spans.append(span)
         pos = prev_end = found + len(value)
         canon += sum(len(p) for p in pieces)
     else:
@@ -151,7 +156,7 @@ def token_id_prompt(body: Mapping[str, Any]) -> Rendered | None:
 
 def _completion(text: str, enc: Encoded) -> Rendered:
     data = text.encode()
-    return _rendered(enc, (_Span(0, data, 0, len(text), 0),), len(data))
+    return _rendered(enc, (_Span(0, data, 0, len(text), 0, data.isascii()),), len(data))
 
 
 class TokenIdsOnly:

@@ -7,13 +7,18 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+import httpx
+import openai
 import pytest
 
 from gateway.kvevents.incremental import Encoded, IncrementalEncoder
+from gateway.kvevents.install import KVEventsFeature
 from gateway.kvevents.render import HFRenderer, Renderer, SimRenderer
 from gateway.kvevents.tokcache import CHUNK_CHARS, Entry, TokenCache, chunk_hashes
 from gateway.kvevents.tokenkeys import chain_keys, root_seed
+from gateway.sim.server import KVEventsOptions
 from gateway.sim.tokenizer import approx_token_ids
+from gateway.testing.servers import gateway, sim_engines
 from gateway.types import Endpoint
 
 CHATML = (
@@ -90,6 +95,7 @@ def bpe_path(tmp_path_factory: pytest.TempPathFactory) -> str:
         vocab_size=600,
         special_tokens=["<|im_start|>", "<|im_end|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     rng = random.Random(0)
     tok.train_from_iterator([text(rng, 80) for _ in range(200)], trainer)
@@ -225,3 +231,36 @@ def test_an_extending_entry_replaces_the_one_it_extends() -> None:
     assert len(cache) == 1 and cache.stats().bytes == longer.size
     found = cache.find(base.hashes)
     assert found is not None and found[0] is longer and found[1] == 2
+
+
+async def test_a_gateway_tokenizes_each_turn_incrementally() -> None:
+    from tests.kvevents.test_kv_routing import MODEL, sources, until
+
+    async with (
+        sim_engines(2, "instant", kv_events=KVEventsOptions()) as engines,
+        gateway(
+            engines,
+            kv_events={"enabled": True, "sources": sources(engines), "tokenizer": {"kind": "sim"}},
+        ) as gw,
+        openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client,
+        httpx.AsyncClient(base_url=gw.url) as http,
+    ):
+        feature: KVEventsFeature = gw.state.extras["kv_events"]
+        rng = random.Random(4)
+        messages: list[dict[str, Any]] = [{"role": "system", "content": text(rng, 1500)}]
+        for turn in range(4):
+            # More than a prompt block (2048 bytes) a turn, else the stage knows it already.
+            messages.append({"role": "user", "content": text(rng, 600)})
+            done = await client.chat.completions.create(
+                model=MODEL,
+                messages=messages,  # type: ignore[arg-type]
+                max_tokens=4,
+            )
+            await until(lambda: feature.stage.pending == 0)
+            messages.append({"role": "assistant", "content": done.choices[0].message.content})
+        page = (await http.get("/metrics")).text
+    assert 'kvgate_kv_token_cache_lookups_total{outcome="miss"} 1.0' in page
+    assert 'kvgate_kv_token_cache_lookups_total{outcome="hit"} 3.0' in page
+    assert "kvgate_kv_token_cache_entries 1.0" in page
+    reused = [ln for ln in page.splitlines() if ln.startswith("kvgate_kv_token_cache_reused")]
+    assert reused and float(reused[0].split()[-1]) > 3 * 1000
