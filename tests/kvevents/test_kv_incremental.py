@@ -264,3 +264,24 @@ async def test_a_gateway_tokenizes_each_turn_incrementally() -> None:
     assert "kvgate_kv_token_cache_entries 1.0" in page
     reused = [ln for ln in page.splitlines() if ln.startswith("kvgate_kv_token_cache_reused")]
     assert reused and float(reused[0].split()[-1]) > 3 * 1000
+
+
+def test_stable_tokens_count_ascii_content_as_decoding_would() -> None:
+    from dataclasses import replace
+
+    msgs = conversations(8, "turns")[-1]
+    ascii_msgs = [{**m, "content": m["content"].encode("ascii", "ignore").decode()} for m in msgs]
+    rendered = SimRenderer().render({"messages": ascii_msgs}, Endpoint.CHAT)
+    assert rendered is not None and all(s.ascii for s in rendered.spans)
+    decoding = replace(rendered, spans=tuple(replace(s, ascii=False) for s in rendered.spans))
+    for end in range(0, rendered.canon_size + 8, 7):
+        assert rendered.stable_tokens(end) == decoding.stable_tokens(end)
+
+
+def test_the_cache_bounds_come_from_the_tokenizer_settings() -> None:
+    from gateway.kvevents.config import TokenizerSettings
+    from gateway.kvevents.install import make_cache
+
+    cache = make_cache(TokenizerSettings(kind="sim", cache_entries=8, cache_bytes=1 << 20))
+    assert cache is not None and (cache.max_entries, cache.max_bytes) == (8, 1 << 20)
+    assert make_cache(TokenizerSettings(kind="sim", cache_entries=0)) is None
