@@ -3,6 +3,10 @@ the request path's latency with events on and off at one client.
 
 * tokenize: the tokenizer stage's work on one finished 100K-token chat request (sim
   renderer: the simulated engines' template and tokenizer), off the event loop;
+* next turn: the same stage's work on that conversation's next turn, tokenized whole or
+  incrementally (the token cache holding the previous turn), with the sim renderer and
+  with a real tokenizer (a byte-level BPE of 8000 tokens trained here on random words, a
+  ChatML template; no download);
 * lookup: `CacheEvidence.cached_tokens` for that prompt's next turn against an index where
   8 synced replicas hold it, with 64 other requests in flight (the memo defeated: a fresh
   request each time);
@@ -17,9 +21,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import statistics
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +39,9 @@ from gateway.kvevents.bridge import PromptBridge
 from gateway.kvevents.evidence import EventEvidence
 from gateway.kvevents.feed import EventFeed
 from gateway.kvevents.index import EventIndex
-from gateway.kvevents.render import SimRenderer
+from gateway.kvevents.render import HFRenderer, Renderer, SimRenderer
 from gateway.kvevents.stage import learn_prompt
+from gateway.kvevents.tokcache import TokenCache
 from gateway.kvevents.wire import BlockStored
 from gateway.sim.server import KVEventsOptions
 from gateway.sim.tokenizer import approx_token_ids, render_chat
@@ -56,6 +64,99 @@ def chat(tokens: int, turn: int = 0) -> dict[str, Any]:
     return {"model": MODEL, "messages": msgs}
 
 
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _cpu_ms(fn: Callable[[], object], runs: int = 5) -> float:
+    times = []
+    for _ in range(runs):
+        t0 = time.process_time()
+        fn()
+        times.append(time.process_time() - t0)
+    return statistics.median(times) * 1e3
+
+
+def next_turn_row(
+    name: str,
+    make: Callable[[TokenCache | None], Renderer],
+    first: dict[str, Any],
+    nxt: dict[str, Any],
+) -> None:
+    request = route_request(nxt, Endpoint.CHAT, "n", block_tokens=512, max_prefix_blocks=2048)
+    whole = make(None)
+
+    def learn(renderer: Renderer) -> None:
+        learn_prompt(renderer, nxt, Endpoint.CHAT, request.prefix_hashes, 2048, 16)
+
+    whole_ms = _cpu_ms(lambda: learn(whole))
+    times = []
+    for _ in range(5):
+        cache = TokenCache()
+        renderer = make(cache)
+        renderer.render(first, Endpoint.CHAT)  # the previous turn, tokenized before
+        times.append(_cpu_ms(lambda r=renderer: learn(r), runs=1))  # type: ignore[misc]
+    got = make(TokenCache())
+    got.render(first, Endpoint.CHAT)
+    inc = got.render(nxt, Endpoint.CHAT)
+    ref = whole.render(nxt, Endpoint.CHAT)
+    assert inc is not None and ref is not None and inc.reuse == "hit"
+    assert list(inc.token_ids) == list(ref.token_ids)
+    print(
+        f"next turn, {name} ({len(ref.token_ids) // 1000}K tokens, {len(ref.token_ids) - inc.reused} re-tokenized): "
+        f"whole {whole_ms:.1f} ms, incremental {statistics.median(times):.1f} ms CPU (worker thread)"
+    )
+
+
+def _words(rng: random.Random, n: int, vocab: list[str]) -> str:
+    return " ".join(rng.choice(vocab) + rng.choice(("", "", "", ",", ".", "\n")) for _ in range(n))
+
+
+def bpe_rows(tokens: int) -> None:
+    try:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    except ImportError:
+        print("next turn, BPE: skipped (no tokenizers package)")
+        return
+    rng = random.Random(7)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    vocab = ["".join(rng.choices(letters, k=rng.randint(2, 9))) for _ in range(3000)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=8000,
+        special_tokens=["<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([_words(rng, 200, vocab) for _ in range(1000)], trainer)
+    sample = _words(rng, 5000, vocab)
+    per_word = len(tok.encode(sample).ids) / 5000
+    system = _words(rng, 2000, vocab)
+    user = _words(rng, int(tokens / per_word), vocab)
+    first = {
+        "model": MODEL,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+    }
+    nxt = {
+        "model": MODEL,
+        "messages": first["messages"]
+        + [
+            {"role": "assistant", "content": _words(rng, 60, vocab)},
+            {"role": "user", "content": _words(rng, 150, vocab)},
+        ],
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(Path(tmp) / "tokenizer.json")
+        tok.save(path)
+        next_turn_row(
+            "byte-level BPE", lambda cache: HFRenderer(path, CHATML, {}, cache, 16), first, nxt
+        )
+
+
 def cpu_figures(tokens: int) -> None:
     body = chat(tokens)
     request = route_request(body, Endpoint.CHAT, "r", block_tokens=512, max_prefix_blocks=2048)
@@ -70,6 +171,8 @@ def cpu_figures(tokens: int) -> None:
     print(
         f"tokenize+key {tokens // 1000}K-token prompt ({len(keys)} blocks): {statistics.median(runs) * 1e3:.1f} ms CPU (worker thread)"
     )
+    next_turn_row("sim", lambda cache: SimRenderer(cache, 16), body, chat(tokens, turn=1))
+    bpe_rows(tokens)
     index = EventIndex()
     ids = approx_token_ids(render_chat(body["messages"]))
     n = len(ids) // 16
@@ -145,8 +248,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=100_000, help="prompt size of the CPU figures")
     ap.add_argument("--requests", type=int, default=400, help="timed requests per latency run")
+    ap.add_argument("--cpu-only", action="store_true", help="skip the latency runs")
     args = ap.parse_args()
     cpu_figures(args.tokens)
+    if args.cpu_only:
+        return 0
     for events in (False, True, False, True):
         p50, p99 = asyncio.run(latency(events, args.requests))
         print(

@@ -52,6 +52,13 @@ class TokenizerSettings(_Section):
     timeout_s: float = Field(
         1.0, gt=0, description="a prompt taking longer is counted slow and not used"
     )
+    cache_entries: int = Field(
+        1024,
+        ge=0,
+        description="tokenized prompts kept so a later turn tokenizes only what it adds "
+        "(0: tokenize every prompt whole)",
+    )
+    cache_bytes: int = Field(256 << 20, ge=0, description="memory bound of that token cache")
 
     @model_validator(mode="after")
     def _hf_needs_files(self) -> TokenizerSettings:

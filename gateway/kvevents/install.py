@@ -14,13 +14,22 @@ from gateway.kvevents.intake import EventIntake, Source
 from gateway.kvevents.metrics import KVEventMetrics
 from gateway.kvevents.render import HFRenderer, Renderer, SimRenderer, TokenIdsOnly
 from gateway.kvevents.stage import TokenStage
+from gateway.kvevents.tokcache import TokenCache
 from gateway.state import GatewayState
 from gateway.types import ReplicaId
 
 
-def make_renderer(settings: TokenizerSettings) -> Renderer:
+def make_cache(settings: TokenizerSettings) -> TokenCache | None:
+    if settings.cache_entries == 0 or settings.cache_bytes == 0:
+        return None
+    return TokenCache(settings.cache_entries, settings.cache_bytes)
+
+
+def make_renderer(
+    settings: TokenizerSettings, cache: TokenCache | None = None, block_size: int = 16
+) -> Renderer:
     if settings.kind is TokenizerKind.SIM:
-        return SimRenderer()
+        return SimRenderer(cache, block_size)
     if settings.kind is TokenizerKind.HF:
         assert settings.path is not None
         template = None
@@ -28,7 +37,7 @@ def make_renderer(settings: TokenizerSettings) -> Renderer:
             if settings.chat_template:
                 template = Path(settings.chat_template).read_text()
             specials = {"bos_token": settings.bos_token, "eos_token": settings.eos_token}
-            return HFRenderer(settings.path, template, specials)
+            return HFRenderer(settings.path, template, specials, cache, block_size)
         except (OSError, ValueError, ImportError) as exc:
             raise ConfigError(
                 f"cannot load the tokenizer: {exc}", param="kv_events.tokenizer"
@@ -60,14 +69,16 @@ def install(state: GatewayState) -> None:
     )
     intake = EventIntake(sources, feed, replay_timeout_s=settings.replay_timeout_s)
     tok = settings.tokenizer
+    cache = make_cache(tok) if tok.kind is not TokenizerKind.NONE else None
     stage = TokenStage(
-        make_renderer(tok),
+        make_renderer(tok, cache, settings.block_size),
         bridge,
         block_size=settings.block_size,
         workers=tok.workers,
         max_pending=tok.max_pending,
         timeout_s=tok.timeout_s,
         metrics=metrics,
+        cache=cache,
     )
     state.cluster.set_cache_evidence(evidence)
     state.services.extend((stage, intake))

@@ -10,6 +10,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gateway.kvevents.index import MEDIUM_NAMES, EventIndex, SyncState
+from gateway.kvevents.tokcache import TokenCache
 from gateway.types import ReplicaId
 from gateway.workers.snapshot import MergeMode
 
@@ -131,7 +132,47 @@ class KVEventMetrics:
             multiprocess_mode="livesum",
             registry=r,
         )
+        self.token_cache_lookups = Counter(
+            "kvgate_kv_token_cache_lookups",
+            "Rendered prompts looked up in the token cache: hit (extended incrementally), "
+            "miss, fallback (overlap disagreed, tokenized whole)",
+            ["outcome"],
+            registry=r,
+        )
+        self.token_cache_reused = Counter(
+            "kvgate_kv_token_cache_reused_tokens",
+            "Leading tokens taken from the token cache instead of tokenized again",
+            registry=r,
+        )
+        self.token_cache_entries = Gauge(
+            "kvgate_kv_token_cache_entries",
+            "Tokenized rendered prompts the token cache holds",
+            multiprocess_mode="livesum",
+            registry=r,
+        )
+        self.token_cache_bytes = Gauge(
+            "kvgate_kv_token_cache_bytes",
+            "Approximate memory of the token cache",
+            multiprocess_mode="livesum",
+            registry=r,
+        )
+        self.token_cache_evictions = Gauge(
+            "kvgate_kv_token_cache_evictions",
+            "Entries the token cache dropped for its bounds (since start)",
+            multiprocess_mode="livesum",
+            registry=r,
+        )
         self._registry = registry
+
+    def token_cache(self, outcome: str, reused: int, cache: TokenCache | None) -> None:
+        self.token_cache_lookups.labels(outcome).inc()
+        if reused:
+            self.token_cache_reused.inc(reused)
+        if cache is not None:
+            stats = cache.stats()
+            self.token_cache_entries.set(stats.entries)
+            self.token_cache_bytes.set(stats.bytes)
+            self.token_cache_evictions.set(stats.evictions)
 
     def watch(self, index: EventIndex, states: Callable[[], dict[ReplicaId, SyncState]]) -> None:
         self._registry.register(_IndexCollector(index, states))

@@ -11,6 +11,9 @@ may merge across the cut); a cut in a message's role header keeps the previous m
   characters a token, ids from the characters): what `kvgate sim` engines publish.
 * `HFRenderer`: a HuggingFace `tokenizer.json` and the model's Jinja chat template, as
   vLLM renders chat (optional packages `tokenizers` and `jinja2`).
+
+Given a `TokenCache`, either tokenizes a rendered prompt that extends one seen before
+incrementally (gateway.kvevents.incremental).
 Token-id prompts (`/v1/completions` with a list of ids) need no renderer at all.
 """
 
@@ -18,11 +21,13 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gateway.keys import message_pieces
+from gateway.kvevents.incremental import Encode, Encoded, IncrementalEncoder, plain
+from gateway.kvevents.tokcache import TokenCache
 from gateway.sim.tokenizer import approx_token_ids, render_chat
 from gateway.types import Endpoint
 
@@ -36,6 +41,7 @@ class _Span:
     rendered_start: int  # char offset of the content in the rendered text
     rendered_end: int
     prev_end: int  # rendered char offset where the previous message's content ended
+    ascii: bool  # one character a byte: no decoding to count them
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +51,9 @@ class Rendered:
     spans: tuple[_Span, ...]
     canon_size: int
     exact: bool = False  # token-id prompt: 4 canonical bytes per id
+    keys: Sequence[int] | None = None  # token-block keys, when the encoder computed them
+    reuse: str = ""  # the token cache's answer: "hit", "miss", "fallback" ("" no cache)
+    reused: int = 0  # leading tokens taken from the cache
 
     def stable_tokens(self, end: int) -> int:
         if self.exact:
@@ -59,7 +68,10 @@ class Rendered:
                 break
             within = end - span.canon_start
             if within <= len(span.content):
-                chars = len(span.content[:within].decode("utf-8", "ignore"))
+                if span.ascii:
+                    chars = within
+                else:
+                    chars = len(span.content[:within].decode("utf-8", "ignore"))
                 cut = span.rendered_start + chars
                 inside = True
                 break
@@ -83,9 +95,19 @@ def _content_str(content: Any) -> str | None:
     return None  # images, audio: the engine's tokens are not the text's
 
 
-def _locate(
-    body: Mapping[str, Any], text: str, ids: Sequence[int], ends: Sequence[int]
-) -> Rendered:
+def _encoder(
+    encode: Encode, cache: TokenCache | None, block_size: int
+) -> Callable[[str, bool], Encoded]:
+    return plain(encode) if cache is None else IncrementalEncoder(encode, cache, block_size)
+
+
+def _rendered(enc: Encoded, spans: tuple[_Span, ...], canon: int) -> Rendered:
+    return Rendered(
+        enc.ids, enc.ends, spans, canon, keys=enc.keys, reuse=enc.reuse, reused=enc.reused
+    )
+
+
+def _locate(body: Mapping[str, Any], text: str, enc: Encoded) -> Rendered:
     """Spans of the chat messages of `body` inside the rendered `text`."""
     spans: list[_Span] = []
     canon = 0
@@ -100,13 +122,14 @@ def _locate(
         if found < 0 or value is None:
             break
         start = canon + len(header)
-        spans.append(_Span(start, content, found, found + len(value), prev_end))
+        span = _Span(start, content, found, found + len(value), prev_end, content.isascii())
+        spans.append(span)
         pos = prev_end = found + len(value)
         canon += sum(len(p) for p in pieces)
     else:
-        return Rendered(ids, ends, tuple(spans), canon)
+        return _rendered(enc, tuple(spans), canon)
     # A message the template changed (or a non-text part): nothing from it on is stable.
-    return Rendered(ids, ends, tuple(spans), canon + (1 << 62))
+    return _rendered(enc, tuple(spans), canon + (1 << 62))
 
 
 def _text_prompt(body: Mapping[str, Any]) -> str | list[int] | None:
@@ -131,9 +154,9 @@ def token_id_prompt(body: Mapping[str, Any]) -> Rendered | None:
     return None
 
 
-def _completion(text: str, ids: Sequence[int], ends: Sequence[int]) -> Rendered:
+def _completion(text: str, enc: Encoded) -> Rendered:
     data = text.encode()
-    return Rendered(ids, ends, (_Span(0, data, 0, len(text), 0),), len(data))
+    return _rendered(enc, (_Span(0, data, 0, len(text), 0, data.isascii()),), len(data))
 
 
 class TokenIdsOnly:
@@ -146,24 +169,30 @@ class TokenIdsOnly:
 class SimRenderer:
     """What `gateway.sim` engines see: their fixed chat template, four characters a token."""
 
+    def __init__(self, cache: TokenCache | None = None, block_size: int = 16) -> None:
+        self._encode = _encoder(_sim_encode, cache, block_size)
+
     def render(self, body: Mapping[str, Any], endpoint: Endpoint) -> Rendered | None:
         if endpoint is Endpoint.CHAT:
             messages = body.get("messages")
             if not isinstance(messages, list):
                 return None
             text = render_chat(messages)
-            ids = approx_token_ids(text)
-            return _locate(body, text, ids, _approx_ends(len(ids), len(text)))
+            return _locate(body, text, self._encode(text, False))
         if endpoint is Endpoint.COMPLETIONS:
             prompt = _text_prompt(body)
             if isinstance(prompt, str):
-                ids = approx_token_ids(prompt)
-                return _completion(prompt, ids, _approx_ends(len(ids), len(prompt)))
+                return _completion(prompt, self._encode(prompt, True))
             if isinstance(prompt, list):
                 # The simulator reads token ids as 4 hex characters each (gateway.sim.wire).
                 text = "".join(f"{p & 0xFFFF:04x}" for p in prompt)
                 return Rendered(approx_token_ids(text), (), (), 4 * len(prompt), exact=True)
         return None
+
+
+def _sim_encode(text: str, specials: bool) -> tuple[Sequence[int], Sequence[int]]:
+    ids = approx_token_ids(text)
+    return ids, _approx_ends(len(ids), len(text))
 
 
 def _approx_ends(n: int, size: int) -> array[int]:
@@ -177,11 +206,17 @@ class HFRenderer:
     """A HuggingFace tokenizer file and Jinja chat template (the engine's own)."""
 
     def __init__(
-        self, tokenizer_path: str, chat_template: str | None, specials: Mapping[str, str]
+        self,
+        tokenizer_path: str,
+        chat_template: str | None,
+        specials: Mapping[str, str],
+        cache: TokenCache | None = None,
+        block_size: int = 16,
     ) -> None:
         from tokenizers import Tokenizer
 
         self._tok = Tokenizer.from_file(tokenizer_path)
+        self._encode = _encoder(self._hf_encode, cache, block_size)
         self._template: Any = None
         self._specials = dict(specials)
         if chat_template is not None:
@@ -201,12 +236,14 @@ class HFRenderer:
                 tools=body.get("tools"),
                 **self._specials,
             )
-            enc = self._tok.encode(text, add_special_tokens=False)
-            return _locate(body, text, enc.ids, [e for _, e in enc.offsets])
+            return _locate(body, text, self._encode(text, False))
         if endpoint is Endpoint.COMPLETIONS:
             prompt = _text_prompt(body)
             if isinstance(prompt, str):
-                enc = self._tok.encode(prompt, add_special_tokens=True)
-                return _completion(prompt, enc.ids, [e for _, e in enc.offsets])
+                return _completion(prompt, self._encode(prompt, True))
             return token_id_prompt(body)
         return None
+
+    def _hf_encode(self, text: str, specials: bool) -> tuple[Sequence[int], Sequence[int]]:
+        enc = self._tok.encode(text, add_special_tokens=specials)
+        return enc.ids, [e for _, e in enc.offsets]

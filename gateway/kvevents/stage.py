@@ -10,7 +10,8 @@ should know the prompt.
 Bounded: at most `max_pending` prompts wait; more are dropped (counted) and retried when
 their request ends. A prompt the bridge already knows to its last block, or that is queued,
 is not tokenized again, so a conversation costs one tokenization per turn and none for a
-repeated prompt. A job that runs longer than
+repeated prompt; with the renderer's token cache (gateway.kvevents.incremental) a turn
+tokenizes only what it added to the previous one. A job that runs longer than
 `timeout_s` is counted as slow and its result discarded, so a pathological prompt cannot
 feed the bridge stale answers. The routing decision never waits for any of this: a
 prompt not learnt yet is answered by the approximate index.
@@ -30,13 +31,16 @@ from gateway.hashing import CHARS_PER_TOKEN
 from gateway.hooks import RequestOutcome
 from gateway.kvevents.bridge import PromptBridge
 from gateway.kvevents.metrics import KVEventMetrics
-from gateway.kvevents.render import Renderer
+from gateway.kvevents.render import Rendered, Renderer
+from gateway.kvevents.tokcache import TokenCache
 from gateway.kvevents.tokenkeys import chain_keys, root_seed
 from gateway.types import Endpoint, ReplicaId, RouteRequest
 
 log = logging.getLogger("kvgate.kvevents")
 
 Learnt = tuple[tuple[int, ...], "array[int]", list[int]]
+# (what was learnt, seconds, the token cache's answer, tokens it gave)
+_JobResult = tuple[Learnt | None, float, str, int]
 
 
 def learn_prompt(
@@ -47,12 +51,21 @@ def learn_prompt(
     prompt_block_bytes: int,
     block_size: int,
 ) -> Learnt | None:
-    """(prompt hashes, token-block keys, keys known at each prompt block): pure, threadable."""
+    """(prompt hashes, token-block keys, keys known at each prompt block): threadable."""
     rendered = renderer.render(body, endpoint)
     if rendered is None:
         return None
+    return learn_rendered(rendered, prompt_hashes, prompt_block_bytes, block_size)
+
+
+def learn_rendered(
+    rendered: Rendered, prompt_hashes: Sequence[int], prompt_block_bytes: int, block_size: int
+) -> Learnt:
     ids = rendered.token_ids
-    keys = array("Q", chain_keys(ids, block_size, root_seed()))
+    if rendered.keys is not None:
+        keys = array("Q", rendered.keys)
+    else:
+        keys = array("Q", chain_keys(ids, block_size, root_seed()))
     counts = [
         rendered.stable_tokens((j + 1) * prompt_block_bytes) // block_size
         for j in range(len(prompt_hashes))
@@ -71,8 +84,10 @@ class TokenStage:
         max_pending: int = 64,
         timeout_s: float = 1.0,
         metrics: KVEventMetrics | None = None,
+        cache: TokenCache | None = None,
     ) -> None:
         self.renderer = renderer
+        self.cache = cache  # the renderer's, read for the metrics
         self.bridge = bridge
         self.block_size = block_size
         self.workers = workers
@@ -131,12 +146,15 @@ class TokenStage:
 
     def _job(
         self, body: Mapping[str, Any], endpoint: Endpoint, hashes: Sequence[int], block_bytes: int
-    ) -> tuple[Learnt | None, float]:
+    ) -> _JobResult:
         t0 = time.perf_counter()
-        learnt = learn_prompt(self.renderer, body, endpoint, hashes, block_bytes, self.block_size)
-        return learnt, time.perf_counter() - t0
+        rendered = self.renderer.render(body, endpoint)
+        if rendered is None:
+            return None, time.perf_counter() - t0, "", 0
+        learnt = learn_rendered(rendered, hashes, block_bytes, self.block_size)
+        return learnt, time.perf_counter() - t0, rendered.reuse, rendered.reused
 
-    def _done(self, future: Future[tuple[Learnt | None, float]], last: int) -> None:
+    def _done(self, future: Future[_JobResult], last: int) -> None:
         loop = self._loop
         if loop is None or loop.is_closed():
             return
@@ -145,7 +163,7 @@ class TokenStage:
         except RuntimeError:  # the loop closed meanwhile
             pass
 
-    def _apply(self, future: Future[tuple[Learnt | None, float]], last: int) -> None:
+    def _apply(self, future: Future[_JobResult], last: int) -> None:
         self.pending -= 1
         self._queued.discard(last)
         if future.cancelled():
@@ -155,9 +173,11 @@ class TokenStage:
             log.warning("tokenizer stage failed on a prompt: %r", exc)
             self._count("error")
             return
-        learnt, seconds = future.result()
+        learnt, seconds, reuse, reused = future.result()
         if self.metrics is not None:
             self.metrics.tokenize_seconds.observe(seconds)
+            if reuse:
+                self.metrics.token_cache(reuse, reused, self.cache)
         if learnt is None:
             self._count("unsupported")
             return
