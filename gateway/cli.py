@@ -53,6 +53,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
+    from gateway.allocator import tune_allocator
+
+    tune_allocator()  # before any worker starts: they inherit it through the environment
     if settings.console.enabled:
         from gateway.console.config import console_url
 

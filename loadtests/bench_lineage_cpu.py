@@ -27,6 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from gateway.allocator import tune_allocator
 from gateway.keys import route_request
 from gateway.lineage import Conversations
 from gateway.policy import PolicyContext
@@ -105,7 +106,14 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=100_000, help="size of the last turn")
     ap.add_argument("--turns", type=int, default=30)
     ap.add_argument("--sessions", type=int, default=8)
+    ap.add_argument(
+        "--default-allocator",
+        action="store_true",
+        help="leave glibc's allocator as it is (kvgate serve tunes it: gateway.allocator)",
+    )
     args = ap.parse_args()
+    tuned = False if args.default_allocator else tune_allocator()
+    print(f"allocator tuned as kvgate serve does: {'yes' if tuned else 'no'}")
     print(
         f"{'layout':12} {'tokens':>8} {'hash us':>8} {'record us':>9} {'hash+rec':>9} "
         f"{'placed us':>9} {'lineages':>8}"
