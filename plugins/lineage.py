@@ -24,9 +24,10 @@ conversation's lineage inferred from the prompt (gateway.lineage). Per request:
   of an agent kind onto the replica that first cached the kind's preamble. So the policy
   counts new sessions per branch point (the last cached hash they open with); once
   ``hot_after`` have branched there, the prefix is a shared preamble and a new session
-  from it goes only to replicas within ``session_band`` of the mean above the least, in
-  live sessions and in those sessions' latest prompt tokens (what their next turns send),
-  by cost among those. Hot preambles spread, hot sessions stay.
+  from it goes only to replicas whose load score (live sessions over their mean, plus
+  those sessions' latest prompt tokens, what their next turns send, over their mean) is
+  within ``2 x session_band`` of the lowest, by cost among those. Hot preambles spread,
+  hot sessions stay.
 
 With KV cache events (gateway.kvevents), ``view.cache_evidence`` says what each replica
 really holds of the prompt: ``uncached_r`` then comes from it for every replica it knows
@@ -361,7 +362,8 @@ class Lineage:
         n = len(replicas)
         live = [counts(r.id, 0) for r in replicas]
         mass = [tokens(r.id, 0) for r in replicas]
-        # One dimensionless score: each count over its mean (a session is at least 1).
+        # One dimensionless score, each count over its mean. The band is at least one
+        # session's worth on each ratio: at light load a share of the mean admits no one.
         mean_live = max(1.0, sum(live) / n)
         mean_mass = max(1.0, sum(mass) / n)
         score = [c / mean_live + m / mean_mass for c, m in zip(live, mass, strict=True)]
