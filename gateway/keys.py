@@ -47,6 +47,7 @@ import xxhash
 _xxh3 = xxhash.xxh3_64_intdigest
 from gateway.hashing import (
     CHARS_PER_TOKEN,
+    JOIN_PIECES,
     OPENER_BYTES,
     approx_tokens,
     digest_hex,
@@ -114,6 +115,27 @@ def message_pieces(message: Mapping[str, Any]) -> list[bytes]:
     if tool_calls:
         pieces.append(orjson.dumps(tool_calls))
     return pieces
+
+
+def _chat_stream(messages: Sequence[Mapping[str, Any]]) -> list[bytes]:
+    """`message_pieces` of every message in one flat list, three pieces a message (the
+    tool calls' piece empty when there are none), so that message i is items 3i..3i+2.
+
+    Inlined and flat: an agent prompt carries hundreds of messages, and a call and a list
+    per message cost more than encoding its text.
+    """
+    headers = _HEADERS
+    out: list[bytes] = []
+    append = out.append
+    for message in messages:
+        role = message.get("role")
+        header = headers.get(role) if type(role) is str else None
+        append(header or _role_header(role))
+        content = message.get("content")
+        append(content.encode() if type(content) is str else _part_bytes(content))
+        tool_calls = message.get("tool_calls")
+        append(orjson.dumps(tool_calls) if tool_calls else b"")
+    return out
 
 
 def message_bytes(message: Mapping[str, Any]) -> bytes:
@@ -344,12 +366,22 @@ def route_request(
     conversation of a prompt that brought no session id of its own (gateway.lineage).
     """
     model = body["model"]
-    parts = prompt_pieces(body, endpoint)
+    parts: Sequence[Sequence[bytes]]
+    if endpoint is Endpoint.CHAT:
+        messages = body.get("messages") or ()
+        pieces = _chat_stream(messages)
+        # Only the opening messages name the conversation: their pieces, not all of them.
+        parts = [pieces[i : i + 3] for i in range(0, 3 * _conversation_head(messages), 3)]
+    else:
+        parts = prompt_pieces(body, endpoint)
+        pieces = [piece for message in parts for piece in message]
     chatlike = endpoint is Endpoint.CHAT or _is_chatlike(endpoint)
     key, source = session_key(
         body, endpoint, session_header, completion_key_chars, parts, user_is_session
     )
-    pieces = [piece for message in parts for piece in message]
+    if len(pieces) > JOIN_PIECES:
+        # One message per turn: every step below then walks one piece, not hundreds.
+        pieces = [b"".join(pieces)]
     size = sum(map(len, pieces))
     hashes: tuple[int, ...] = ()
     openers: tuple[int, ...] = ()

@@ -8,6 +8,7 @@ from gateway.hashing import (
     digest_hex,
     hash_key,
     model_seed,
+    stream_block_hashes,
     vnode_hash,
 )
 
@@ -57,3 +58,14 @@ def test_approx_tokens_and_digest() -> None:
     assert approx_tokens(1) == 1
     assert approx_tokens(8) == 2
     assert len(digest_hex("u")) == 32 and digest_hex("u") == digest_hex(b"u")
+
+
+@pytest.mark.parametrize("count", [1, 3, 8, 9, 64])
+def test_stream_block_hashes_equal_hashes_of_the_join(count: int) -> None:
+    # Pieces of uneven sizes, some shorter than a block, some straddling several; 9 and
+    # more are joined first, fewer are streamed: both must give the join's hashes.
+    pieces = [bytes([65 + i % 26]) * (70 + 131 * i % 700) for i in range(count)]
+    data = b"".join(pieces)
+    for limit in (0, 2, 10**6):
+        assert stream_block_hashes(pieces, 64, 7, limit) == block_hashes(data, 64, 7, limit)
+    assert stream_block_hashes(pieces, 64, 7) != stream_block_hashes(pieces, 64, 8)

@@ -203,3 +203,29 @@ def test_non_chat_routes_have_a_prompt_size() -> None:
     for endpoint, body in cases:
         request = route_request(body, endpoint, "r")
         assert request.prompt_tokens >= 20 and request.endpoint is endpoint, endpoint
+
+
+def test_chat_hashes_and_key_are_those_of_the_message_bytes() -> None:
+    # The request path encodes chat messages in one flat pass (and joins many of them);
+    # what it hashes must stay the canonical bytes of each message, in order, for any
+    # number of messages, tool calls, content parts and odd roles.
+    from gateway.hashing import block_hashes, model_seed
+    from gateway.keys import message_bytes
+
+    def message(i: int) -> dict[str, Any]:
+        m: dict[str, Any] = {"role": ("system", "user", "assistant", "tool", "critic")[i % 5]}
+        m["content"] = f"turn {i} " + "w" * (37 * i % 900)
+        if i % 4 == 2:
+            m["tool_calls"] = [{"id": f"c{i}", "type": "function", "function": {"name": "f"}}]
+        if i % 7 == 3:
+            m["content"] = [{"type": "text", "text": f"part {i}"}, {"type": "image_url"}]
+        return m
+
+    for count in (1, 2, 3, 9, 40):
+        messages = [message(i) for i in range(count)]
+        body = {"model": "m", "messages": messages}
+        r = route_request(body, Endpoint.CHAT, "q", block_tokens=16, max_prefix_blocks=10**6)
+        data = b"".join(message_bytes(m) for m in messages)
+        assert r.prefix_hashes == block_hashes(data, 64, model_seed("m"))
+        assert len(r.prefix_hashes) == len(data) // 64
+        assert r.session_key == session_key(body, Endpoint.CHAT, None)[0]
