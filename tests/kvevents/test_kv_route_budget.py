@@ -4,7 +4,6 @@ the sim tokenizer (made slow by a renderer that takes its time, where a test nee
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -231,4 +230,14 @@ async def test_no_replica_synced_means_no_wait() -> None:
         assert time.perf_counter() - t0 < 0.3
         assert waits(gw, "unsynced") == 1
         await until(lambda: idle(feature))
-        await asyncio.sleep(0)
+
+
+async def test_without_kv_events_the_request_path_has_no_hook() -> None:
+    async with (
+        sim_engines(1, "tiny", kv_events=KVEventsOptions()) as engines,
+        gateway(engines, kv_events={"enabled": False, "tokenizer": {"kind": "sim"}}) as gw,
+        openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client,
+    ):
+        assert gw.state.pre_route is None
+        served, _, _ = await ask(client, chat("merge"))
+        assert served == "e0"
