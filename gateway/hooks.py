@@ -27,6 +27,10 @@ request path pays nothing for a feature that is not configured:
 * `state.dispatch_observers: list[DispatchObserver]` -- called with (request, replica, body)
   each time an attempt is sent to a replica, before its response arrives (KV cache events
   count the prompt as about to be cached there). Quick, never raising, never blocking.
+* `state.pre_route: PreRoute | None` -- called with (request, body) just before the
+  routing decision; returns None (route now) or an awaitable the proxy awaits first (KV
+  cache events tokenize a prompt they do not know yet, bounded by their budget). Must be
+  quick when it returns None; the awaitable must end on its own within its budget.
 * `state.cluster.publish_load(replica, EngineLoad)` -- the scraper's input.
 * `state.services: list[Service]` -- started in order in the lifespan, stopped in reverse.
 """
@@ -74,6 +78,7 @@ class RequestOutcome:
 
 OutcomeObserver = Callable[[RequestOutcome], None]
 DispatchObserver = Callable[[RouteRequest, ReplicaId, Mapping[str, Any]], None]
+PreRoute = Callable[[RouteRequest, Mapping[str, Any]], Awaitable[None] | None]
 Release = Callable[[], None]
 
 

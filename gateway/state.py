@@ -18,6 +18,7 @@ from gateway.hooks import (
     DispatchObserver,
     LocalPlacements,
     OutcomeObserver,
+    PreRoute,
     RequestTracer,
     Service,
     SessionPlacements,
@@ -46,6 +47,7 @@ class GatewayState:
     observers: list[OutcomeObserver] = field(default_factory=list)
     dispatch_observers: list[DispatchObserver] = field(default_factory=list)
     admission: AdmissionGate | None = None
+    pre_route: PreRoute | None = None
     dispatcher: Dispatcher | None = None
     tracer: RequestTracer | None = None
     placements: SessionPlacements | None = field(default_factory=LocalPlacements)

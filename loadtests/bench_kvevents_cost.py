@@ -12,7 +12,11 @@ the request path's latency with events on and off at one client.
   request each time);
 * latency: median and p99 of 400 sequential chat requests through a gateway in front of 4
   `instant` simulated engines, with kv_events off, then on (engines publishing, gateway
-  subscribed, `sim` tokenizer), each after 50 warm-up requests.
+  subscribed, `sim` tokenizer) with the pre-routing wait off (`route_budget_ms: 0`) and on
+  (the default budget), each after 50 warm-up requests. Two workloads: `turns`
+  (conversations of 5 turns sharing a preamble: the bridge knows each prompt to near its
+  end, no wait) and `new` (every prompt opens with text never seen: each decision waits for
+  its prompt's tokenization), with the count of each wait outcome.
 
     python loadtests/bench_kvevents_cost.py
 """
@@ -36,6 +40,7 @@ import httpx
 
 from gateway.keys import route_request
 from gateway.kvevents.bridge import PromptBridge
+from gateway.kvevents.config import DEFAULT_ROUTE_BUDGET_MS
 from gateway.kvevents.evidence import EventEvidence
 from gateway.kvevents.feed import EventFeed
 from gateway.kvevents.index import EventIndex
@@ -216,7 +221,9 @@ def cpu_figures(tokens: int) -> None:
     )
 
 
-async def latency(events: bool, requests: int) -> tuple[float, float]:
+async def latency(
+    events: bool, requests: int, budget_ms: float, fresh: bool
+) -> tuple[float, float, dict[str, int]]:
     async with sim_engines(4, "instant", kv_events=KVEventsOptions()) as engines:
         sources = [
             {
@@ -227,12 +234,17 @@ async def latency(events: bool, requests: int) -> tuple[float, float]:
             }  # type: ignore[union-attr]
             for e in engines
         ]
-        kv = {"enabled": events, "sources": sources, "tokenizer": {"kind": "sim"}}
+        tokenizer = {"kind": "sim", "route_budget_ms": budget_ms}
+        kv = {"enabled": events, "sources": sources, "tokenizer": tokenizer}
         async with gateway(engines, kv_events=kv) as gw, httpx.AsyncClient(base_url=gw.url) as http:
             times = []
             for i in range(requests + 50):
                 body = chat(300, turn=i % 5)
                 body["messages"][1]["content"] += f" session {i // 5}"
+                if fresh:
+                    body["messages"][0]["content"] = (
+                        f"request {i}: " + body["messages"][0]["content"]
+                    )
                 body["max_tokens"] = 4
                 t0 = time.perf_counter()
                 r = await http.post("/v1/chat/completions", json=body)
@@ -240,8 +252,13 @@ async def latency(events: bool, requests: int) -> tuple[float, float]:
                 assert r.status_code == 200, r.text
                 if i >= 50:
                     times.append(dt)
+            waits: dict[str, int] = {}
+            for family in gw.state.metrics.registry.collect():
+                for sample in family.samples:
+                    if sample.name == "kvgate_kv_route_waits_total":
+                        waits[sample.labels["outcome"]] = int(sample.value)
             times.sort()
-            return statistics.median(times), times[int(0.99 * len(times))]
+            return statistics.median(times), times[int(0.99 * len(times))], waits
 
 
 def main() -> int:
@@ -253,11 +270,17 @@ def main() -> int:
     cpu_figures(args.tokens)
     if args.cpu_only:
         return 0
-    for events in (False, True, False, True):
-        p50, p99 = asyncio.run(latency(events, args.requests))
-        print(
-            f"request path, 1 client, events {'on ' if events else 'off'}: p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms"
-        )
+    runs = [(False, 0.0), (True, 0.0), (True, DEFAULT_ROUTE_BUDGET_MS)]
+    for workload in ("turns", "new"):
+        for events, budget in runs * 2:
+            p50, p99, waits = asyncio.run(latency(events, args.requests, budget, workload == "new"))
+            name = f"on, budget {budget:g} ms" if events else "off"
+            shown = ", ".join(f"{k} {v}" for k, v in sorted(waits.items()))
+            print(
+                f"request path, 1 client, {workload}, events {name}: "
+                f"p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms"
+                + (f" (waits: {shown})" if shown else "")
+            )
     return 0
 
 

@@ -45,6 +45,11 @@ class PromptBridge:
     def knows(self, prompt_hash: int) -> bool:
         return prompt_hash in self._map
 
+    def knows_near(self, prompt_hashes: Sequence[int], blocks: int) -> bool:
+        """Whether one of the prompt's last `blocks` hashes was learnt."""
+        m = self._map
+        return any(h in m for h in prompt_hashes[-blocks:])
+
     def lookup(self, prompt_hashes: Sequence[int]) -> tuple[array[int], int] | None:
         """(token-block keys, how many of them) for the longest learnt leading part of the
         prompt, or None when not even its first block was learnt."""

@@ -59,6 +59,9 @@ class EventFeed:
     def states(self) -> dict[ReplicaId, SyncState]:
         return {rid: self.state(rid) for rid in self._replicas}
 
+    def any_synced(self) -> bool:
+        return any(self.state(rid) is SyncState.SYNCED for rid in self._replicas)
+
     def _set(self, replica: ReplicaId, r: _Replica, state: SyncState) -> None:
         if state is SyncState.WARMING and r.state is not SyncState.WARMING:
             r.warming_since = self.clock()

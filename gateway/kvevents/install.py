@@ -79,8 +79,12 @@ def install(state: GatewayState) -> None:
         timeout_s=tok.timeout_s,
         metrics=metrics,
         cache=cache,
+        route_budget_s=tok.route_budget_ms / 1000,
+        synced=feed.any_synced,
     )
     state.cluster.set_cache_evidence(evidence)
+    if tok.route_budget_ms > 0:
+        state.pre_route = stage.before_route
     state.services.extend((stage, intake))
     state.dispatch_observers.extend((evidence.dispatched, stage.dispatched))
     state.observers.extend((evidence.finished, stage))

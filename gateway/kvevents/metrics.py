@@ -126,6 +126,20 @@ class KVEventMetrics:
             buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0),
             registry=r,
         )
+        self.route_waits = Counter(
+            "kvgate_kv_route_waits",
+            "Routing decisions and the tokenizer stage: in_time (learnt before the decision), "
+            "over_budget, cancelled (the client left), known (the bridge knew the prompt), "
+            "queue_full, unsynced (no replica's events to look it up in)",
+            ["outcome"],
+            registry=r,
+        )
+        self.route_wait_seconds = Histogram(
+            "kvgate_kv_route_wait_seconds",
+            "Time a routing decision waited for its prompt's tokenization",
+            buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.1),
+            registry=r,
+        )
         self.bridge_entries = Gauge(
             "kvgate_kv_bridge_entries",
             "Prompt blocks mapped to engine token blocks",

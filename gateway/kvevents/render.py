@@ -80,7 +80,13 @@ class Rendered:
         return max(0, n - MARGIN_TOKENS) if inside else n
 
 
+_BOTH = frozenset((Endpoint.CHAT, Endpoint.COMPLETIONS))
+
+
 class Renderer(Protocol):
+    # The endpoints whose prompts it can render at all (others are not handed to it).
+    endpoints: frozenset[Endpoint]
+
     def render(self, body: Mapping[str, Any], endpoint: Endpoint) -> Rendered | None: ...
 
 
@@ -162,12 +168,16 @@ def _completion(text: str, enc: Encoded) -> Rendered:
 class TokenIdsOnly:
     """No tokenizer configured: only token-id prompts, which need none."""
 
+    endpoints = frozenset((Endpoint.COMPLETIONS,))
+
     def render(self, body: Mapping[str, Any], endpoint: Endpoint) -> Rendered | None:
         return token_id_prompt(body) if endpoint is Endpoint.COMPLETIONS else None
 
 
 class SimRenderer:
     """What `gateway.sim` engines see: their fixed chat template, four characters a token."""
+
+    endpoints = _BOTH
 
     def __init__(self, cache: TokenCache | None = None, block_size: int = 16) -> None:
         self._encode = _encoder(_sim_encode, cache, block_size)
@@ -219,6 +229,8 @@ class HFRenderer:
         self._encode = _encoder(self._hf_encode, cache, block_size)
         self._template: Any = None
         self._specials = dict(specials)
+        # Without a chat template only completions prompts can be rendered.
+        self.endpoints = _BOTH if chat_template is not None else frozenset((Endpoint.COMPLETIONS,))
         if chat_template is not None:
             from jinja2.sandbox import ImmutableSandboxedEnvironment
 

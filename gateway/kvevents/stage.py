@@ -13,8 +13,17 @@ is not tokenized again, so a conversation costs one tokenization per turn and no
 repeated prompt; with the renderer's token cache (gateway.kvevents.incremental) a turn
 tokenizes only what it added to the previous one. A job that runs longer than
 `timeout_s` is counted as slow and its result discarded, so a pathological prompt cannot
-feed the bridge stale answers. The routing decision never waits for any of this: a
-prompt not learnt yet is answered by the approximate index.
+feed the bridge stale answers; a prompt whose job taught nothing (slow, unsupported,
+failed) is remembered for a while and not tried again.
+
+Before routing (`before_route`, the proxy's `pre_route` hook, with `route_budget_s` > 0): a
+prompt the bridge does not know to within `NEAR_BLOCKS` of its end (a conversation this
+process has not seen, sent before by another gateway or client) is submitted then, and the
+decision waits for it at most `route_budget_s`, on the event loop without blocking it. What
+finishes in time routes on the engines' events; what does not is answered by the
+approximate index, and the job still teaches the bridge when it ends (the dispatch
+observer finds it queued and does not submit it again). A full queue, or no replica whose
+events could answer, means no wait.
 """
 
 from __future__ import annotations
@@ -23,7 +32,8 @@ import asyncio
 import logging
 import time
 from array import array
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -41,6 +51,12 @@ log = logging.getLogger("kvgate.kvevents")
 Learnt = tuple[tuple[int, ...], "array[int]", list[int]]
 # (what was learnt, seconds, the token cache's answer, tokens it gave)
 _JobResult = tuple[Learnt | None, float, str, int]
+
+# A prompt the bridge knows up to one of its last NEAR_BLOCKS prompt blocks is routed at
+# once: what it adds is new text (the turn's message), which no replica can hold unless
+# sent there by someone else, and it is at most a block or two.
+NEAR_BLOCKS = 2
+_FRUITLESS = 1024  # prompts whose job taught nothing, remembered so as not to retry them
 
 
 def learn_prompt(
@@ -85,6 +101,8 @@ class TokenStage:
         timeout_s: float = 1.0,
         metrics: KVEventMetrics | None = None,
         cache: TokenCache | None = None,
+        route_budget_s: float = 0.0,
+        synced: Callable[[], bool] | None = None,
     ) -> None:
         self.renderer = renderer
         self.cache = cache  # the renderer's, read for the metrics
@@ -94,10 +112,21 @@ class TokenStage:
         self.max_pending = max_pending
         self.timeout_s = timeout_s
         self.metrics = metrics
+        self.route_budget_s = route_budget_s
+        self._synced = synced  # whether any replica's events are complete (else: no wait)
+        self.endpoints = renderer.endpoints & {Endpoint.CHAT, Endpoint.COMPLETIONS}
         self.pending = 0
         self._queued: set[int] = set()  # last prompt hash of each job waiting or running
+        self._fruitless: OrderedDict[int, None] = OrderedDict()
+        # Routing decisions waiting for a job, by its last prompt hash.
+        self._waiters: dict[int, list[asyncio.Future[None]]] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def waiting(self) -> int:
+        """Routing decisions waiting for the stage now."""
+        return sum(len(w) for w in self._waiters.values())
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -123,25 +152,76 @@ class TokenStage:
         if outcome.ok and outcome.request is not None and outcome.body is not None:
             self._submit(outcome.request, outcome.body, count_known=False)
 
-    def _submit(self, request: RouteRequest, body: Mapping[str, Any], *, count_known: bool) -> None:
-        pool = self._pool
+    def before_route(
+        self, request: RouteRequest, body: Mapping[str, Any]
+    ) -> Awaitable[None] | None:
+        """The proxy's `pre_route` hook: None (route now), or a wait of at most the budget
+        for the prompt's tokenization."""
         hashes = request.prefix_hashes
-        if pool is None or not hashes or not body:
-            return
-        if request.endpoint not in (Endpoint.CHAT, Endpoint.COMPLETIONS):
+        if self._pool is None or not hashes or not body or request.endpoint not in self.endpoints:
+            return None
+        last = hashes[-1]
+        if self.bridge.knows_near(hashes, NEAR_BLOCKS) or last in self._fruitless:
+            self._route_count("known")
+            return None
+        if self._synced is not None and not self._synced():
+            self._route_count("unsynced")
+            return None
+        if last not in self._queued:
+            if self.pending >= self.max_pending:
+                self._route_count("queue_full")
+                return None
+            self._start(request, body, last)
+        # Queued already (the same prompt sent by another request): wait for that job.
+        return self._wait(last)
+
+    async def _wait(self, last: int) -> None:
+        assert self._loop is not None
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        self._waiters.setdefault(last, []).append(waiter)
+        t0 = time.perf_counter()
+        outcome = "cancelled"
+        try:
+            async with asyncio.timeout(self.route_budget_s):
+                await waiter
+            outcome = "in_time"
+        except TimeoutError:
+            outcome = "over_budget"
+        finally:
+            waiting = self._waiters.get(last)
+            if waiting is not None and waiter in waiting:
+                waiting.remove(waiter)
+                if not waiting:
+                    del self._waiters[last]
+            self._route_count(outcome)
+            if self.metrics is not None:
+                self.metrics.route_wait_seconds.observe(time.perf_counter() - t0)
+
+    def _route_count(self, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.route_waits.labels(outcome).inc()
+
+    def _submit(self, request: RouteRequest, body: Mapping[str, Any], *, count_known: bool) -> None:
+        hashes = request.prefix_hashes
+        if self._pool is None or not hashes or not body or request.endpoint not in self.endpoints:
             return
         last = hashes[-1]
-        if last in self._queued or self.bridge.knows(last):
+        if last in self._queued or self.bridge.knows(last) or last in self._fruitless:
             if count_known:
                 self._count("known")
             return
         if self.pending >= self.max_pending:
             self._count("dropped")
             return
+        self._start(request, body, last)
+
+    def _start(self, request: RouteRequest, body: Mapping[str, Any], last: int) -> None:
+        assert self._pool is not None
         self.pending += 1
         self._queued.add(last)
         bytes_per_block = request.block_tokens * CHARS_PER_TOKEN
-        future = pool.submit(self._job, body, request.endpoint, hashes, bytes_per_block)
+        hashes = request.prefix_hashes
+        future = self._pool.submit(self._job, body, request.endpoint, hashes, bytes_per_block)
         future.add_done_callback(lambda f: self._done(f, last))
 
     def _job(
@@ -166,26 +246,36 @@ class TokenStage:
     def _apply(self, future: Future[_JobResult], last: int) -> None:
         self.pending -= 1
         self._queued.discard(last)
-        if future.cancelled():
-            return
+        try:
+            if not future.cancelled():
+                outcome = self._learn(future)
+                self._count(outcome)
+                if outcome != "done":
+                    self._fruitless[last] = None
+                    if len(self._fruitless) > _FRUITLESS:
+                        self._fruitless.popitem(last=False)
+        finally:
+            # After the bridge learnt: the decisions waiting for it route on what it knows.
+            for waiter in self._waiters.pop(last, ()):
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    def _learn(self, future: Future[_JobResult]) -> str:
         exc = future.exception()
         if exc is not None:
             log.warning("tokenizer stage failed on a prompt: %r", exc)
-            self._count("error")
-            return
+            return "error"
         learnt, seconds, reuse, reused = future.result()
         if self.metrics is not None:
             self.metrics.tokenize_seconds.observe(seconds)
             if reuse:
                 self.metrics.token_cache(reuse, reused, self.cache)
         if learnt is None:
-            self._count("unsupported")
-            return
+            return "unsupported"
         if seconds > self.timeout_s:
-            self._count("slow")
-            return
+            return "slow"
         hashes, keys, counts = learnt
         self.bridge.learn(hashes, keys, counts)
-        self._count("done")
         if self.metrics is not None:
             self.metrics.bridge_entries.set(len(self.bridge))
+        return "done"

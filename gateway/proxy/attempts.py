@@ -1,6 +1,8 @@
 """Routing, admission and attempts: choose once, maybe wait, then fail over down the ranking.
 
-`Attempts.open(ex)` returns the `Leg` whose response headers arrived. Retries are declared
+`Attempts.open(ex)` returns the `Leg` whose response headers arrived. Before the decision,
+`state.pre_route` (when a feature set it) may make the request wait a bounded time for
+what the decision needs (KV cache events: the prompt's token blocks). Retries are declared
 once (tenacity): retryable errors only, never the same replica twice, bounded in count and
 in time since the first failure, and for a streamed upload only while none of its bytes
 went out (a refused connection, a busy pool). The first attempt runs bare, so the common case pays
@@ -73,6 +75,10 @@ class Attempts:
         upload = ex.upload
         trace = ex.trace
         started_ns = time.time_ns() if trace is not None else 0
+        if state.pre_route is not None:
+            ready = state.pre_route(request, body)
+            if ready is not None:
+                await ready
         view = cluster.view()
         choice = state.router.choose(request, view)
         pinned = request.sticky_replica

@@ -87,3 +87,13 @@ def test_bridge_is_bounded() -> None:
     bridge.learn((1, 2, 3), array("Q", [9, 8, 7]), [1, 2, 3])
     assert not bridge.knows(1) and bridge.knows(3)
     assert bridge.lookup((1, 2, 3, 4)) == (array("Q", [9, 8, 7]), 3)
+
+
+def test_knows_near_looks_at_the_last_blocks_only() -> None:
+    bridge = PromptBridge()
+    bridge.learn([1, 2, 3], array("Q", [7, 8, 9]), [1, 2, 3])
+    assert bridge.knows_near([1, 2, 3], 2)
+    assert bridge.knows_near([1, 2, 3, 40], 2)  # the next turn adds a block: near enough
+    assert not bridge.knows_near([1, 2, 3, 40, 41], 2)
+    assert bridge.knows_near([1, 2, 3, 40, 41], 3)
+    assert not bridge.knows_near([], 2)
