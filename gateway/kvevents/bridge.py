@@ -45,20 +45,23 @@ class PromptBridge:
     def knows(self, prompt_hash: int) -> bool:
         return prompt_hash in self._map
 
-    def knows_near(self, prompt_hashes: Sequence[int], blocks: int) -> bool:
-        """Whether one of the prompt's last `blocks` hashes was learnt."""
-        m = self._map
-        return any(h in m for h in prompt_hashes[-blocks:])
+    def known_blocks(self, prompt_hashes: Sequence[int]) -> int:
+        """How many leading blocks of the prompt the longest learnt part covers."""
+        return self._longest(prompt_hashes) + 1
 
     def lookup(self, prompt_hashes: Sequence[int]) -> tuple[array[int], int] | None:
         """(token-block keys, how many of them) for the longest learnt leading part of the
         prompt, or None when not even its first block was learnt."""
+        found = self._longest(prompt_hashes)
+        return self._map[prompt_hashes[found]] if found >= 0 else None
+
+    def _longest(self, prompt_hashes: Sequence[int]) -> int:
+        """Index of the deepest learnt prompt hash, or -1."""
         m = self._map
         n = len(prompt_hashes)
         for j in range(n - 1, max(-1, n - 1 - _LINEAR_PROBES), -1):
-            hit = m.get(prompt_hashes[j])
-            if hit is not None:
-                return hit
+            if prompt_hashes[j] in m:
+                return j
         lo, hi = 0, n - 1 - _LINEAR_PROBES
         found = -1
         while lo <= hi:
@@ -67,4 +70,4 @@ class PromptBridge:
                 found, lo = mid, mid + 1
             else:
                 hi = mid - 1
-        return m[prompt_hashes[found]] if found >= 0 else None
+        return found

@@ -17,8 +17,8 @@ feed the bridge stale answers; a prompt whose job taught nothing (slow, unsuppor
 failed) is remembered for a while and not tried again.
 
 Before routing (`before_route`, the proxy's `pre_route` hook, with `route_budget_s` > 0): a
-prompt the bridge does not know to within `NEAR_BLOCKS` of its end (a conversation this
-process has not seen, sent before by another gateway or client) is submitted then, and the
+prompt the bridge knows less than half of (a conversation this process has not seen, sent
+before by another gateway or client; the first prompt of its kind) is submitted then, and the
 decision waits for it at most `route_budget_s`, on the event loop without blocking it. What
 finishes in time routes on the engines' events; what does not is answered by the
 approximate index, and the job still teaches the bridge when it ends (the dispatch
@@ -52,9 +52,10 @@ Learnt = tuple[tuple[int, ...], "array[int]", list[int]]
 # (what was learnt, seconds, the token cache's answer, tokens it gave)
 _JobResult = tuple[Learnt | None, float, str, int]
 
-# A prompt the bridge knows up to one of its last NEAR_BLOCKS prompt blocks is routed at
-# once: what it adds is new text (the turn's message), which no replica can hold unless
-# sent there by someone else, and it is at most a block or two.
+# A prompt the bridge knows at least half of, or all but NEAR_BLOCKS prompt blocks of, is
+# routed at once: the rest is what this turn adds (a message, a tool's output), new text
+# that no replica holds, so tokenizing it first would delay the decision and change nothing.
+# Less than that known means that most of the prompt was sent by someone else.
 NEAR_BLOCKS = 2
 _FRUITLESS = 1024  # prompts whose job taught nothing, remembered so as not to retry them
 
@@ -161,7 +162,8 @@ class TokenStage:
         if self._pool is None or not hashes or not body or request.endpoint not in self.endpoints:
             return None
         last = hashes[-1]
-        if self.bridge.knows_near(hashes, NEAR_BLOCKS) or last in self._fruitless:
+        unknown = len(hashes) - self.bridge.known_blocks(hashes)
+        if unknown <= max(NEAR_BLOCKS, len(hashes) // 2) or last in self._fruitless:
             self._route_count("known")
             return None
         if self._synced is not None and not self._synced():

@@ -89,11 +89,13 @@ def test_bridge_is_bounded() -> None:
     assert bridge.lookup((1, 2, 3, 4)) == (array("Q", [9, 8, 7]), 3)
 
 
-def test_knows_near_looks_at_the_last_blocks_only() -> None:
+def test_known_blocks_is_the_longest_learnt_leading_part() -> None:
     bridge = PromptBridge()
     bridge.learn([1, 2, 3], array("Q", [7, 8, 9]), [1, 2, 3])
-    assert bridge.knows_near([1, 2, 3], 2)
-    assert bridge.knows_near([1, 2, 3, 40], 2)  # the next turn adds a block: near enough
-    assert not bridge.knows_near([1, 2, 3, 40, 41], 2)
-    assert bridge.knows_near([1, 2, 3, 40, 41], 3)
-    assert not bridge.knows_near([], 2)
+    assert bridge.known_blocks([1, 2, 3]) == 3
+    assert bridge.known_blocks([1, 2, 3, 40, 41]) == 3  # the next turn adds two blocks
+    assert bridge.known_blocks([1, 2, 5, 6]) == 2  # a branch after the second block
+    long = [1, 2, 3, *range(100, 140)]  # past the linear probes: the binary search
+    assert bridge.known_blocks(long) == 3
+    assert bridge.known_blocks([50, 51]) == 0
+    assert bridge.known_blocks([]) == 0

@@ -252,7 +252,14 @@ async def test_events_stopped_mid_run_under_load_cost_no_request_and_come_back()
             await until(lambda: feature.feed.state("e0") is SyncState.SYNCED, timeout=10)  # type: ignore[arg-type]
             phase["n"] = 2
             resumed = lookups(gw, "precise")
-            await until(lambda: lookups(gw, "precise") > resumed, timeout=10)
+
+            def fed_again() -> bool:
+                # Precise answers again, and e0's own events feed its index: new sessions
+                # reach the emptied replica (which ones do depends on timing, so wait).
+                blocks = feature.index.blocks("e0")  # type: ignore[arg-type]
+                return lookups(gw, "precise") > resumed and bool(blocks and blocks.media)
+
+            await until(fed_again, timeout=10)
             phase["n"] = 3
         finally:
             phase["n"] = 3
