@@ -55,7 +55,8 @@ _JobResult = tuple[Learnt | None, float, str, int]
 # A prompt the bridge knows at least half of, or all but NEAR_BLOCKS prompt blocks of, is
 # routed at once: the rest is what this turn adds (a message, a tool's output), new text
 # that no replica holds, so tokenizing it first would delay the decision and change nothing.
-# Less than that known means that most of the prompt was sent by someone else.
+# Less than that known (or none of it, however short) means that most of the prompt was
+# sent by someone else, or is the first of its kind.
 NEAR_BLOCKS = 2
 _FRUITLESS = 1024  # prompts whose job taught nothing, remembered so as not to retry them
 
@@ -162,8 +163,10 @@ class TokenStage:
         if self._pool is None or not hashes or not body or request.endpoint not in self.endpoints:
             return None
         last = hashes[-1]
-        unknown = len(hashes) - self.bridge.known_blocks(hashes)
-        if unknown <= max(NEAR_BLOCKS, len(hashes) // 2) or last in self._fruitless:
+        known = self.bridge.known_blocks(hashes)
+        if (known and len(hashes) - known <= max(NEAR_BLOCKS, len(hashes) // 2)) or (
+            last in self._fruitless
+        ):
             self._route_count("known")
             return None
         if self._synced is not None and not self._synced():

@@ -174,6 +174,36 @@ async def test_a_slow_tokenizer_never_delays_the_decision_past_the_budget() -> N
         assert samples(gw, "kvgate_kv_evidence_lookups_total", outcome="precise") > 0
 
 
+async def test_only_a_prompt_mostly_unknown_to_the_bridge_waits() -> None:
+    async with (
+        sim_engines(2, "tiny", kv_events=KVEventsOptions()) as engines,
+        gateway(engines, **settings(engines, 500.0)) as gw,
+        openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client,
+    ):
+        feature = await synced(gw, engines)
+        convo = chat("lexer", words=20)
+        _, _, answer = await ask(client, convo)  # never seen: tokenized first
+        assert waits(gw, "in_time") == 1
+        await until(lambda: idle(feature))
+        # The next turn adds a tool output of many blocks, but under half the prompt: new
+        # text that no replica holds, routed at once on what the first turn taught.
+        convo += [
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": "Tool output: " + "token stream ok. " * 12},
+        ]
+        known = feature.bridge.known_blocks(prompt_hashes(convo))
+        assert len(prompt_hashes(convo)) - known > 2
+        await ask(client, convo)
+        assert waits(gw, "known") == 1 and waits(gw, "in_time") == 1
+        await until(lambda: idle(feature))
+        # The same system prompt before a long new question: the bridge knows only its
+        # first blocks, so this one waits.
+        other = [convo[0], {"role": "user", "content": "Rewrite the lexer in Rust. " * 40}]
+        assert 0 < feature.bridge.known_blocks(prompt_hashes(other)) < 4
+        await ask(client, other)
+        assert waits(gw, "in_time") == 2 and waits(gw, "known") == 1
+
+
 async def test_a_full_queue_routes_without_waiting_and_every_slot_comes_back() -> None:
     async with (
         sim_engines(2, "tiny", kv_events=KVEventsOptions()) as engines,
