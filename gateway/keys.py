@@ -47,7 +47,6 @@ import xxhash
 _xxh3 = xxhash.xxh3_64_intdigest
 from gateway.hashing import (
     CHARS_PER_TOKEN,
-    JOIN_PIECES,
     OPENER_BYTES,
     approx_tokens,
     digest_hex,
@@ -115,6 +114,12 @@ def message_pieces(message: Mapping[str, Any]) -> list[bytes]:
     if tool_calls:
         pieces.append(orjson.dumps(tool_calls))
     return pieces
+
+
+# Above this many pieces a prompt is joined before it is hashed: a join costs about 2 us
+# per 100 KB, each piece about half a microsecond of the streaming hash's loop (a
+# 100K-token, 64-piece prompt: 91 us streamed, 66 us joined).
+_JOIN_PIECES = 8
 
 
 def _chat_stream(messages: Sequence[Mapping[str, Any]]) -> list[bytes]:
@@ -379,7 +384,7 @@ def route_request(
     key, source = session_key(
         body, endpoint, session_header, completion_key_chars, parts, user_is_session
     )
-    if len(pieces) > JOIN_PIECES:
+    if len(pieces) > _JOIN_PIECES:
         # One message per turn: every step below then walks one piece, not hundreds.
         pieces = [b"".join(pieces)]
     size = sum(map(len, pieces))

@@ -62,8 +62,8 @@ def test_approx_tokens_and_digest() -> None:
 
 @pytest.mark.parametrize("count", [1, 3, 8, 9, 64])
 def test_stream_block_hashes_equal_hashes_of_the_join(count: int) -> None:
-    # Pieces of uneven sizes, some shorter than a block, some straddling several; 9 and
-    # more are joined first, fewer are streamed: both must give the join's hashes.
+    # Pieces of uneven sizes, some shorter than a block, some straddling several: streamed,
+    # they must give the join's hashes.
     pieces = [bytes([65 + i % 26]) * (70 + 131 * i % 700) for i in range(count)]
     data = b"".join(pieces)
     for limit in (0, 2, 10**6):

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 import pytest
 
-from gateway.testing.servers import gateway
+from gateway.testing.servers import RunningGateway, gateway
 from gateway.types import ReplicaId
 from gateway.upstream import Timeouts, make_client
 
@@ -82,6 +82,22 @@ def _chunk() -> bytes:
     return b"%x\r\n%s\r\n" % (len(_PIECE), _PIECE)
 
 
+@contextlib.asynccontextmanager
+async def _in_front(engine: _HostileEngine) -> AsyncIterator[RunningGateway]:
+    """The engine running, and a gateway with the response bound in front of it alone."""
+    async with (
+        engine.running(),
+        gateway(
+            [],
+            replicas=[{"id": "hostile", "url": engine.url, "models": ["m"]}],
+            limits={"max_response_bytes": LIMIT},
+            health={"interval_s": 60},
+            scrape={"enabled": False},
+        ) as gw,
+    ):
+        yield gw
+
+
 @pytest.mark.parametrize(
     ("head", "piece"),
     [
@@ -100,16 +116,7 @@ async def test_oversized_non_streaming_body_is_a_clean_502(
     head: bytes, piece: Callable[[], bytes]
 ) -> None:
     engine = _HostileEngine(head, piece, total=512 << 20)
-    async with (
-        engine.running(),
-        gateway(
-            [],
-            replicas=[{"id": "hostile", "url": engine.url, "models": ["m"]}],
-            limits={"max_response_bytes": LIMIT},
-            health={"interval_s": 60},
-            scrape={"enabled": False},
-        ) as gw,
-    ):
+    async with _in_front(engine) as gw:
         before = _rss()
         async with httpx.AsyncClient(base_url=gw.url, timeout=15) as http:
             resp = await http.post(CHAT, json=BODY)
@@ -131,16 +138,7 @@ async def test_streams_are_not_bounded() -> None:
         lambda: sse,
         total=len(sse) * 3000,
     )
-    async with (
-        engine.running(),
-        gateway(
-            [],
-            replicas=[{"id": "hostile", "url": engine.url, "models": ["m"]}],
-            limits={"max_response_bytes": LIMIT},
-            health={"interval_s": 60},
-            scrape={"enabled": False},
-        ) as gw,
-    ):
+    async with _in_front(engine) as gw:
         async with httpx.AsyncClient(base_url=gw.url, timeout=15) as http:
             resp = await http.post(CHAT, json={**BODY, "stream": True})
         assert resp.status_code == 200, resp.text
@@ -173,14 +171,7 @@ SPEECH = {"model": "m", "input": "hello", "voice": "alloy"}
 @contextlib.asynccontextmanager
 async def _speaking(engine: _HostileEngine) -> AsyncIterator[httpx.AsyncClient]:
     async with (
-        engine.running(),
-        gateway(
-            [],
-            replicas=[{"id": "hostile", "url": engine.url, "models": ["m"]}],
-            limits={"max_response_bytes": LIMIT},
-            health={"interval_s": 60},
-            scrape={"enabled": False},
-        ) as gw,
+        _in_front(engine) as gw,
         httpx.AsyncClient(base_url=gw.url, timeout=15) as http,
     ):
         yield http
