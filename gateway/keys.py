@@ -44,7 +44,6 @@ from typing import Any
 import orjson
 import xxhash
 
-_xxh3 = xxhash.xxh3_64_intdigest
 from gateway.hashing import (
     CHARS_PER_TOKEN,
     OPENER_BYTES,
@@ -391,7 +390,7 @@ def route_request(
     hashes: tuple[int, ...] = ()
     openers: tuple[int, ...] = ()
     chain: tuple[int, ...] = ()
-    tail = (0, 0)
+    tail = b""
     if max_prefix_blocks:
         block_bytes = block_tokens * CHARS_PER_TOKEN
         salt = _opt_str(body, "cache_salt")
@@ -404,14 +403,12 @@ def route_request(
             ends = _ChainEnds(len(openers), block_bytes)
             stream = _Stream(pieces)
             start = ends(len(chain))
-            tail = (
-                size - start,
-                _xxh3(stream.slice(start, size), chain[-1]) if size > start else 0,
-            )
+            # Under a block, but for a prompt longer than `max_prefix_blocks` hash.
+            tail = stream.slice(start, min(size, start + block_bytes))
 
-            def probe(count: int, length: int) -> int:
+            def probe(count: int, length: int) -> bytes:
                 at = ends(count)
-                return _xxh3(stream.slice(at, at + length), chain[count - 1])
+                return stream.slice(at, at + length)
 
             if lineage is not None and source == "conversation":
                 named = lineage(chain, key if chatlike else None, probe)

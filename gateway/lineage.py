@@ -23,6 +23,11 @@ The rule, per request with hashes ``H``:
      branches off L (a new conversation that opens like L, an edited or cut history),
      and the ``m`` hashes both hold become ``SHARED``.
 
+   When ``m == tip`` the bytes past the last hash (under a block) decide: the request
+   continues L if its bytes there start with L's, or if they are the start of L's (L's
+   latest prompt cut short inside its last block: a regenerate after the end was edited,
+   a trace's repeat of a request a few tokens shorter). It is then L's latest prompt.
+
 So a prefix seen in many lineages never defines a conversation; the first part only one
 lineage holds does. Examples (``|`` separates hashes):
 
@@ -32,14 +37,19 @@ lineage holds does. Examples (``|`` separates hashes):
 * ``sys|u1|a1|u2`` then ``sys|u1|x``: a branch (the history was edited after ``u1``).
 * two conversations that open with the very same ``sys|hi``: one lineage until one of
   them moves on; the other then branches at ``sys|hi``.
+* ``sys|report, summarise it`` then ``sys|report, summ`` (cut inside the last block):
+  one lineage; ``sys|report, list its figures`` after them: a new one (it shares only
+  ``sys|report``, which becomes shared).
 
 A new chat lineage's session key is the request's own conversation key (gateway.keys:
 its opening messages), which every gateway computes alike from the request alone, so
 placements shared through the store find the conversation on any gateway; when another
 lineage already has that key (two conversations that open alike), and for other
 endpoints, it is ``l:<n>`` with a number of this index's own. Memory is bounded: at most
-``capacity`` hashes (LRU, deepest-first within a prompt, as engines evict) and
-``max_lineages`` lineages (LRU). Everything here is synchronous and does no I/O.
+``capacity`` hashes (LRU, deepest-first within a prompt, as engines evict),
+``max_lineages`` lineages (LRU), and ``TAIL_BYTES_PER_HASH x capacity`` bytes of tails
+(each under a block; a lineage whose tail was dropped is continued on its hashes alone).
+Everything here is synchronous and does no I/O.
 """
 
 from __future__ import annotations
@@ -59,12 +69,15 @@ MIN_BLOCKS = 4096
 # whose own part is shorter than it join the one it opens like.
 DEFAULT_SLACK_TOKENS = 0
 _MEMO_MAX = 8192
+# Tail bytes kept per hash of capacity: a hash entry costs about 150 bytes, so tails add at
+# most 40% to the index, and a conversation of tens of blocks keeps its tail.
+TAIL_BYTES_PER_HASH = 64
 DEFAULT_CAPACITY = 1 << 20
 DEFAULT_MAX_LINEAGES = 1 << 18
 
 
-# (hashes counted, length): the hash of the `length` prompt bytes after that many hashes.
-TailProbe = Callable[[int, int], int]
+# (hashes counted, length): the prompt's bytes after that many hashes, at most `length`.
+TailProbe = Callable[[int, int], bytes]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +110,7 @@ class LineageIndex:
         "_keys",
         "_next_id",
         "_owner",
+        "_tail_bytes",
         "_tails",
         "_tips",
         "capacity",
@@ -114,11 +128,12 @@ class LineageIndex:
         self._tips: OrderedDict[int, int] = OrderedDict()  # lineage -> hashes of its tip
         self._keys: dict[int, SessionKey] = {}
         self._by_key: dict[SessionKey, int] = {}
-        # The bytes of a lineage's latest prompt past its last hash (under a block), as
-        # (length, hash), and the lineages whose latest prompt ends at a given hash: two
-        # prompts that differ only there (a shared preamble, then a short task) are told
-        # apart, and a next turn is checked to repeat them.
-        self._tails: dict[int, tuple[int, int]] = {}
+        # The bytes of a lineage's latest prompt past its last hash (under a block; LRU),
+        # and the lineages whose latest prompt ends at a given hash: two prompts that
+        # differ only there (a shared preamble, then a short task) are told apart, and a
+        # next turn is checked to repeat them.
+        self._tails: dict[int, bytes] = {}
+        self._tail_bytes = 0
         self._ends: dict[int, list[int]] = {}
         self._next_id = 0
         self.capacity = max(1, capacity)
@@ -132,6 +147,10 @@ class LineageIndex:
     def lineages(self) -> int:
         return len(self._tips)
 
+    @property
+    def tail_bytes(self) -> int:
+        return self._tail_bytes
+
     def resize(self, capacity: int) -> None:
         self.capacity = max(1, capacity)
         self._trim()
@@ -139,7 +158,7 @@ class LineageIndex:
     def resolve(self, hashes: Sequence[int], probe: TailProbe | None = None) -> LineageMatch:
         """Which lineage `hashes` continues, if any. Read-only; O(log n).
 
-        `probe(n, length)` hashes the `length` bytes of the prompt after its `n`-th hash
+        `probe(n, length)` gives up to `length` bytes of the prompt after its `n`-th hash
         (None: no bytes at hand, as for trace records; tails are then not compared).
         """
         owner = self._owner
@@ -147,9 +166,13 @@ class LineageIndex:
         if m == 0:
             return LineageMatch(None, 0)
         if probe is not None:
+            tails = self._tails
             for lineage in self._ends.get(hashes[m - 1], ()):
-                length, digest = self._tails.get(lineage, (0, 0))
-                if self._tips.get(lineage) == m and (not length or probe(m, length) == digest):
+                if self._tips.get(lineage) != m:
+                    continue
+                tail = tails.get(lineage)
+                # Its bytes repeat the tail and go on, or they stop inside it (cut short).
+                if not tail or tail.startswith(probe(m, len(tail))):
                     return LineageMatch(lineage, m)
         holder = owner[hashes[m - 1]]
         if holder == SHARED:
@@ -175,7 +198,7 @@ class LineageIndex:
         match: LineageMatch,
         hashes: Sequence[int],
         key: SessionKey | None = None,
-        tail: tuple[int, int] = (0, 0),
+        tail: bytes = b"",
         new_id: int | None = None,
     ) -> int:
         """Enter a served prompt under the lineage `match` resolved; returns its lineage.
@@ -212,7 +235,7 @@ class LineageIndex:
         tips.move_to_end(lineage)
         if new_tip == len(hashes):
             self._ends.setdefault(hashes[-1], []).append(lineage)
-            self._tails[lineage] = tail
+            self._set_tail(lineage, tail)
         if key is not None and match.lineage is None:
             old = self._keys.get(lineage)
             if old is not None:
@@ -233,12 +256,27 @@ class LineageIndex:
             key = keys.pop(lineage, None)
             if key is not None:
                 by_key.pop(key, None)
-            self._tails.pop(lineage, None)
+            self._drop_tail(lineage)
+        budget = TAIL_BYTES_PER_HASH * self.capacity
+        tails = self._tails
+        while self._tail_bytes > budget and tails:
+            self._drop_tail(next(iter(tails)))
         ends = self._ends
         if len(ends) > 2 * len(tips) + 64:
             # Ends of forgotten lineages (or tips that moved on) are dropped in one sweep.
             for end in [e for e, ls in ends.items() if not any(x in tips for x in ls)]:
                 del ends[end]
+
+    def _set_tail(self, lineage: int, tail: bytes) -> None:
+        self._drop_tail(lineage)
+        if tail:
+            self._tails[lineage] = tail  # most recent last
+            self._tail_bytes += len(tail)
+
+    def _drop_tail(self, lineage: int) -> None:
+        old = self._tails.pop(lineage, None)
+        if old is not None:
+            self._tail_bytes -= len(old)
 
     def _unend(self, lineage: int, tip: int, hashes: Sequence[int]) -> None:
         """Forget where `lineage`'s previous tip ended (its hashes are a prefix of these)."""
@@ -304,11 +342,9 @@ class Conversations:
             return own
         return lineage_key(lineage)
 
-    def record(
-        self, hashes: Sequence[int], key: SessionKey, tail: tuple[int, int] = (0, 0)
-    ) -> None:
-        """`hashes` (keyed `key` by `key_for`) was served; `tail` is (length, hash) of its
-        bytes past the last hash."""
+    def record(self, hashes: Sequence[int], key: SessionKey, tail: bytes = b"") -> None:
+        """`hashes` (keyed `key` by `key_for`) was served; `tail` is its bytes past the
+        last hash."""
         if hashes:
             index = self.index
             memo = self._memo.pop(id(hashes), None)

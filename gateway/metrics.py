@@ -19,6 +19,7 @@ request path never touches a gauge for them.
 | kvgate_lineage_blocks | gauge | |
 | kvgate_lineage_capacity_blocks | gauge | |
 | kvgate_lineages | gauge | |
+| kvgate_lineage_tail_bytes | gauge | |
 | kvgate_time_to_first_token_seconds | histogram | model, replica |
 | kvgate_inter_token_latency_seconds | histogram | model, replica |
 | kvgate_time_per_output_token_seconds | histogram | model, replica |
@@ -162,6 +163,7 @@ class _LineageCollector(Collector):
         "kvgate_lineage_blocks": "sum",
         "kvgate_lineage_capacity_blocks": "sum",
         "kvgate_lineages": "sum",
+        "kvgate_lineage_tail_bytes": "sum",
     }
 
     def __init__(self, index: LineageIndex) -> None:
@@ -173,6 +175,11 @@ class _LineageCollector(Collector):
             ("kvgate_lineage_blocks", "Prefix hashes held by the lineage index", len(index)),
             ("kvgate_lineage_capacity_blocks", "Bound of the lineage index", index.capacity),
             ("kvgate_lineages", "Conversations the lineage index remembers", index.lineages),
+            (
+                "kvgate_lineage_tail_bytes",
+                "Bytes of the conversations' last prompts past their last hash",
+                index.tail_bytes,
+            ),
         ):
             family = GaugeMetricFamily(name, doc)
             family.add_metric([], float(value))

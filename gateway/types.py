@@ -155,10 +155,10 @@ class RouteRequest:
     # Where the shared session store says this session lives, if anywhere (see gateway.store).
     sticky_replica: ReplicaId | None = None
 
-    # The prompt's whole hash chain (openers, then blocks), and (length, hash) of its bytes
-    # past the chain's last hash: what the conversation lineage is read from.
+    # The prompt's whole hash chain (openers, then blocks), and its bytes past the chain's
+    # last hash (under a block): what the conversation lineage is read from.
     lineage_hashes: tuple[int, ...] = ()
-    lineage_tail: tuple[int, int] = (0, 0)
+    lineage_tail: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.keys import route_request
-from gateway.lineage import SHARED, Conversations, LineageIndex, LineageMatch
+from gateway.lineage import (
+    SHARED,
+    TAIL_BYTES_PER_HASH,
+    Conversations,
+    LineageIndex,
+    LineageMatch,
+)
 from gateway.types import Endpoint, ReplicaId, ReplicaState
 
 PREAMBLE = "You are a coding agent. Tools: " + " ".join(f"tool{i}(x)" for i in range(400))
@@ -58,7 +64,7 @@ class Run:
             lineage=self.convs.key_for,
         )
         assert request.key_source == "lineage"
-        self.convs.record(request.lineage_hashes, request.session_key)
+        self.convs.record(request.lineage_hashes, request.session_key, request.lineage_tail)
         return request.session_key
 
 
@@ -242,3 +248,51 @@ def test_sessions_resolved_together_keep_apart_when_they_differ_past_the_last_bl
             hist[n] += ["answer " * 3, f"tool result {turn} for {n}: " + "ok " * 30]
     assert all(len(k) == 1 for k in keys.values()), keys
     assert len({next(iter(k)) for k in keys.values()}) == 20
+
+
+def test_a_prompt_cut_short_inside_its_last_block_continues_it() -> None:
+    """A regenerate after the end of the last message was trimmed (or a trace's repeat of
+    a request a few tokens shorter): the same conversation, and both go on in it."""
+    run = Run()
+    report = "Quarterly figures: " + "revenue up, costs flat. " * 30
+    ask = "Summarise the report above in three bullet points"
+
+    def tail_of(body: dict[str, Any]) -> bytes:
+        req = route_request(body, Endpoint.CHAT, "r", block_tokens=BT, max_prefix_blocks=4096)
+        return req.lineage_tail
+
+    # An ask whose end fills most of the last (64-byte) block, so the cut stays inside it.
+    while len(tail_of(body := chat(("system", PREAMBLE), ("user", report + ask)))) < 40:
+        ask += "!"
+    cut = report + ask[:-20]
+    full = run.body(body)
+    assert run.body(chat(("system", PREAMBLE), ("user", cut))) == full
+    # Its next turn extends the shorter prompt: still the same conversation.
+    reply = [("assistant", "- up\n- flat\n- fine"), ("user", "Now in one line.")]
+    assert run.body(chat(("system", PREAMBLE), ("user", cut), *reply)) == full
+    # Another request over the same report that asks something else is a conversation of
+    # its own, though it shares every whole block with the first.
+    other = run.body(chat(("system", PREAMBLE), ("user", report + "List every figure.")))
+    assert other != full
+
+
+def test_cut_short_needs_the_very_bytes_of_the_tail() -> None:
+    """Ending inside the tail is not enough: the bytes must be the tail's first ones."""
+    index = LineageIndex()
+    chain = (1, 2, 3)
+    la = index.record(index.resolve(chain), chain, tail=b"summarise it")
+    probe_for = {b"summ": lambda n, k: b"summ"[:k], b"list": lambda n, k: b"list"[:k]}
+    assert index.resolve(chain, probe_for[b"summ"]).lineage == la
+    assert index.resolve(chain, probe_for[b"list"]) == LineageMatch(None, 3, parent=la)
+
+
+def test_tails_are_bounded_in_bytes() -> None:
+    index = LineageIndex(capacity=64)
+    for s in range(200):
+        chain = (s * 10 + 1, s * 10 + 2)
+        index.record(index.resolve(chain), chain, tail=bytes([65 + s % 26]) * 500)
+        assert index.tail_bytes <= TAIL_BYTES_PER_HASH * index.capacity
+    assert index.tail_bytes > 0
+    # The newest conversation kept its tail: a sibling that differs there stays apart.
+    last = (1991, 1992)
+    assert index.resolve(last, lambda n, k: b"Z" * k).lineage is None

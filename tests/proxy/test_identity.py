@@ -25,7 +25,7 @@ def test_with_sticky_equals_dataclasses_replace_for_every_field() -> None:
         stream=True,
         sticky_replica=ReplicaId("old"),
         lineage_hashes=(3, 1, 2),
-        lineage_tail=(4, 5),
+        lineage_tail=b"tail",
     )
     # Every field differs from its default, so a field the copy forgot would show.
     defaults = RouteRequest(request_id="", model="", session_key=SessionKey(""))
