@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from gateway.keys import route_request
 from gateway.lineage import (
@@ -12,6 +15,10 @@ from gateway.lineage import (
     LineageIndex,
     LineageMatch,
 )
+from gateway.trace.format import read_trace
+from gateway.trace.render import Layout, Renderer
+from gateway.trace.replay import PromptBuilder, build_body
+from gateway.trace.routing import route_request_for
 from gateway.types import Endpoint, ReplicaId, ReplicaState
 
 PREAMBLE = "You are a coding agent. Tools: " + " ".join(f"tool{i}(x)" for i in range(400))
@@ -296,3 +303,46 @@ def test_tails_are_bounded_in_bytes() -> None:
     # The newest conversation kept its tail: a sibling that differs there stays apart.
     last = (1991, 1992)
     assert index.resolve(last, lambda n, k: b"Z" * k).lineage is None
+
+
+MOONCAKE = (
+    Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "synthetic_trace.jsonl"
+)
+
+
+@pytest.mark.skipif(not MOONCAKE.exists(), reason="needs the shared Mooncake trace")
+@pytest.mark.parametrize("layout", ["growing", "turns"])
+def test_rendered_follow_ups_continue_their_parent_as_trace_hashes_say(layout: Layout) -> None:
+    """The gateway's rule on rendered bodies (bytes, tails) names the conversations that
+    the same rule on the trace's block hashes names (what `kvgate simulate` routes by). The
+    Mooncake trace repeats many requests a few tokens shorter: before a prompt cut short
+    inside its last block continued its conversation, half of the follow-ups were new ones."""
+    trace = read_trace(MOONCAKE).window(2993, 800)
+    records, bt = trace.records, trace.block_tokens
+    renderer = Renderer(PromptBuilder(bt), records, bt)
+    live, offline = Conversations(bt), Conversations(bt)
+    live_keys, offline_keys = [], []
+    for i, rec in enumerate(records):
+        body = build_body(
+            renderer.content(i, chat=True, layout=layout),
+            rec,
+            model="m",
+            endpoint="chat",
+            ignore_eos=True,
+            max_output_tokens=16,
+        )
+        r = route_request(
+            body, Endpoint.CHAT, "r", block_tokens=bt, max_prefix_blocks=2048, lineage=live.key_for
+        )
+        live.record(r.lineage_hashes, r.session_key, r.lineage_tail)
+        live_keys.append(r.session_key)
+        hashes = route_request_for(rec, i, bt, "m", sessions=False).prefix_hashes
+        key = offline.key_for(hashes, None)
+        if key is not None:
+            offline.record(hashes, key)
+        offline_keys.append(key or f"own-{i}")
+    parents = [(i, p.parent) for i, p in enumerate(renderer.plans) if p.parent is not None]
+    same_live = sum(live_keys[i] == live_keys[p] for i, p in parents)
+    same_offline = sum(offline_keys[i] == offline_keys[p] for i, p in parents)
+    assert len(parents) > 300
+    assert same_live >= 0.97 * same_offline, (same_live, same_offline, len(parents))

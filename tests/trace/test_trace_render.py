@@ -27,7 +27,10 @@ from gateway.trace.render import (
 from gateway.trace.replay import PromptBuilder
 
 BT = 4
-MOONCAKE = Path("/work/shared/traces/synthetic_trace.jsonl")
+# The shared traces sit beside the repository (../shared/traces).
+MOONCAKE = (
+    Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "synthetic_trace.jsonl"
+)
 
 
 def rec(hashes: tuple[int, ...], last: int = BT, session: str | None = None) -> TraceRecord:
