@@ -374,6 +374,9 @@ class Run:
     skipped: str | None = None
     # Per request in trace order: the replica that served it (kvgate names it), for --json.
     replicas: list[str | None] = field(default_factory=list)
+    # Per request in trace order: TTFT (simulated seconds) and cached prompt tokens.
+    ttft_s: list[float | None] = field(default_factory=list)
+    cached: list[int | None] = field(default_factory=list)
     engine_prompt: list[float] = field(default_factory=list)
     # kvgate only: its routing decisions by reason over the run (its /metrics).
     reasons: dict[str, float] = field(default_factory=dict)
@@ -475,6 +478,8 @@ async def run_one(
     run.evictions, run.preemptions = eng.evictions, eng.preemptions
     run.error_kinds = dict(report.error_kinds)
     run.replicas = [r.replica for r in report.results]
+    run.ttft_s = [None if r.ttft_s is None else r.ttft_s * work.time_scale for r in report.results]
+    run.cached = [r.cached_tokens for r in report.results]
     run.engine_prompt = list(eng.prompt)
     return run
 
