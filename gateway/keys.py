@@ -399,21 +399,21 @@ def route_request(
         # Only the bytes the openers read are joined.
         openers = opener_hashes(_leading(pieces, block_bytes), block_bytes, seed)
         chain = openers + hashes
-        if chain:
+        if chain and lineage is not None and source == "conversation":
+            # The tail and the probe serve the lineage index only.
             ends = _ChainEnds(len(openers), block_bytes)
             stream = _Stream(pieces)
-            start = ends(len(chain))
-            # Under a block, but for a prompt longer than `max_prefix_blocks` hash.
-            tail = stream.slice(start, min(size, start + block_bytes))
 
             def probe(count: int, length: int) -> bytes:
                 at = ends(count)
                 return stream.slice(at, at + length)
 
-            if lineage is not None and source == "conversation":
-                named = lineage(chain, key if chatlike else None, probe)
-                if named is not None:
-                    key, source = named, "lineage"
+            named = lineage(chain, key if chatlike else None, probe)
+            if named is not None:
+                key, source = named, "lineage"
+                start = ends(len(chain))
+                # Under a block, but for a prompt longer than `max_prefix_blocks` hash.
+                tail = stream.slice(start, min(size, start + block_bytes))
     return RouteRequest(
         request_id=request_id,
         model=model,

@@ -155,8 +155,8 @@ class RouteRequest:
     # Where the shared session store says this session lives, if anywhere (see gateway.store).
     sticky_replica: ReplicaId | None = None
 
-    # The prompt's whole hash chain (openers, then blocks), and its bytes past the chain's
-    # last hash (under a block): what the conversation lineage is read from.
+    # The prompt's whole hash chain (openers, then blocks), and (keyed on its lineage) its
+    # bytes past the chain's last hash (under a block): what the lineage is read from.
     lineage_hashes: tuple[int, ...] = ()
     lineage_tail: bytes = b""
 

@@ -14,12 +14,13 @@ from gateway.lineage import (
     Conversations,
     LineageIndex,
     LineageMatch,
+    TailProbe,
 )
 from gateway.trace.format import read_trace
 from gateway.trace.render import Layout, Renderer
 from gateway.trace.replay import PromptBuilder, build_body
 from gateway.trace.routing import route_request_for
-from gateway.types import Endpoint, ReplicaId, ReplicaState
+from gateway.types import Endpoint, ReplicaId, ReplicaState, RouteRequest
 
 PREAMBLE = "You are a coding agent. Tools: " + " ".join(f"tool{i}(x)" for i in range(400))
 BT = 16  # small blocks, so short texts span many of them
@@ -60,8 +61,8 @@ class Run:
         self.convs.record(h, key)
         return key
 
-    def body(self, body: dict[str, Any], endpoint: Endpoint = Endpoint.CHAT) -> str:
-        """Through `route_request`, with the conversation key of chat bodies."""
+    def request(self, body: dict[str, Any], endpoint: Endpoint = Endpoint.CHAT) -> RouteRequest:
+        """Through `route_request`, keyed on its lineage; not recorded."""
         request = route_request(
             body,
             endpoint,
@@ -71,6 +72,11 @@ class Run:
             lineage=self.convs.key_for,
         )
         assert request.key_source == "lineage"
+        return request
+
+    def body(self, body: dict[str, Any], endpoint: Endpoint = Endpoint.CHAT) -> str:
+        """Through `route_request`, with the conversation key of chat bodies."""
+        request = self.request(body, endpoint)
         self.convs.record(request.lineage_hashes, request.session_key, request.lineage_tail)
         return request.session_key
 
@@ -265,8 +271,7 @@ def test_a_prompt_cut_short_inside_its_last_block_continues_it() -> None:
     ask = "Summarise the report above in three bullet points"
 
     def tail_of(body: dict[str, Any]) -> bytes:
-        req = route_request(body, Endpoint.CHAT, "r", block_tokens=BT, max_prefix_blocks=4096)
-        return req.lineage_tail
+        return Run().request(body).lineage_tail
 
     # An ask whose end fills most of the last (64-byte) block, so the cut stays inside it.
     while len(tail_of(body := chat(("system", PREAMBLE), ("user", report + ask)))) < 40:
@@ -288,9 +293,12 @@ def test_cut_short_needs_the_very_bytes_of_the_tail() -> None:
     index = LineageIndex()
     chain = (1, 2, 3)
     la = index.record(index.resolve(chain), chain, tail=b"summarise it")
-    probe_for = {b"summ": lambda n, k: b"summ"[:k], b"list": lambda n, k: b"list"[:k]}
-    assert index.resolve(chain, probe_for[b"summ"]).lineage == la
-    assert index.resolve(chain, probe_for[b"list"]) == LineageMatch(None, 3, parent=la)
+
+    def prompt_ending(rest: bytes) -> TailProbe:
+        return lambda count, length: rest[:length]
+
+    assert index.resolve(chain, prompt_ending(b"summ")).lineage == la
+    assert index.resolve(chain, prompt_ending(b"list")) == LineageMatch(None, 3, parent=la)
 
 
 def test_tails_are_bounded_in_bytes() -> None:
