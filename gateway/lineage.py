@@ -73,6 +73,9 @@ _MEMO_MAX = 8192
 # most 40% to the index, and a conversation of tens of blocks keeps its tail.
 TAIL_BYTES_PER_HASH = 64
 DEFAULT_CAPACITY = 1 << 20
+# Index size over the cluster's KV (session.lineage_capacity_factor): it outlives engines'
+# caches so that a conversation back after an eviction still goes back where it was.
+DEFAULT_CAPACITY_FACTOR = 4.0
 DEFAULT_MAX_LINEAGES = 1 << 18
 
 
@@ -306,7 +309,7 @@ class Conversations:
     def __init__(
         self,
         block_tokens: int,
-        capacity_factor: float = 2.0,
+        capacity_factor: float = DEFAULT_CAPACITY_FACTOR,
         max_blocks: int = DEFAULT_CAPACITY,
         max_lineages: int = DEFAULT_MAX_LINEAGES,
         slack_tokens: int = DEFAULT_SLACK_TOKENS,

@@ -210,10 +210,11 @@ class SessionSettings(Section):
         "`user` for all their conversations, so it is off unless you know yours do not)",
     )
     lineage_capacity_factor: float = Field(
-        2.0,
+        4.0,
         gt=0,
         description="lineage index size: this times the cluster's scraped KV "
-        "capacity, in hash blocks (it remembers conversations a little longer than engines)",
+        "capacity, in hash blocks (it remembers conversations longer than engines keep "
+        "them, so one that comes back after an eviction is still recognised and sent back)",
     )
     lineage_max_blocks: int = Field(
         1 << 22,

@@ -228,7 +228,10 @@ def router_command(
     """The command line of a router in front of `urls`, or why it cannot run."""
     if spec.kind == "kvgate":
         cfg = workdir / f"{spec.name}-{port}.yaml"
-        cfg.write_text(kvgate_yaml(port, urls, spec.policy, time_scale, kv if spec.events else ()))
+        text = kvgate_yaml(port, urls, spec.policy, time_scale, kv if spec.events else ())
+        if args.kvgate_extra:
+            text += Path(args.kvgate_extra).read_text()
+        cfg.write_text(text)
         return [sys.executable, "-m", "gateway.cli", "serve", "-c", str(cfg)]
     common = [
         "--host",
@@ -729,6 +732,12 @@ def main() -> int:
         default=[],
         metavar="NAME",
         help="also run kvgate with routing.policy NAME (repeatable)",
+    )
+    ap.add_argument(
+        "--kvgate-extra",
+        metavar="YAML",
+        help="a YAML file appended to every kvgate config (top-level sections the bench does "
+        "not write: `session:`, or `routing:` when no policy is named)",
     )
     ap.add_argument(
         "--router-bin",

@@ -61,6 +61,7 @@ from gateway.types import (
     ReplicaState,
     RouteRequest,
 )
+from plugins.cache_churn import ChurnMeter
 from plugins.live_sessions import LiveSessions
 from plugins.load_model import TieBreaker, mix
 from plugins.prefix_index import PrefixIndex
@@ -124,8 +125,21 @@ class LineageConfig(PolicyConfig):
     default_capacity_tokens: int = Field(
         default=DEFAULT_CAPACITY_TOKENS, ge=1, description="KV capacity when not scraped"
     )
-    index_capacity_factor: float = Field(default=1.0, gt=0, description="index size vs KV")
+    index_capacity_factor: float = Field(
+        default=4.0,
+        gt=0,
+        description="prefix index size vs KV: it remembers where prompts went "
+        "longer than engines keep them, so a conversation evicted there goes back there "
+        "(a copy elsewhere would take a second replica's cache)",
+    )
     vnodes: int = Field(default=DEFAULT_VNODES, ge=1, description="failover ring vnodes")
+    churn_weight: float = Field(
+        default=2.0,
+        ge=0,
+        description="weight of a replica's recent KV writes (uncached "
+        "prefill sent there, plugins.cache_churn) when placing a new session that opens "
+        "with no hot prefix: where the cache churns less, its prefix lives longer",
+    )
     evicted_fraction: float = Field(
         default=0.5,
         ge=0,
@@ -161,6 +175,7 @@ class Lineage:
         # New sessions per branch point (the last cached hash they opened with), LRU-bounded.
         self._branches: OrderedDict[int, int] = OrderedDict()
         self._evidence: CacheEvidence | None = None
+        self.churn = ChurnMeter(config.default_capacity_tokens)
         self.membership_changed(context.replicas)
 
     # -- abilities ---------------------------------------------------------------------
@@ -170,10 +185,20 @@ class Lineage:
         for gone in set(self._ring.members) - live:
             self.index.forget(gone)
             self.sessions.forget(gone)
+            self.churn.forget(gone)
+            self._capacity_seen.pop(gone, None)
         self._ring = HashRing((RingNode(r.id, r.weight) for r in replicas), self.config.vnodes)
         for r in replicas:
             if r.kv_capacity_tokens:
                 self.index.set_capacity(r.id, r.kv_capacity_tokens, self._block_tokens)
+                self._capacity_seen.setdefault(r.id, r.kv_capacity_tokens)
+        self._fit_churn()
+
+    def _fit_churn(self) -> None:
+        """The churn horizon is the cluster's KV capacity (scraped, else configured)."""
+        default = self.config.default_capacity_tokens
+        seen = self._capacity_seen.get
+        self.churn.set_horizon(sum(seen(m, default) for m in self._ring.members))
 
     def cached_tokens(self, request: RouteRequest, replica: ReplicaId) -> int:
         """Leading prompt tokens `replica` likely holds (admission and PD ask this)."""
@@ -195,6 +220,7 @@ class Lineage:
         self._pending[replica] = self._pending.get(replica, 0.0) + tokens
         self._pending_total += tokens
         self._unit += self.config.ewma_alpha * (tokens - self._unit)
+        self.churn.write(replica, tokens)
 
     def prefilled(self, request: RouteRequest) -> None:
         """The prefill is over (first byte, failure or end); idempotent."""
@@ -313,6 +339,11 @@ class Lineage:
         rh = self._tie.replica_hash
         keys: list[tuple[float, int, int]] = []
         in_band = self._band(request, replicas, matched) if not moved else None
+        # A session moved by the bound goes by load; one from a hot preamble by the band.
+        churn = cfg.churn_weight if in_band is None and not moved else 0.0
+        if churn:
+            churn *= self.churn.factor()
+        written = self.churn.scaled.get
         held: dict[int, int] = {}
         for i, r in enumerate(replicas):
             rid = r.id
@@ -327,6 +358,8 @@ class Lineage:
                 + cw * (prompt - cached)
                 + per_session * counts(rid, 0)
             ) / (r.weight if r.weight > 0 else 1.0)
+            if churn:
+                cost += churn * written(rid, 0.0)
             if in_band is not None and rid not in in_band:
                 cost += 1e18  # outside the band: only as a failover
             if cached:
@@ -392,6 +425,7 @@ class Lineage:
             return
         self._view_key = view.replicas
         queued: dict[ReplicaId, float] = {}
+        refit = False
         for r in view.replicas:
             load = view.load_of(r)
             if load is not None and load.waiting:
@@ -402,5 +436,8 @@ class Lineage:
             if capacity and self._capacity_seen.get(r.id) != capacity:
                 self._capacity_seen[r.id] = capacity
                 self.index.set_capacity(r.id, capacity, self._block_tokens)
+                refit = True
+        if refit:
+            self._fit_churn()
         self._queued = queued
         self._queued_total = sum(queued.values())

@@ -20,11 +20,11 @@ def policy(n: int = 4, **config: object) -> tuple[Lineage, ClusterView]:
 
 
 def serve(p: Lineage, req: RouteRequest, v: ClusterView) -> ReplicaId:
-    """Route and complete `req` as the proxy does: choose, placed, dispatched, finished."""
+    """Route and complete `req` as the proxy does: choose, dispatched, placed, finished."""
     chosen = p.choose(req, v).first
     assert chosen is not None
-    p.placed(req, chosen)
     p.dispatched(req, chosen)
+    p.placed(req, chosen)
     p.finished(req, chosen, True, 0.1)
     return chosen
 
@@ -131,3 +131,50 @@ def test_a_fork_of_one_conversation_follows_its_cache() -> None:
     home = serve(p, turn("parent", history, 0), v)
     fork = p.choose(turn("child", history[:6] + (77,), 0), v)
     assert fork.first == home and fork.reason == "prefix"
+
+
+def _new_sessions_on_the_churned_replica(churn_weight: float) -> int:
+    """One conversation with a long uncached prompt, three short ones, all finished; then
+    8 new short sessions. How many land where the long prompt was written?"""
+    p, v = policy(4, churn_weight=churn_weight)
+    heavy = serve(p, turn("big", tuple(range(20_000, 20_200)), 0), v)  # 200 blocks written
+    for s in range(3):
+        assert serve(p, turn(f"s{s}", (30_000 + s,), 0), v) != heavy
+    later = [serve(p, turn(f"n{s}", (40_000 + s,), 0), v) for s in range(8)]
+    return later.count(heavy)
+
+
+def test_a_new_session_goes_where_the_cache_churns_least() -> None:
+    # Every replica carries one live session and none has load in flight, but one has just
+    # written 100K tokens into its KV: what a new session leaves there is evicted first.
+    assert _new_sessions_on_the_churned_replica(churn_weight=2.0) == 0
+
+
+def test_without_the_churn_weight_sessions_spread_by_count_alone() -> None:
+    # The control: the same cluster, the writes not weighed.
+    assert _new_sessions_on_the_churned_replica(churn_weight=0.0) >= 1
+
+
+def _returns_home_after_its_replica_wrote_twice_its_kv(factor: float) -> bool:
+    """A conversation served on one replica (16 blocks of KV), then 32 blocks of other
+    prompts written there: does a prompt extending it (known by no session key) go back?"""
+    states = replicas(4, kv_capacity_tokens=16 * 512)
+    p = Lineage(LineageConfig(index_capacity_factor=factor), PolicyContext(states))
+    v = view(states)
+    history = (1, 2, 3, 4)
+    home = serve(p, turn("a", history, 0), v)
+    for s in range(8):
+        p.placed(turn(f"o{s}", tuple(range(5000 + 10 * s, 5004 + 10 * s)), 0), home)
+    again = p.choose(turn("a-later", (*history, 5, 6), 1), v)
+    return again.first == home and again.reason == "prefix"
+
+
+def test_the_index_remembers_where_a_conversation_went_after_the_engine_evicted_it() -> None:
+    # The engine has dropped it, but a copy anywhere else would take a second cache: it
+    # goes back (the default index holds 4x the replica's KV).
+    assert _returns_home_after_its_replica_wrote_twice_its_kv(LineageConfig().index_capacity_factor)
+
+
+def test_an_index_the_size_of_the_kv_forgets_it() -> None:
+    # The control: an index sized as the engine's cache has forgotten the conversation.
+    assert not _returns_home_after_its_replica_wrote_twice_its_kv(1.0)
