@@ -16,6 +16,12 @@ over these defaults, e.g.
 
     python loadtests/bench_kvevents.py                                  # both traces
     python loadtests/bench_kvevents.py --traces agent --requests 300 --repeat 1
+    python loadtests/bench_kvevents.py --gateways 2    # two instances of each router
+
+With ``--gateways 2`` every router runs as two instances in front of the same engines and
+the replay alternates between them, as a load balancer in front of a gateway deployment
+does: each instance sees half of every conversation's turns, and only the engines' events
+tell it what the other half left in the caches.
 """
 
 from __future__ import annotations

@@ -423,6 +423,17 @@ def figures(
     }
 
 
+def tree_cpu_total(pids: Sequence[int]) -> float | None:
+    """CPU seconds of several process trees (None if one is unreadable)."""
+    total = 0.0
+    for pid in pids:
+        seconds = tree_cpu_seconds(pid)
+        if seconds is None:
+            return None
+        total += seconds
+    return total
+
+
 def cpu_delta(before: float | None, after: float | None) -> float | None:
     return None if before is None or after is None else after - before
 
@@ -440,21 +451,26 @@ async def run_one(
     publish = spec.events or args.engine_events
     engines = start_engines(REPLICAS, args.blocks, work.time_scale, kv_events=publish)
     try:
-        started = await asyncio.to_thread(
-            start_router, spec, engines.urls, work.time_scale, args, workdir, engines.kv
-        )
-        if isinstance(started, str):
-            run.skipped = started
-            return run
-        router, url = started
+        routers: list[Running] = []
+        urls: list[str] = []
         try:
-            # The readiness request went to one engine: count from here on.
+            for _ in range(args.gateways):
+                started = await asyncio.to_thread(
+                    start_router, spec, engines.urls, work.time_scale, args, workdir, engines.kv
+                )
+                if isinstance(started, str):
+                    run.skipped = started
+                    return run
+                routers.append(started[0])
+                urls.append(started[1])
+            # The readiness requests went to engines: count from here on.
             before = await read_counters(engines.urls)
-            cpu0, engine_cpu0 = tree_cpu_seconds(router.pid), tree_cpu_seconds(engines.proc.pid)
+            pids = [r.pid for r in routers]
+            cpu0, engine_cpu0 = tree_cpu_total(pids), tree_cpu_seconds(engines.proc.pid)
             client_cpu0, t0 = time.process_time(), time.monotonic()
             report = await replay(
                 work.trace,
-                url,
+                urls if len(urls) > 1 else urls[0],
                 speedup=work.speedup,
                 model=MODEL,
                 endpoint=args.endpoint,
@@ -464,14 +480,17 @@ async def run_one(
                 progress=sys.stderr if args.progress else None,
             )
             run.wall_s = time.monotonic() - t0
-            cpu = cpu_delta(cpu0, tree_cpu_seconds(router.pid))
+            cpu = cpu_delta(cpu0, tree_cpu_total(pids))
             run.client_cpu_s = time.process_time() - client_cpu0
             engine_cpu = cpu_delta(engine_cpu0, tree_cpu_seconds(engines.proc.pid))
             after = await read_counters(engines.urls)
             if spec.kind == "kvgate":
-                run.reasons = await asyncio.to_thread(decision_reasons, url)
+                for url in urls:
+                    for reason, n in (await asyncio.to_thread(decision_reasons, url)).items():
+                        run.reasons[reason] = run.reasons.get(reason, 0.0) + n
         finally:
-            router.stop()
+            for router in routers:
+                router.stop()
     finally:
         engines.stop()
     eng = after.minus(before)
@@ -684,7 +703,13 @@ async def main_async(args: argparse.Namespace, specs: list[RouterSpec]) -> None:
     print(
         f"{REPLICAS} engines ({ENGINE_PROFILE}, KV {args.blocks * 16:,} tokens each), endpoint "
         f"{args.endpoint}, outputs capped at {args.max_output_tokens} tokens, "
-        f"{args.repeat} run(s) per router and cell; TTFT in simulated seconds",
+        f"{args.repeat} run(s) per router and cell; TTFT in simulated seconds"
+        + (
+            f"; {args.gateways} instances of each router, request i to instance i mod "
+            f"{args.gateways}"
+            if args.gateways > 1
+            else ""
+        ),
         flush=True,
     )
     workloads: dict[str, Workload | str] = {}
@@ -732,6 +757,14 @@ def main() -> int:
         default=[],
         metavar="NAME",
         help="also run kvgate with routing.policy NAME (repeatable)",
+    )
+    ap.add_argument(
+        "--gateways",
+        type=int,
+        default=1,
+        help="router instances in front of the same engines; the replay sends request i to "
+        "instance i mod N (a client-side load balancer: one conversation's turns reach "
+        "different instances, which share nothing unless they read the engines' KV events)",
     )
     ap.add_argument(
         "--kvgate-extra",
@@ -804,6 +837,8 @@ def main() -> int:
         help="only check, per router, that the session headers keep a session on one engine",
     )
     args = ap.parse_args()
+    if args.gateways < 1:
+        ap.error("--gateways must be at least 1")
     names = [
         *(n for n in args.routers.split(",") if n),
         *(f"kvgate-{p}" for p in args.kvgate_policy),

@@ -235,7 +235,7 @@ def _has_text(obj: Mapping[str, Any], endpoint: Endpoint) -> bool:
 
 async def replay(
     requests: Trace | Sequence[TraceRecord],
-    base_url: str,
+    base_url: str | Sequence[str],
     *,
     block_tokens: int | None = None,
     speedup: float = 1.0,
@@ -262,6 +262,10 @@ async def replay(
     turn (``turns``, see `gateway.trace.render`). With `session_header`, each request's
     session (the trace's, else inferred from its prefixes) goes in ``x-session-id`` and
     ``x-smg-routing-key``; without it, requests carry no session at all.
+
+    Several `base_url`s stand for router instances behind a client-side load balancer:
+    request i goes to the i-th mod their number, so one conversation's turns reach
+    different instances.
     """
     if isinstance(requests, Trace):
         records: Sequence[TraceRecord] = requests.records
@@ -274,7 +278,11 @@ async def replay(
         raise ValueError(f"unknown layout {layout!r} (known: {', '.join(LAYOUTS)})")
     if concurrency is not None and concurrency <= 0:
         raise ValueError("concurrency must be positive")
-    url = _v1(base_url) + ("/chat/completions" if endpoint == "chat" else "/completions")
+    bases = [base_url] if isinstance(base_url, str) else list(base_url)
+    if not bases:
+        raise ValueError("no base URL to send to")
+    path = "/chat/completions" if endpoint == "chat" else "/completions"
+    urls = [_v1(b) + path for b in bases]
     base_headers = {"content-type": "application/json", **(headers or {})}
     if api_key:
         base_headers["authorization"] = f"Bearer {api_key}"
@@ -313,7 +321,7 @@ async def replay(
         try:
             # Building a 100K-token prompt takes milliseconds: keep it off the loop.
             j = job(i, rec) if rec.input_tokens < 8192 else await asyncio.to_thread(job, i, rec)
-            res = await _one(http, url, j, t0, endpoint)
+            res = await _one(http, urls[i % len(urls)], j, t0, endpoint)
         except Exception as exc:  # noqa: BLE001 - one request's boundary: count it, never drop it
             end = time.monotonic() - t0
             res = RequestResult(i, started, end, None, error=f"client_{type(exc).__name__}")

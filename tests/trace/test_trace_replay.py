@@ -103,3 +103,15 @@ async def test_replay_through_the_gateway_keeps_sessions_on_their_cache() -> Non
     assert report.errors == 0, report.error_kinds
     # The session id travels as X-Session-Id, so later turns find their prefix.
     assert [r.cached_tokens for r in report.results] == [0, 0, 512, 512, 768, 768]
+
+
+async def test_several_urls_take_turns_like_a_client_side_balancer() -> None:
+    # Two engines, no router: request i goes to engine i mod 2, so the second request
+    # finds nothing of the first (it went to the other engine) and the fourth finds the
+    # second's prefix (they both went to engine 1).
+    async with SimCluster(2, time_scale=20.0) as cluster:
+        report = await replay(TRACE, cluster.urls, concurrency=1, endpoint="completions")
+    assert report.errors == 0, report.error_kinds
+    assert [r.cached_tokens for r in report.results] == [0, 0, 0, 752]
+    with pytest.raises(ValueError, match="no base URL"):
+        await replay(TRACE, [], concurrency=1)
