@@ -166,8 +166,9 @@ def main() -> int:
     if args.runs:
         print(f"{'run':34} {'hit':>6} {'placed inf':>10} {'sent away':>9} {'copies':>6}")
         for run in json.loads(Path(args.runs).read_text())["runs"]:
-            if run.get("skipped") or len(run.get("replicas") or ()) != len(records):
-                continue
+            served = run.get("replicas") or ()
+            if run.get("skipped") or len(served) != len(records) or None in served:
+                continue  # a router that does not name the replica (only kvgate does)
             p = placement(records, run["replicas"], block)
             name = f"{run['router']} #{run['repeat'] + 1} ({run['cell'].split(' / ')[1]})"
             print(

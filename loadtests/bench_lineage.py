@@ -70,7 +70,9 @@ import json
 import math
 import os
 import shutil
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -142,24 +144,27 @@ class RouterSpec:
     name: str
     kind: str  # kvgate | sglang | vllm
     policy: str | None  # None: the router's default (kvgate only)
-    # kvgate subscribed to the engines' KV cache events (gateway.kvevents); name ends "+events".
+    # kvgate subscribed to the engines' KV cache events (gateway.kvevents); name has "+events".
     events: bool = False
+    # kvgate instances sharing placements through a redis-server of the run's own
+    # (store.backend redis); name has "+redis".
+    redis: bool = False
 
 
 def parse_router(name: str) -> RouterSpec:
-    base, plus, suffix = name.partition("+")
+    base, *extras = name.split("+")
     kind, _, policy = base.partition("-")
     if (
         kind not in ("kvgate", "sglang", "vllm")
         or (kind != "kvgate" and not policy)
-        or (plus and (suffix != "events" or kind != "kvgate"))
+        or (extras and (kind != "kvgate" or not set(extras) <= {"events", "redis"}))
     ):
         raise ValueError(
             f"unknown router {name!r}: use kvgate, kvgate-POLICY, sglang-POLICY "
-            f"or vllm-POLICY, kvgate[-POLICY]+events "
+            f"or vllm-POLICY, kvgate[-POLICY]+events, +redis or +events+redis "
             f"(defaults: {', '.join(DEFAULT_ROUTERS)})"
         )
-    return RouterSpec(name, kind, policy or None, bool(plus))
+    return RouterSpec(name, kind, policy or None, "events" in extras, "redis" in extras)
 
 
 class Running:
@@ -197,6 +202,8 @@ def kvgate_yaml(
     policy: str | None,
     time_scale: float,
     kv: Sequence[tuple[str, str]] = (),
+    route_budget_ms: float | None = None,
+    store_url: str | None = None,
 ) -> str:
     lines = [f"server:\n  port: {port}\n  log_level: warning\nreplicas:"]
     lines += [f"  - {{id: e{i}, url: '{u}', models: [{MODEL}]}}" for i, u in enumerate(urls)]
@@ -206,8 +213,11 @@ def kvgate_yaml(
     lines.append(f"models:\n  discover: false\nscrape:\n  interval_s: {interval:g}")
     if policy is not None:
         lines.append(f"routing:\n  policy: {policy}")
+    if store_url is not None:
+        lines.append(f"store:\n  backend: redis\n  url: '{store_url}'")
     if kv:
-        lines.append("kv_events:\n  enabled: true\n  tokenizer: {kind: sim}\n  sources:")
+        budget = "" if route_budget_ms is None else f", route_budget_ms: {route_budget_ms:g}"
+        lines.append(f"kv_events:\n  enabled: true\n  tokenizer: {{kind: sim{budget}}}\n  sources:")
         lines += [
             f"    - {{replica: e{i}, endpoint: '{pub}', replay_endpoint: '{replay}', "
             "topic: kv-events}"
@@ -224,11 +234,20 @@ def router_command(
     args: argparse.Namespace,
     workdir: Path,
     kv: Sequence[tuple[str, str]] = (),
+    store_url: str | None = None,
 ) -> list[str] | str:
     """The command line of a router in front of `urls`, or why it cannot run."""
     if spec.kind == "kvgate":
         cfg = workdir / f"{spec.name}-{port}.yaml"
-        text = kvgate_yaml(port, urls, spec.policy, time_scale, kv if spec.events else ())
+        text = kvgate_yaml(
+            port,
+            urls,
+            spec.policy,
+            time_scale,
+            kv if spec.events else (),
+            args.kv_route_budget_ms,
+            store_url,
+        )
         if args.kvgate_extra:
             text += Path(args.kvgate_extra).read_text()
         cfg.write_text(text)
@@ -262,6 +281,50 @@ def router_command(
     return [found, *common]
 
 
+class RedisServer:
+    """A throwaway redis-server on a free loopback port (no persistence), for +redis."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> str | None:
+        """None once it accepts connections, else why it did not start."""
+        binary = shutil.which("redis-server")
+        if binary is None:
+            return "redis-server is not on PATH (apt install redis-server)"
+        self._proc = subprocess.Popen(
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return None
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        return "redis-server did not accept connections within 10 s"
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            self._proc.wait(timeout=10)
+
+
 def start_router(
     spec: RouterSpec,
     urls: Sequence[str],
@@ -269,12 +332,13 @@ def start_router(
     args: argparse.Namespace,
     workdir: Path,
     kv: Sequence[tuple[str, str]] = (),
+    store_url: str | None = None,
 ) -> tuple[Running, str] | str:
     """(process, url) of a router that answered a chat completion, or why it was skipped."""
     if any(not u.startswith("http://127.0.0.1:") for u in urls):
         raise RuntimeError(f"engines must be local: {urls}")
     port = free_port()
-    cmd = router_command(spec, urls, port, time_scale, args, workdir, kv)
+    cmd = router_command(spec, urls, port, time_scale, args, workdir, kv, store_url)
     if isinstance(cmd, str):
         return cmd
     running = Running(cmd)
@@ -397,6 +461,11 @@ def decision_reasons(url: str) -> dict[str, float]:
             labels, _, value = line.rpartition(" ")
             reason = labels.split('reason="', 1)[1].split('"', 1)[0]
             out[reason] = out.get(reason, 0.0) + float(value)
+        elif line.startswith("kvgate_kv_route_waits_total{"):
+            # With KV events: how the pre-routing waits for a prompt's tokens ended.
+            labels, _, value = line.rpartition(" ")
+            outcome = "wait:" + labels.split('outcome="', 1)[1].split('"', 1)[0]
+            out[outcome] = out.get(outcome, 0.0) + float(value)
     return out
 
 
@@ -453,10 +522,22 @@ async def run_one(
     try:
         routers: list[Running] = []
         urls: list[str] = []
+        redis = RedisServer() if spec.redis else None
         try:
+            if redis is not None and (why := await asyncio.to_thread(redis.start)) is not None:
+                run.skipped = why
+                return run
+            store_url = redis.url if redis is not None else None
             for _ in range(args.gateways):
                 started = await asyncio.to_thread(
-                    start_router, spec, engines.urls, work.time_scale, args, workdir, engines.kv
+                    start_router,
+                    spec,
+                    engines.urls,
+                    work.time_scale,
+                    args,
+                    workdir,
+                    engines.kv,
+                    store_url,
                 )
                 if isinstance(started, str):
                     run.skipped = started
@@ -491,6 +572,8 @@ async def run_one(
         finally:
             for router in routers:
                 router.stop()
+            if redis is not None:
+                redis.stop()
     finally:
         engines.stop()
     eng = after.minus(before)
@@ -765,6 +848,12 @@ def main() -> int:
         help="router instances in front of the same engines; the replay sends request i to "
         "instance i mod N (a client-side load balancer: one conversation's turns reach "
         "different instances, which share nothing unless they read the engines' KV events)",
+    )
+    ap.add_argument(
+        "--kv-route-budget-ms",
+        type=float,
+        default=None,
+        help="kvgate+events: kv_events.tokenizer.route_budget_ms (default: kvgate's)",
     )
     ap.add_argument(
         "--kvgate-extra",
