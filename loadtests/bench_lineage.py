@@ -70,9 +70,7 @@ import json
 import math
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -86,6 +84,7 @@ import httpx
 from bench_overhead import Proc, free_port
 from bench_policies import MODEL, TRACE, engine_counters, start_engines
 from bench_routers import answers_chat, tree_cpu_seconds
+from chaos import Redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.sim.profiles import get_profile
@@ -279,50 +278,6 @@ def router_command(
     if found is None:
         return f"vllm-router is not in {bin_dir} nor on PATH (see --router-bin)"
     return [found, *common]
-
-
-class RedisServer:
-    """A throwaway redis-server on a free loopback port (no persistence), for +redis."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> str | None:
-        """None once it accepts connections, else why it did not start."""
-        binary = shutil.which("redis-server")
-        if binary is None:
-            return "redis-server is not on PATH (apt install redis-server)"
-        self._proc = subprocess.Popen(
-            [
-                binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return None
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        return "redis-server did not accept connections within 10 s"
-
-    def stop(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            self._proc.wait(timeout=10)
 
 
 def start_router(
@@ -522,11 +477,14 @@ async def run_one(
     try:
         routers: list[Running] = []
         urls: list[str] = []
-        redis = RedisServer() if spec.redis else None
+        redis = Redis() if spec.redis else None
         try:
-            if redis is not None and (why := await asyncio.to_thread(redis.start)) is not None:
-                run.skipped = why
-                return run
+            if redis is not None:
+                try:
+                    await asyncio.to_thread(redis.start)
+                except RuntimeError as exc:
+                    run.skipped = str(exc)
+                    return run
             store_url = redis.url if redis is not None else None
             for _ in range(args.gateways):
                 started = await asyncio.to_thread(
@@ -573,7 +531,7 @@ async def run_one(
             for router in routers:
                 router.stop()
             if redis is not None:
-                redis.stop()
+                redis.kill()
     finally:
         engines.stop()
     eng = after.minus(before)

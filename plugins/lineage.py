@@ -34,6 +34,8 @@ really holds of the prompt: ``uncached_r`` then comes from it for every replica 
 (the prefix index answers for the others), and a sticky session whose replica evicted it
 (holds less than ``evicted_fraction`` of what the best replica holds, or nothing) is
 placed again as if new (reason ``evicted``): staying would recompute it there anyway.
+Events that hold none of the prompt anywhere say nothing of where it should go (it is in
+flight through another gateway, or evicted everywhere): the prefix index answers then.
 
 Unknown or stale engine load is not held against a replica (the gateway's own counts
 still are), so this policy ranks saturated replicas itself (`handles_saturation`).
@@ -46,7 +48,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 from pydantic import Field
@@ -206,7 +208,7 @@ class Lineage:
         if not hashes:
             return 0
         if self._evidence is not None:
-            precise = self._evidence.cached_tokens(request)
+            precise = self._precise(self._evidence, request)
             if precise is not None and replica in precise:
                 return min(precise[replica], request.prompt_tokens or precise[replica])
         tokens = self.index.matched(replica, hashes) * request.block_tokens
@@ -287,11 +289,25 @@ class Lineage:
         """The engines' own events say `sticky` no longer holds this session's prefix."""
         if self._evidence is None or not request.prefix_hashes:
             return False
+        # The events' own answer: a prompt they hold nowhere was evicted everywhere, or is
+        # still in prefill through another gateway; either way the move costs no cache.
         precise = self._evidence.cached_tokens(request)
         if not precise or sticky not in precise:
             return False
         held = precise[sticky]
         return held == 0 or held < self.config.evicted_fraction * max(precise.values())
+
+    @staticmethod
+    def _precise(evidence: CacheEvidence, request: RouteRequest) -> Mapping[ReplicaId, int] | None:
+        """What the engines' events say each replica holds of the prompt, or None when
+        they hold none of it anywhere: a prompt still in flight through another gateway
+        (stored nowhere yet, and that gateway's dispatches are not seen here), or evicted
+        everywhere. The prefix index then answers: it knows where the prompt was sent
+        (shared through the store), and that is where its next turns cost no second copy."""
+        precise = evidence.cached_tokens(request)
+        if precise is None or not any(precise.values()):
+            return None
+        return precise
 
     def _load(self, replica: ReplicaId, view: ClusterView, unit: float) -> float:
         cfg = self.config
@@ -329,7 +345,12 @@ class Lineage:
         position = {r.id: i for i, r in enumerate(replicas)} if hashes else {}
         matched = self.index.matched_sparse(position, hashes) if hashes else {}
         evidence = self._evidence
-        precise = evidence.cached_tokens(request) if evidence is not None and hashes else None
+        precise = None
+        if evidence is not None and hashes:
+            # A session the events say its replica evicted goes by their zeros (by load):
+            # the prefix index would send it straight back to where it is gone.
+            raw = moved == "evicted"
+            precise = evidence.cached_tokens(request) if raw else self._precise(evidence, request)
         pending, queued, counts = self._pending.get, self._queued.get, self.sessions.counts.get
         inflight = view.in_flight.get
         per_session = cfg.session_weight * unit

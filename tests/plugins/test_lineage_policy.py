@@ -178,3 +178,34 @@ def test_the_index_remembers_where_a_conversation_went_after_the_engine_evicted_
 def test_an_index_the_size_of_the_kv_forgets_it() -> None:
     # The control: an index sized as the engine's cache has forgotten the conversation.
     assert not _returns_home_after_its_replica_wrote_twice_its_kv(1.0)
+
+
+class Said:
+    """What the engines' KV events say each replica holds (a `CacheEvidence`), by hand."""
+
+    def __init__(self, held: dict[ReplicaId, int]) -> None:
+        self.held = held
+
+    def cached_tokens(self, request: RouteRequest) -> dict[ReplicaId, int]:
+        return self.held
+
+
+def test_events_that_hold_a_prompt_nowhere_leave_it_to_the_prefix_index() -> None:
+    # Every replica's events known, none holding any of the prompt: it is in flight through
+    # another gateway (stored nowhere yet) or evicted everywhere. Where it was sent is
+    # where it goes, not wherever load is least (a second copy of it).
+    p, v = policy(4)
+    history = (1, 2, 3, 4)
+    home = serve(p, turn("a", history, 0), v)
+    for s in range(6):  # other sessions, so the home replica is not the least loaded
+        serve(p, turn(f"x{s}", (9000 + s,), 0), v)
+    nothing = dataclasses.replace(v, cache_evidence=Said({r.id: 0 for r in v.replicas}))
+    elsewhere = p.choose(turn("a-via-another-gateway", (*history, 5), 1), nothing)
+    assert elsewhere.first == home and elsewhere.reason == "prefix"
+    # Its own session, though, is free to move: whatever it held is held nowhere.
+    assert p.choose(turn("a", (*history, 5), 1), nothing).reason == "evicted"
+    # The control: events that hold it on another replica say the home replica evicted it.
+    other = next(r.id for r in v.replicas if r.id != home)
+    held = Said({r.id: 4 * 512 if r.id == other else 0 for r in v.replicas})
+    moved = p.choose(turn("a", (*history, 5), 1), dataclasses.replace(v, cache_evidence=held))
+    assert moved.reason == "evicted" and moved.first == other
