@@ -223,7 +223,8 @@ class Lineage:
         self._pending[replica] = self._pending.get(replica, 0.0) + tokens
         self._pending_total += tokens
         self._unit += self.config.ewma_alpha * (tokens - self._unit)
-        self.churn.write(replica, tokens)
+        if self.config.churn_weight:  # nothing reads the meter when it is off
+            self.churn.write(replica, tokens)
 
     def prefilled(self, request: RouteRequest) -> None:
         """The prefill is over (first byte, failure or end); idempotent."""
