@@ -320,8 +320,10 @@ class Conversations:
         self._seen: object = None
         slack = -(-slack_tokens // self._block_tokens)
         # Resolutions of requests not recorded yet, by identity of their hash tuple: the
-        # prompt is recorded under the lineage routing went by.
-        self._memo: dict[int, tuple[Sequence[int], LineageMatch, int]] = {}
+        # prompt is recorded under the lineage routing went by. Ordered so that dropping
+        # the oldest is O(1): requests that fail are never recorded, and a plain dict
+        # emptied from its front makes each `next(iter(...))` walk the holes it left.
+        self._memo: OrderedDict[int, tuple[Sequence[int], LineageMatch, int]] = OrderedDict()
         self.index = LineageIndex(max_blocks, max_lineages, slack)
 
     def key_for(
@@ -335,7 +337,7 @@ class Conversations:
         match = index.resolve(hashes, probe)
         memo = self._memo
         if len(memo) >= _MEMO_MAX:
-            del memo[next(iter(memo))]
+            memo.popitem(False)
         if match.lineage is not None:
             memo[id(hashes)] = (hashes, match, match.lineage)
             return index.key_of(match.lineage) or lineage_key(match.lineage)

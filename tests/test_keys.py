@@ -229,3 +229,38 @@ def test_chat_hashes_and_key_are_those_of_the_message_bytes() -> None:
         assert r.prefix_hashes == block_hashes(data, 64, model_seed("m"))
         assert len(r.prefix_hashes) == len(data) // 64
         assert r.session_key == session_key(body, Endpoint.CHAT, None)[0]
+
+
+def test_plain_text_chats_hash_as_their_message_bytes() -> None:
+    # Chats whose messages are all plain text are encoded as one string (gateway.keys
+    # _chat_text); the bytes, the key and the lineage chain must be the piecewise ones,
+    # ASCII or not, and a chat that also has a part or a tool call must agree with it.
+    from gateway.hashing import block_hashes, model_seed
+    from gateway.keys import message_bytes
+
+    roles = ("system", "user", "assistant", "tool", "critic")
+    for text in ("plain ", "déjà vu, 東京 "):
+        for count in (1, 3, 4, 40):
+            messages = [
+                {"role": roles[i % 5], "content": f"{text}{i} " + "w" * (53 * i % 700)}
+                for i in range(count)
+            ]
+            body = {"model": "m", "messages": messages}
+            r = route_request(body, Endpoint.CHAT, "q", block_tokens=16, max_prefix_blocks=10**6)
+            data = b"".join(message_bytes(m) for m in messages)
+            assert r.prefix_hashes == block_hashes(data, 64, model_seed("m"))
+            assert r.session_key == session_key(body, Endpoint.CHAT, None)[0]
+            # The same chat with its last message as a text part takes the piecewise path.
+            parted = [
+                *messages[:-1],
+                {**messages[-1], "content": [{"type": "text", "text": messages[-1]["content"]}]},
+            ]
+            other = route_request(
+                {"model": "m", "messages": parted},
+                Endpoint.CHAT,
+                "q",
+                block_tokens=16,
+                max_prefix_blocks=10**6,
+            )
+            assert other.lineage_hashes == r.lineage_hashes
+            assert other.session_key == r.session_key
