@@ -10,13 +10,16 @@ the request path's latency with events on and off at one client.
 * lookup: `CacheEvidence.cached_tokens` for that prompt's next turn against an index where
   8 synced replicas hold it, with 64 other requests in flight (the memo defeated: a fresh
   request each time);
-* latency: median and p99 of 400 sequential chat requests through a gateway in front of 4
-  `instant` simulated engines, with kv_events off, then on (engines publishing, gateway
-  subscribed, `sim` tokenizer) with the pre-routing wait off (`route_budget_ms: 0`) and on
-  (the default budget), each after 50 warm-up requests. Two workloads: `turns`
-  (conversations of 5 turns sharing a preamble: the bridge knows each prompt to near its
-  end, no wait) and `new` (every prompt opens with text never seen: each decision waits for
-  its prompt's tokenization), with the count of each wait outcome.
+* latency: median and p99 of 300 sequential chat requests (after 30 warm-up ones) through
+  a gateway (`kvgate serve`, its own process, as in production) in front of 4 simulated
+  engines (another process, 1000x faster than an H200, publishing KV events throughout),
+  with kv_events off, then on (`sim` tokenizer) in threads and in worker processes, each
+  with the pre-routing wait off (`route_budget_ms: 0`) and at its default. Workloads:
+  `turns` (conversations of 5 turns of ~300 tokens sharing a preamble: the bridge knows
+  each prompt to near its end, no wait), `new` (every prompt opens with text never seen:
+  each decision waits for its prompt's tokenization) and `new-20k` (the same with 20K-token
+  prompts). Rounds are interleaved (`--rounds`, each in its own order); each row prints the median p50 and its
+  min..max, the median p99, and what events add to the p50 of `off`.
 
     python loadtests/bench_kvevents_cost.py
 """
@@ -37,6 +40,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
+from bench_lineage import Running
+from bench_overhead import free_port
+from bench_policies import start_engines
+from bench_routers import answers_chat
 
 from gateway.keys import route_request
 from gateway.kvevents.bridge import PromptBridge
@@ -48,9 +55,7 @@ from gateway.kvevents.render import HFRenderer, Renderer, SimRenderer
 from gateway.kvevents.stage import learn_prompt
 from gateway.kvevents.tokcache import TokenCache
 from gateway.kvevents.wire import BlockStored
-from gateway.sim.server import KVEventsOptions
 from gateway.sim.tokenizer import approx_token_ids, render_chat
-from gateway.testing.servers import gateway, sim_engines
 from gateway.types import Endpoint, ReplicaId
 
 MODEL = "kvgate-sim"
@@ -119,13 +124,12 @@ def _words(rng: random.Random, n: int, vocab: list[str]) -> str:
     return " ".join(rng.choice(vocab) + rng.choice(("", "", "", ",", ".", "\n")) for _ in range(n))
 
 
-def bpe_rows(tokens: int) -> None:
+def train_bpe(rng: random.Random) -> tuple[Any, list[str]] | None:
+    """A byte-level BPE of 8000 tokens trained on random words, and those words."""
     try:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     except ImportError:
-        print("next turn, BPE: skipped (no tokenizers package)")
-        return
-    rng = random.Random(7)
+        return None
     letters = "abcdefghijklmnopqrstuvwxyz"
     vocab = ["".join(rng.choices(letters, k=rng.randint(2, 9))) for _ in range(3000)]
     tok = Tokenizer(models.BPE())
@@ -138,6 +142,16 @@ def bpe_rows(tokens: int) -> None:
         show_progress=False,
     )
     tok.train_from_iterator([_words(rng, 200, vocab) for _ in range(1000)], trainer)
+    return tok, vocab
+
+
+def bpe_rows(tokens: int) -> None:
+    rng = random.Random(7)
+    trained = train_bpe(rng)
+    if trained is None:
+        print("next turn, BPE: skipped (no tokenizers package)")
+        return
+    tok, vocab = trained
     sample = _words(rng, 5000, vocab)
     per_word = len(tok.encode(sample).ids) / 5000
     system = _words(rng, 2000, vocab)
@@ -221,66 +235,211 @@ def cpu_figures(tokens: int) -> None:
     )
 
 
-async def latency(
-    events: bool, requests: int, budget_ms: float, fresh: bool
-) -> tuple[float, float, dict[str, int]]:
-    async with sim_engines(4, "instant", kv_events=KVEventsOptions()) as engines:
-        sources = [
-            {
-                "replica": f"e{e.index}",
-                "endpoint": e.kv_publisher.endpoint,  # type: ignore[union-attr]
-                "replay_endpoint": e.kv_publisher.replay_endpoint,
-                "topic": "kv-events",
-            }  # type: ignore[union-attr]
-            for e in engines
+# A workload: (prompt tokens, every prompt opens with text never seen).
+WORKLOADS: dict[str, tuple[int, bool]] = {
+    "turns": (300, False),
+    "new": (300, True),
+    "new-20k": (20_000, True),
+}
+# (name, events on, tokenizer executor, pre-routing budget in ms)
+CONFIGS: list[tuple[str, bool, str, float]] = [
+    ("off", False, "process", 0.0),
+    ("on, thread, budget 0", True, "thread", 0.0),
+    (f"on, thread, budget {DEFAULT_ROUTE_BUDGET_MS:g}", True, "thread", DEFAULT_ROUTE_BUDGET_MS),
+    ("on, process, budget 0", True, "process", 0.0),
+    (f"on, process, budget {DEFAULT_ROUTE_BUDGET_MS:g}", True, "process", DEFAULT_ROUTE_BUDGET_MS),
+]
+
+
+def gateway_yaml(
+    port: int, urls: list[str], kv: list[tuple[str, str]], config: tuple[str, bool, str, float]
+) -> str:
+    _, events, executor, budget = config
+    lines = [f"server:\n  port: {port}\n  log_level: warning\nreplicas:"]
+    lines += [f"  - {{id: e{i}, url: '{u}', models: [{MODEL}]}}" for i, u in enumerate(urls)]
+    lines.append("models:\n  discover: false")
+    if events:
+        lines.append(
+            "kv_events:\n  enabled: true\n"
+            f"  tokenizer: {{kind: sim, executor: {executor}, route_budget_ms: {budget:g}}}\n"
+            "  sources:"
+        )
+        lines += [
+            f"    - {{replica: e{i}, endpoint: '{pub}', replay_endpoint: '{replay}', "
+            "topic: kv-events}"
+            for i, (pub, replay) in enumerate(kv)
         ]
-        tokenizer = {"kind": "sim", "route_budget_ms": budget_ms}
-        kv = {"enabled": events, "sources": sources, "tokenizer": tokenizer}
-        async with gateway(engines, kv_events=kv) as gw, httpx.AsyncClient(base_url=gw.url) as http:
-            times = []
-            for i in range(requests + 50):
-                body = chat(300, turn=i % 5)
-                body["messages"][1]["content"] += f" session {i // 5}"
-                if fresh:
-                    body["messages"][0]["content"] = (
-                        f"request {i}: " + body["messages"][0]["content"]
-                    )
-                body["max_tokens"] = 4
+    return "\n".join(lines) + "\n"
+
+
+async def latency(url: str, requests: int, workload: str, round_: int) -> tuple[float, float]:
+    """p50 and p99 of `requests` sequential chat requests (after 30 warm-up ones)."""
+    tokens, fresh = WORKLOADS[workload]
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        times = []
+        for i in range(requests + 30):
+            body = chat(tokens, turn=i % 5)
+            body["messages"][1]["content"] += f" session {i // 5}"
+            if fresh:
+                body["messages"][0]["content"] = (
+                    f"round {round_} request {i}: " + body["messages"][0]["content"]
+                )
+            body["max_tokens"] = 4
+            t0 = time.perf_counter()
+            r = await http.post("/v1/chat/completions", json=body)
+            dt = time.perf_counter() - t0
+            assert r.status_code == 200, r.text
+            if i >= 30:
+                times.append(dt)
+    times.sort()
+    return statistics.median(times), times[int(0.99 * len(times))]
+
+
+def latency_rows(requests: int, rounds: int, workloads: list[str]) -> None:
+    """Each configuration's gateway (`kvgate serve`, its own process) in front of the same 4
+    engines (another process, publishing KV events throughout), rounds interleaved."""
+    engines = start_engines(4, 64_000, time_scale=1000.0, kv_events=True)
+    results: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for round_ in range(rounds):
+                for workload in workloads:
+                    # Each round in another order: no configuration always runs first.
+                    for config in random.Random(round_).sample(CONFIGS, len(CONFIGS)):
+                        port = free_port()
+                        cfg = Path(tmp) / f"gw-{port}.yaml"
+                        cfg.write_text(gateway_yaml(port, engines.urls, engines.kv, config))
+                        gw = Running([sys.executable, "-m", "gateway.cli", "serve", "-c", str(cfg)])
+                        url = f"http://127.0.0.1:{port}"
+                        try:
+                            deadline = time.monotonic() + 60
+                            while (error := answers_chat(url, 1.0)) is not None:
+                                if gw.proc.p.poll() is not None or time.monotonic() > deadline:
+                                    raise RuntimeError(
+                                        f"gateway did not start: {gw.why_dead()} {error}"
+                                    )
+                            p50, p99 = asyncio.run(latency(url, requests, workload, round_))
+                        finally:
+                            gw.stop()
+                        results.setdefault((workload, config[0]), []).append((p50, p99))
+    finally:
+        engines.stop()
+    for workload in workloads:
+        base = statistics.median(r[0] for r in results[(workload, "off")])
+        for config in CONFIGS:
+            runs = results[(workload, config[0])]
+            p50s = [r[0] * 1e3 for r in runs]
+            p99 = statistics.median(r[1] for r in runs) * 1e3
+            added = statistics.median(p50s) - base * 1e3
+            print(
+                f"request path, 1 client, {workload}, events {config[0]}: p50 "
+                f"{statistics.median(p50s):.2f} ms ({min(p50s):.2f}..{max(p50s):.2f}), "
+                f"p99 {p99:.2f} ms" + (f", p50 added {added:+.2f} ms" if config[1] else "")
+            )
+
+
+async def _stall(url: str, bodies: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
+    """(latencies of /health probes sent every 5 ms while `bodies` are sent one by one,
+    latencies of those requests)."""
+    probes: list[float] = []
+    sent: list[float] = []
+    done = asyncio.Event()
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+
+        async def probe() -> None:
+            while not done.is_set():
                 t0 = time.perf_counter()
-                r = await http.post("/v1/chat/completions", json=body)
-                dt = time.perf_counter() - t0
-                assert r.status_code == 200, r.text
-                if i >= 50:
-                    times.append(dt)
-            waits: dict[str, int] = {}
-            for family in gw.state.metrics.registry.collect():
-                for sample in family.samples:
-                    if sample.name == "kvgate_kv_route_waits_total":
-                        waits[sample.labels["outcome"]] = int(sample.value)
-            times.sort()
-            return statistics.median(times), times[int(0.99 * len(times))], waits
+                await http.get("/health")
+                probes.append(time.perf_counter() - t0)
+                await asyncio.sleep(0.005)
+
+        task = asyncio.create_task(probe())
+        for b in bodies:
+            t0 = time.perf_counter()
+            r = await http.post("/v1/chat/completions", json=b)
+            assert r.status_code == 200, r.text
+            sent.append(time.perf_counter() - t0)
+        done.set()
+        await task
+    return probes, sent
+
+
+def stall_rows(tokens: int, prompts: int) -> None:
+    """How long the gateway stops answering while a real tokenizer (the BPE above, `hf`
+    kind) tokenizes new `tokens`-token prompts whole, in a thread and in a worker process."""
+    rng = random.Random(11)
+    trained = train_bpe(rng)
+    if trained is None:
+        print("stall: skipped (no tokenizers package)")
+        return
+    tok, vocab = trained
+    per_word = len(tok.encode(_words(rng, 5000, vocab)).ids) / 5000
+    engines = start_engines(4, 64_000, time_scale=1000.0, kv_events=True)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            path, template = Path(tmp) / "tokenizer.json", Path(tmp) / "template.jinja"
+            tok.save(str(path))
+            template.write_text(CHATML)
+            for executor in ("thread", "process"):
+                port = free_port()
+                cfg = Path(tmp) / f"gw-{port}.yaml"
+                text = gateway_yaml(port, engines.urls, engines.kv, ("", True, executor, 0.0))
+                text = text.replace(
+                    "kind: sim,", f"kind: hf, path: '{path}', chat_template: '{template}',"
+                )
+                cfg.write_text(text)
+                bodies = [
+                    {
+                        "model": MODEL,
+                        "messages": [
+                            {"role": "user", "content": _words(rng, int(tokens / per_word), vocab)}
+                        ],
+                        "max_tokens": 4,
+                    }
+                    for _ in range(prompts)
+                ]
+                gw = Running([sys.executable, "-m", "gateway.cli", "serve", "-c", str(cfg)])
+                url = f"http://127.0.0.1:{port}"
+                try:
+                    deadline = time.monotonic() + 60
+                    while (error := answers_chat(url, 1.0)) is not None:
+                        if gw.proc.p.poll() is not None or time.monotonic() > deadline:
+                            raise RuntimeError(f"gateway did not start: {gw.why_dead()} {error}")
+                    probes, sent = asyncio.run(_stall(url, bodies))
+                finally:
+                    gw.stop()
+                probes.sort()
+                print(
+                    f"stall, hf tokenizer in a {executor}, {prompts} new {tokens // 1000}K-token "
+                    f"prompts: /health p50 {statistics.median(probes) * 1e3:.2f} ms, p99 "
+                    f"{probes[int(0.99 * len(probes))] * 1e3:.2f} ms, max {probes[-1] * 1e3:.1f} ms "
+                    f"({len(probes)} probes); the prompts' own p50 "
+                    f"{statistics.median(sent) * 1e3:.1f} ms"
+                )
+    finally:
+        engines.stop()
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=100_000, help="prompt size of the CPU figures")
-    ap.add_argument("--requests", type=int, default=400, help="timed requests per latency run")
+    ap.add_argument("--requests", type=int, default=300, help="timed requests per latency run")
+    ap.add_argument("--rounds", type=int, default=3, help="latency runs per configuration")
+    ap.add_argument(
+        "--workloads", default=",".join(WORKLOADS), help="latency workloads (comma-separated)"
+    )
     ap.add_argument("--cpu-only", action="store_true", help="skip the latency runs")
+    ap.add_argument("--latency-only", action="store_true", help="skip the CPU figures")
+    ap.add_argument(
+        "--stall-tokens", type=int, default=60_000, help="prompt size of the stall rows (0: none)"
+    )
     args = ap.parse_args()
-    cpu_figures(args.tokens)
-    if args.cpu_only:
-        return 0
-    runs = [(False, 0.0), (True, 0.0), (True, DEFAULT_ROUTE_BUDGET_MS)]
-    for workload in ("turns", "new"):
-        for events, budget in runs * 2:
-            p50, p99, waits = asyncio.run(latency(events, args.requests, budget, workload == "new"))
-            name = f"on, budget {budget:g} ms" if events else "off"
-            shown = ", ".join(f"{k} {v}" for k, v in sorted(waits.items()))
-            print(
-                f"request path, 1 client, {workload}, events {name}: "
-                f"p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms"
-                + (f" (waits: {shown})" if shown else "")
-            )
+    if not args.latency_only:
+        cpu_figures(args.tokens)
+    if not args.cpu_only:
+        latency_rows(args.requests, args.rounds, [w for w in args.workloads.split(",") if w])
+        if args.stall_tokens:
+            stall_rows(args.stall_tokens, prompts=6)
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -57,7 +58,15 @@ class TokenizerSettings(_Section):
     chat_template: str | None = Field(None, description="hf: a Jinja chat template file")
     bos_token: str = Field("", description="hf: value of bos_token in the template")
     eos_token: str = Field("", description="hf: value of eos_token in the template")
-    workers: int = Field(1, ge=1, le=16, description="tokenizer threads")
+    workers: int = Field(1, ge=1, le=16, description="tokenizer processes (or threads)")
+    executor: Literal["auto", "process", "thread"] = Field(
+        "auto",
+        description="where prompts are tokenized: worker processes (each with its own "
+        "tokenizer and token cache; the event loop never waits on them for the GIL, which a "
+        "Hugging Face tokenizer holds for its whole encode) or threads of the gateway (no "
+        "extra process; right for the sim tokenizer, which lets go of the GIL); auto: "
+        "processes for hf, threads otherwise",
+    )
     max_pending: int = Field(64, ge=1, description="prompts waiting at most; more are dropped")
     timeout_s: float = Field(
         1.0, gt=0, description="a prompt taking longer is counted slow and not used"

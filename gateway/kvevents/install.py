@@ -2,47 +2,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from gateway.errors import ConfigError
 from gateway.kvevents.bridge import PromptBridge
-from gateway.kvevents.config import KVEventsSettings, TokenizerKind, TokenizerSettings
+from gateway.kvevents.config import KVEventsSettings, TokenizerKind
 from gateway.kvevents.evidence import EventEvidence
 from gateway.kvevents.feed import EventFeed
 from gateway.kvevents.index import EventIndex
 from gateway.kvevents.intake import EventIntake, Source
 from gateway.kvevents.metrics import KVEventMetrics
-from gateway.kvevents.render import HFRenderer, Renderer, SimRenderer, TokenIdsOnly
 from gateway.kvevents.stage import TokenStage
-from gateway.kvevents.tokcache import TokenCache
+from gateway.kvevents.workers import ProcessJobs, make_cache, make_renderer
 from gateway.state import GatewayState
 from gateway.types import ReplicaId
-
-
-def make_cache(settings: TokenizerSettings) -> TokenCache | None:
-    if settings.cache_entries == 0 or settings.cache_bytes == 0:
-        return None
-    return TokenCache(settings.cache_entries, settings.cache_bytes)
-
-
-def make_renderer(
-    settings: TokenizerSettings, cache: TokenCache | None = None, block_size: int = 16
-) -> Renderer:
-    if settings.kind is TokenizerKind.SIM:
-        return SimRenderer(cache, block_size)
-    if settings.kind is TokenizerKind.HF:
-        assert settings.path is not None
-        template = None
-        try:
-            if settings.chat_template:
-                template = Path(settings.chat_template).read_text()
-            specials = {"bos_token": settings.bos_token, "eos_token": settings.eos_token}
-            return HFRenderer(settings.path, template, specials, cache, block_size)
-        except (OSError, ValueError, ImportError) as exc:
-            raise ConfigError(
-                f"cannot load the tokenizer: {exc}", param="kv_events.tokenizer"
-            ) from exc
-    return TokenIdsOnly()
 
 
 def install(state: GatewayState) -> None:
@@ -69,7 +40,14 @@ def install(state: GatewayState) -> None:
     )
     intake = EventIntake(sources, feed, replay_timeout_s=settings.replay_timeout_s)
     tok = settings.tokenizer
-    cache = make_cache(tok) if tok.kind is not TokenizerKind.NONE else None
+    executor = tok.executor
+    if executor == "auto":
+        executor = "process" if tok.kind is TokenizerKind.HF else "thread"
+    in_processes = executor == "process" and tok.kind is not TokenizerKind.NONE
+    # With worker processes the gateway's own renderer is built only to check the
+    # settings here (a bad tokenizer path fails at start-up, not in a worker).
+    cache = make_cache(tok) if tok.kind is not TokenizerKind.NONE and not in_processes else None
+    processes = ProcessJobs(tok, settings.block_size, tok.workers) if in_processes else None
     stage = TokenStage(
         make_renderer(tok, cache, settings.block_size),
         bridge,
@@ -81,6 +59,7 @@ def install(state: GatewayState) -> None:
         cache=cache,
         route_budget_s=tok.route_budget_ms / 1000,
         synced=feed.any_synced,
+        processes=processes,
     )
     state.cluster.set_cache_evidence(evidence)
     if tok.route_budget_ms > 0:

@@ -10,7 +10,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gateway.kvevents.index import MEDIUM_NAMES, EventIndex, SyncState
-from gateway.kvevents.tokcache import TokenCache
+from gateway.kvevents.tokcache import CacheStats
 from gateway.types import ReplicaId
 from gateway.workers.snapshot import MergeMode
 
@@ -178,12 +178,13 @@ class KVEventMetrics:
         )
         self._registry = registry
 
-    def token_cache(self, outcome: str, reused: int, cache: TokenCache | None) -> None:
+    def token_cache(self, outcome: str, reused: int, stats: CacheStats | None) -> None:
+        """One token cache lookup; `stats`: the size of the cache that answered it (a
+        worker process's, when the tokenizer runs in processes)."""
         self.token_cache_lookups.labels(outcome).inc()
         if reused:
             self.token_cache_reused.inc(reused)
-        if cache is not None:
-            stats = cache.stats()
+        if stats is not None:
             self.token_cache_entries.set(stats.entries)
             self.token_cache_bytes.set(stats.bytes)
             self.token_cache_evictions.set(stats.evictions)

@@ -31,26 +31,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from array import array
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from gateway.hashing import CHARS_PER_TOKEN
+from gateway.hashing import CHARS_PER_TOKEN, hash_key
 from gateway.hooks import RequestOutcome
 from gateway.kvevents.bridge import PromptBridge
+from gateway.kvevents.learn import learn_prompt, learn_rendered
 from gateway.kvevents.metrics import KVEventMetrics
-from gateway.kvevents.render import Rendered, Renderer
+from gateway.kvevents.render import Renderer
 from gateway.kvevents.tokcache import TokenCache
-from gateway.kvevents.tokenkeys import chain_keys, root_seed
+from gateway.kvevents.workers import JobResult, ProcessJobs, run_job
 from gateway.types import Endpoint, ReplicaId, RouteRequest
+
+__all__ = ["NEAR_BLOCKS", "TokenStage", "learn_prompt", "learn_rendered"]
 
 log = logging.getLogger("kvgate.kvevents")
 
-Learnt = tuple[tuple[int, ...], "array[int]", list[int]]
-# (what was learnt, seconds, the token cache's answer, tokens it gave)
-_JobResult = tuple[Learnt | None, float, str, int]
 
 # A prompt the bridge knows at least half of, or all but NEAR_BLOCKS prompt blocks of, is
 # routed at once: the rest is what this turn adds (a message, a tool's output), new text
@@ -59,36 +58,6 @@ _JobResult = tuple[Learnt | None, float, str, int]
 # sent by someone else, or is the first of its kind.
 NEAR_BLOCKS = 2
 _FRUITLESS = 1024  # prompts whose job taught nothing, remembered so as not to retry them
-
-
-def learn_prompt(
-    renderer: Renderer,
-    body: Mapping[str, Any],
-    endpoint: Endpoint,
-    prompt_hashes: Sequence[int],
-    prompt_block_bytes: int,
-    block_size: int,
-) -> Learnt | None:
-    """(prompt hashes, token-block keys, keys known at each prompt block): threadable."""
-    rendered = renderer.render(body, endpoint)
-    if rendered is None:
-        return None
-    return learn_rendered(rendered, prompt_hashes, prompt_block_bytes, block_size)
-
-
-def learn_rendered(
-    rendered: Rendered, prompt_hashes: Sequence[int], prompt_block_bytes: int, block_size: int
-) -> Learnt:
-    ids = rendered.token_ids
-    if rendered.keys is not None:
-        keys = array("Q", rendered.keys)
-    else:
-        keys = array("Q", chain_keys(ids, block_size, root_seed()))
-    counts = [
-        rendered.stable_tokens((j + 1) * prompt_block_bytes) // block_size
-        for j in range(len(prompt_hashes))
-    ]
-    return tuple(prompt_hashes), keys, counts
 
 
 class TokenStage:
@@ -105,7 +74,11 @@ class TokenStage:
         cache: TokenCache | None = None,
         route_budget_s: float = 0.0,
         synced: Callable[[], bool] | None = None,
+        processes: ProcessJobs | None = None,
     ) -> None:
+        # Jobs run in `processes` when given (each worker holds its own renderer and
+        # cache: `renderer` then only says which endpoints it renders), else in threads.
+        self.processes = processes
         self.renderer = renderer
         self.cache = cache  # the renderer's, read for the metrics
         self.bridge = bridge
@@ -123,6 +96,7 @@ class TokenStage:
         # Routing decisions waiting for a job, by its last prompt hash.
         self._waiters: dict[int, list[asyncio.Future[None]]] = {}
         self._pool: ThreadPoolExecutor | None = None
+        self._started_processes = False
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -130,14 +104,25 @@ class TokenStage:
         """Routing decisions waiting for the stage now."""
         return sum(len(w) for w in self._waiters.values())
 
+    @property
+    def _running(self) -> bool:
+        return self._pool is not None or self._started_processes
+
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="kvgate-tokenize")
+        if self.processes is not None:
+            await self.processes.start()
+            self._started_processes = True
+        else:
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="kvgate-tokenize")
 
     async def stop(self) -> None:
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+        if self._started_processes and self.processes is not None:
+            self._started_processes = False
+            await self.processes.stop()
 
     def _count(self, outcome: str) -> None:
         if self.metrics is not None:
@@ -160,7 +145,7 @@ class TokenStage:
         """The proxy's `pre_route` hook: None (route now), or a wait of at most the budget
         for the prompt's tokenization."""
         hashes = request.prefix_hashes
-        if self._pool is None or not hashes or not body or request.endpoint not in self.endpoints:
+        if not self._running or not hashes or not body or request.endpoint not in self.endpoints:
             return None
         last = hashes[-1]
         known = self.bridge.known_blocks(hashes)
@@ -208,7 +193,7 @@ class TokenStage:
 
     def _submit(self, request: RouteRequest, body: Mapping[str, Any], *, count_known: bool) -> None:
         hashes = request.prefix_hashes
-        if self._pool is None or not hashes or not body or request.endpoint not in self.endpoints:
+        if not self._running or not hashes or not body or request.endpoint not in self.endpoints:
             return
         last = hashes[-1]
         if last in self._queued or self.bridge.knows(last) or last in self._fruitless:
@@ -221,25 +206,28 @@ class TokenStage:
         self._start(request, body, last)
 
     def _start(self, request: RouteRequest, body: Mapping[str, Any], last: int) -> None:
-        assert self._pool is not None
-        self.pending += 1
-        self._queued.add(last)
         bytes_per_block = request.block_tokens * CHARS_PER_TOKEN
         hashes = request.prefix_hashes
+        self.pending += 1
+        self._queued.add(last)
+        if self.processes is not None:
+            # One conversation, one worker: its earlier turn is in that worker's cache.
+            key = hash_key(request.session_key)
+            job = self.processes.submit(key, body, request.endpoint, hashes, bytes_per_block)
+            job.add_done_callback(lambda f: self._apply(f, last))  # on the loop already
+            return
+        assert self._pool is not None
         future = self._pool.submit(self._job, body, request.endpoint, hashes, bytes_per_block)
         future.add_done_callback(lambda f: self._done(f, last))
 
     def _job(
         self, body: Mapping[str, Any], endpoint: Endpoint, hashes: Sequence[int], block_bytes: int
-    ) -> _JobResult:
-        t0 = time.perf_counter()
-        rendered = self.renderer.render(body, endpoint)
-        if rendered is None:
-            return None, time.perf_counter() - t0, "", 0
-        learnt = learn_rendered(rendered, hashes, block_bytes, self.block_size)
-        return learnt, time.perf_counter() - t0, rendered.reuse, rendered.reused
+    ) -> JobResult:
+        return run_job(
+            self.renderer, self.cache, body, endpoint, hashes, block_bytes, self.block_size
+        )
 
-    def _done(self, future: Future[_JobResult], last: int) -> None:
+    def _done(self, future: Future[JobResult], last: int) -> None:
         loop = self._loop
         if loop is None or loop.is_closed():
             return
@@ -248,7 +236,7 @@ class TokenStage:
         except RuntimeError:  # the loop closed meanwhile
             pass
 
-    def _apply(self, future: Future[_JobResult], last: int) -> None:
+    def _apply(self, future: Future[JobResult] | asyncio.Future[JobResult], last: int) -> None:
         self.pending -= 1
         self._queued.discard(last)
         try:
@@ -265,16 +253,16 @@ class TokenStage:
                 if not waiter.done():
                     waiter.set_result(None)
 
-    def _learn(self, future: Future[_JobResult]) -> str:
+    def _learn(self, future: Future[JobResult] | asyncio.Future[JobResult]) -> str:
         exc = future.exception()
         if exc is not None:
             log.warning("tokenizer stage failed on a prompt: %r", exc)
             return "error"
-        learnt, seconds, reuse, reused = future.result()
+        learnt, seconds, reuse, reused, cache_stats = future.result()
         if self.metrics is not None:
             self.metrics.tokenize_seconds.observe(seconds)
             if reuse:
-                self.metrics.token_cache(reuse, reused, self.cache)
+                self.metrics.token_cache(reuse, reused, cache_stats)
         if learnt is None:
             return "unsupported"
         if seconds > self.timeout_s:

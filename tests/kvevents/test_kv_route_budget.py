@@ -26,6 +26,8 @@ from tests.kvevents.test_kv_routing import MODEL, ask, direct, sources, until
 BLOCK_TOKENS = 16  # prompt blocks as small as the tiny engines' (they hold 1024 tokens)
 
 
+# Tests that swap this in for the stage's renderer run the stage in threads
+# (`executor: thread`): worker processes build their own renderer.
 class SlowRenderer(SimRenderer):
     """The sim tokenizer, taking `delay_s` of a worker thread per prompt (a large prompt on a
     slow tokenizer); counts what it was asked to render."""
@@ -149,7 +151,7 @@ async def test_a_slow_tokenizer_never_delays_the_decision_past_the_budget() -> N
     budget = 0.03
     async with (
         sim_engines(2, "tiny", kv_events=KVEventsOptions()) as engines,
-        gateway(engines, **settings(engines, budget * 1e3)) as gw,
+        gateway(engines, **settings(engines, budget * 1e3, executor="thread")) as gw,
         openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client,
     ):
         feature = await synced(gw, engines)
@@ -207,7 +209,7 @@ async def test_only_a_prompt_mostly_unknown_to_the_bridge_waits() -> None:
 async def test_a_full_queue_routes_without_waiting_and_every_slot_comes_back() -> None:
     async with (
         sim_engines(2, "tiny", kv_events=KVEventsOptions()) as engines,
-        gateway(engines, **settings(engines, 200.0, max_pending=1)) as gw,
+        gateway(engines, **settings(engines, 200.0, max_pending=1, executor="thread")) as gw,
         openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client,
     ):
         feature = await synced(gw, engines)
@@ -226,7 +228,7 @@ async def test_a_full_queue_routes_without_waiting_and_every_slot_comes_back() -
 async def test_a_client_leaving_during_the_wait_releases_everything() -> None:
     async with (
         sim_engines(2, "tiny", kv_events=KVEventsOptions()) as engines,
-        gateway(engines, **settings(engines, 1000.0, timeout_s=5.0)) as gw,
+        gateway(engines, **settings(engines, 1000.0, timeout_s=5.0, executor="thread")) as gw,
         httpx.AsyncClient(base_url=gw.url, timeout=0.2) as http,
     ):
         feature = await synced(gw, engines)
@@ -249,7 +251,7 @@ async def test_a_client_leaving_during_the_wait_releases_everything() -> None:
 async def test_no_replica_synced_means_no_wait() -> None:
     async with (
         sim_engines(2, "tiny", kv_events=KVEventsOptions()) as engines,
-        gateway(engines, **settings(engines, 1000.0)) as gw,
+        gateway(engines, **settings(engines, 1000.0, executor="thread")) as gw,
         openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client,
     ):
         feature: KVEventsFeature = gw.state.extras["kv_events"]
