@@ -49,10 +49,17 @@ def chain_keys(
     data = memoryview(_token_bytes(token_ids[: n * block_size]))
     step = len(data) // n
     out: list[int] = []
+    append = out.append
     h = seed
+    if not extra_keys or all(x is None for x in extra_keys):
+        # The usual event: plain tokens. Positional seed (keywords cost as much as hashing).
+        for start in range(0, n * step, step):
+            h = _xxh3(data[start : start + step], h)
+            append(h)
+        return out
     for i in range(n):
         h = _xxh3(data[i * step : (i + 1) * step], h)
-        if extra_keys is not None and i < len(extra_keys) and extra_keys[i] is not None:
+        if i < len(extra_keys) and extra_keys[i] is not None:
             h = _xxh3(msgspec.msgpack.encode(extra_keys[i]), h)
-        out.append(h)
+        append(h)
     return out

@@ -126,3 +126,43 @@ def test_fast_and_slow_lookups_agree_with_a_plain_walk_under_random_churn() -> N
         # The hole count is what it claims to be.
         holes = sum(1 for k, p in blocks.parent.items() if p not in blocks.media)
         assert blocks.holes == holes
+
+
+def test_a_fresh_chain_stored_in_bulk_equals_storing_it_block_by_block() -> None:
+    # EventIndex stores a chain the replica does not hold at all in bulk (_stored_fresh);
+    # under random stores (fresh, overlapping, other tiers), removals and orphans it must
+    # leave the replica exactly as the block-by-block path does.
+    import random
+
+    class EachOnly(EventIndex):
+        @staticmethod
+        def _stored_fresh(*args: object) -> bool:
+            return False
+
+    rng = random.Random(3)
+    tokens = [rng.randrange(1000) for _ in range(16 * 60)]
+    bulk, each = EventIndex(max_blocks=45), EachOnly(max_blocks=45)
+    fresh = 0
+    for _ in range(600):
+        start = rng.randrange(0, 60)
+        if rng.random() < 0.6:
+            end = min(60, start + rng.randrange(1, 12))
+            medium = "GPU" if rng.random() < 0.85 else "CPU"
+            parent = start if start and rng.random() < 0.95 else None
+            event = stored(
+                list(range(start + 1, end + 1)), parent, tokens[16 * start : 16 * end], medium
+            )
+            held = bulk.blocks(R)
+            if held is not None and not any(h in held.keys for h in event.block_hashes):
+                fresh += 1
+        else:
+            event = BlockRemoved((start + 1,), "GPU" if rng.random() < 0.8 else "CPU")
+        bulk.apply(R, [event])
+        each.apply(R, [event])
+        a, b = bulk.blocks(R), each.blocks(R)
+        assert a is not None and b is not None
+        assert list(a.keys.items()) == list(b.keys.items())
+        assert a.media == b.media and a.by_medium == b.by_medium
+        assert a.parent == b.parent and a.children == b.children
+        assert (a.holes, a.orphans) == (b.holes, b.orphans)
+    assert fresh > 50  # the bulk path ran
