@@ -124,11 +124,13 @@ def _words(rng: random.Random, n: int, vocab: list[str]) -> str:
     return " ".join(rng.choice(vocab) + rng.choice(("", "", "", ",", ".", "\n")) for _ in range(n))
 
 
-def train_bpe(rng: random.Random) -> tuple[Any, list[str]] | None:
-    """A byte-level BPE of 8000 tokens trained on random words, and those words."""
+def train_bpe(rng: random.Random, what: str) -> tuple[Any, list[str], float] | None:
+    """A byte-level BPE of 8000 tokens trained on random words, those words, and its tokens
+    per word; None (saying that `what` is skipped) without the tokenizers package."""
     try:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     except ImportError:
+        print(f"{what}: skipped (no tokenizers package)")
         return None
     letters = "abcdefghijklmnopqrstuvwxyz"
     vocab = ["".join(rng.choices(letters, k=rng.randint(2, 9))) for _ in range(3000)]
@@ -142,18 +144,15 @@ def train_bpe(rng: random.Random) -> tuple[Any, list[str]] | None:
         show_progress=False,
     )
     tok.train_from_iterator([_words(rng, 200, vocab) for _ in range(1000)], trainer)
-    return tok, vocab
+    return tok, vocab, len(tok.encode(_words(rng, 5000, vocab)).ids) / 5000
 
 
 def bpe_rows(tokens: int) -> None:
     rng = random.Random(7)
-    trained = train_bpe(rng)
+    trained = train_bpe(rng, "next turn, BPE")
     if trained is None:
-        print("next turn, BPE: skipped (no tokenizers package)")
         return
-    tok, vocab = trained
-    sample = _words(rng, 5000, vocab)
-    per_word = len(tok.encode(sample).ids) / 5000
+    tok, vocab, per_word = trained
     system = _words(rng, 2000, vocab)
     user = _words(rng, int(tokens / per_word), vocab)
     first = {
@@ -272,6 +271,21 @@ def gateway_yaml(
     return "\n".join(lines) + "\n"
 
 
+def serve(tmp: str, yaml_for: Callable[[int], str]) -> tuple[Running, str]:
+    """`kvgate serve` with the YAML `yaml_for(port)` gives, once it answers a chat."""
+    port = free_port()
+    cfg = Path(tmp) / f"gw-{port}.yaml"
+    cfg.write_text(yaml_for(port))
+    gw = Running([sys.executable, "-m", "gateway.cli", "serve", "-c", str(cfg)])
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while (error := answers_chat(url, 1.0)) is not None:
+        if gw.proc.p.poll() is not None or time.monotonic() > deadline:
+            gw.stop()
+            raise RuntimeError(f"gateway did not start: {gw.why_dead()} {error}")
+    return gw, url
+
+
 async def latency(url: str, requests: int, workload: str, round_: int) -> tuple[float, float]:
     """p50 and p99 of `requests` sequential chat requests (after 30 warm-up ones)."""
     tokens, fresh = WORKLOADS[workload]
@@ -306,18 +320,13 @@ def latency_rows(requests: int, rounds: int, workloads: list[str]) -> None:
                 for workload in workloads:
                     # Each round in another order: no configuration always runs first.
                     for config in random.Random(round_).sample(CONFIGS, len(CONFIGS)):
-                        port = free_port()
-                        cfg = Path(tmp) / f"gw-{port}.yaml"
-                        cfg.write_text(gateway_yaml(port, engines.urls, engines.kv, config))
-                        gw = Running([sys.executable, "-m", "gateway.cli", "serve", "-c", str(cfg)])
-                        url = f"http://127.0.0.1:{port}"
+                        gw, url = serve(
+                            tmp,
+                            lambda port, c=config: gateway_yaml(  # type: ignore[misc]
+                                port, engines.urls, engines.kv, c
+                            ),
+                        )
                         try:
-                            deadline = time.monotonic() + 60
-                            while (error := answers_chat(url, 1.0)) is not None:
-                                if gw.proc.p.poll() is not None or time.monotonic() > deadline:
-                                    raise RuntimeError(
-                                        f"gateway did not start: {gw.why_dead()} {error}"
-                                    )
                             p50, p99 = asyncio.run(latency(url, requests, workload, round_))
                         finally:
                             gw.stop()
@@ -368,26 +377,23 @@ def stall_rows(tokens: int, prompts: int) -> None:
     """How long the gateway stops answering while a real tokenizer (the BPE above, `hf`
     kind) tokenizes new `tokens`-token prompts whole, in a thread and in a worker process."""
     rng = random.Random(11)
-    trained = train_bpe(rng)
+    trained = train_bpe(rng, "stall")
     if trained is None:
-        print("stall: skipped (no tokenizers package)")
         return
-    tok, vocab = trained
-    per_word = len(tok.encode(_words(rng, 5000, vocab)).ids) / 5000
+    tok, vocab, per_word = trained
     engines = start_engines(4, 64_000, time_scale=1000.0, kv_events=True)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             path, template = Path(tmp) / "tokenizer.json", Path(tmp) / "template.jinja"
             tok.save(str(path))
             template.write_text(CHATML)
+            hf = f"kind: hf, path: '{path}', chat_template: '{template}',"
             for executor in ("thread", "process"):
-                port = free_port()
-                cfg = Path(tmp) / f"gw-{port}.yaml"
-                text = gateway_yaml(port, engines.urls, engines.kv, ("", True, executor, 0.0))
-                text = text.replace(
-                    "kind: sim,", f"kind: hf, path: '{path}', chat_template: '{template}',"
-                )
-                cfg.write_text(text)
+
+                def yaml_for(port: int, executor: str = executor) -> str:
+                    text = gateway_yaml(port, engines.urls, engines.kv, ("", True, executor, 0.0))
+                    return text.replace("kind: sim,", hf)
+
                 bodies = [
                     {
                         "model": MODEL,
@@ -398,13 +404,8 @@ def stall_rows(tokens: int, prompts: int) -> None:
                     }
                     for _ in range(prompts)
                 ]
-                gw = Running([sys.executable, "-m", "gateway.cli", "serve", "-c", str(cfg)])
-                url = f"http://127.0.0.1:{port}"
+                gw, url = serve(tmp, yaml_for)
                 try:
-                    deadline = time.monotonic() + 60
-                    while (error := answers_chat(url, 1.0)) is not None:
-                        if gw.proc.p.poll() is not None or time.monotonic() > deadline:
-                            raise RuntimeError(f"gateway did not start: {gw.why_dead()} {error}")
                     probes, sent = asyncio.run(_stall(url, bodies))
                 finally:
                     gw.stop()

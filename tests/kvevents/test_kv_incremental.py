@@ -233,19 +233,25 @@ def test_an_extending_entry_replaces_the_one_it_extends() -> None:
     assert found is not None and found[0] is longer and found[1] == 2
 
 
-async def test_a_gateway_tokenizes_each_turn_incrementally() -> None:
+@pytest.mark.parametrize("executor", ["thread", "process"])
+async def test_a_gateway_tokenizes_each_turn_incrementally(executor: str) -> None:
+    # In a worker process (gateway.kvevents.workers) as in a thread: one worker, one
+    # conversation, so every later turn finds the earlier one in that worker's cache.
     from tests.kvevents.test_kv_routing import MODEL, sources, until
 
+    tokenizer = {"kind": "sim", "executor": executor}
     async with (
         sim_engines(2, "instant", kv_events=KVEventsOptions()) as engines,
         gateway(
             engines,
-            kv_events={"enabled": True, "sources": sources(engines), "tokenizer": {"kind": "sim"}},
+            kv_events={"enabled": True, "sources": sources(engines), "tokenizer": tokenizer},
         ) as gw,
         openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client,
         httpx.AsyncClient(base_url=gw.url) as http,
     ):
         feature: KVEventsFeature = gw.state.extras["kv_events"]
+        processes = feature.stage.processes
+        assert (processes is not None) is (executor == "process")
         rng = random.Random(4)
         messages: list[dict[str, Any]] = [{"role": "system", "content": text(rng, 1500)}]
         for turn in range(4):
@@ -259,11 +265,16 @@ async def test_a_gateway_tokenizes_each_turn_incrementally() -> None:
             await until(lambda: feature.stage.pending == 0)
             messages.append({"role": "assistant", "content": done.choices[0].message.content})
         page = (await http.get("/metrics")).text
+        assert len(feature.bridge) >= 4
+        worker = processes._procs[0].proc if processes is not None else None
+        assert worker is None or worker.returncode is None
     assert 'kvgate_kv_token_cache_lookups_total{outcome="miss"} 1.0' in page
     assert 'kvgate_kv_token_cache_lookups_total{outcome="hit"} 3.0' in page
     assert "kvgate_kv_token_cache_entries 1.0" in page
+    assert 'kvgate_kv_tokenize_jobs_total{outcome="done"} 4.0' in page
     reused = [ln for ln in page.splitlines() if ln.startswith("kvgate_kv_token_cache_reused")]
     assert reused and float(reused[0].split()[-1]) > 3 * 1000
+    assert worker is None or worker.returncode is not None  # the gateway's stop ended it
 
 
 def test_stable_tokens_count_ascii_content_as_decoding_would() -> None:

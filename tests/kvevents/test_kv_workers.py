@@ -1,5 +1,7 @@
 """The tokenizer stage in worker processes (gateway.kvevents.workers, gateway.kvevents.worker):
-the same answers as in a thread, through a real gateway, and failures that stay contained."""
+the same answers as in a thread, failures that stay contained, and which kind runs where.
+(A conversation tokenized turn by turn in a worker, through a gateway:
+test_kv_incremental.)"""
 
 from __future__ import annotations
 
@@ -8,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import openai
 import pytest
 
 from gateway.errors import ConfigError
@@ -20,7 +21,7 @@ from gateway.kvevents.workers import ProcessJobs, run_job
 from gateway.sim.server import KVEventsOptions
 from gateway.testing.servers import gateway, sim_engines
 from gateway.types import Endpoint
-from tests.kvevents.test_kv_incremental import CHATML, text
+from tests.kvevents.test_kv_incremental import CHATML, bpe_path, text  # noqa: F401
 from tests.kvevents.test_kv_routing import MODEL, sources, until
 
 
@@ -61,46 +62,6 @@ async def test_a_worker_that_cannot_load_its_tokenizer_fails_start_up(tmp_path: 
         await ProcessJobs(settings, block_size=16).start()
 
 
-async def test_a_gateway_tokenizes_in_a_worker_process_turn_by_turn() -> None:
-    async with (
-        sim_engines(2, "instant", kv_events=KVEventsOptions()) as engines,
-        gateway(
-            engines,
-            kv_events={
-                "enabled": True,
-                "sources": sources(engines),
-                "tokenizer": {"kind": "sim", "executor": "process"},
-            },
-        ) as gw,
-        openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client,
-        httpx.AsyncClient(base_url=gw.url) as http,
-    ):
-        feature: KVEventsFeature = gw.state.extras["kv_events"]
-        processes = feature.stage.processes
-        assert processes is not None
-        rng = random.Random(4)
-        messages: list[dict[str, Any]] = [{"role": "system", "content": text(rng, 1500)}]
-        for _ in range(4):
-            messages.append({"role": "user", "content": text(rng, 600)})
-            done = await client.chat.completions.create(
-                model=MODEL,
-                messages=messages,  # type: ignore[arg-type]
-                max_tokens=4,
-            )
-            await until(lambda: feature.stage.pending == 0)
-            messages.append({"role": "assistant", "content": done.choices[0].message.content})
-        page = (await http.get("/metrics")).text
-        assert len(feature.bridge) >= 4
-        worker = processes._procs[0].proc
-        assert worker.returncode is None
-    # One worker, one conversation: every later turn found the earlier one in its cache.
-    assert 'kvgate_kv_token_cache_lookups_total{outcome="miss"} 1.0' in page
-    assert 'kvgate_kv_token_cache_lookups_total{outcome="hit"} 3.0' in page
-    assert "kvgate_kv_token_cache_entries 1.0" in page
-    assert 'kvgate_kv_tokenize_jobs_total{outcome="done"} 4.0' in page
-    assert worker.returncode is not None  # the gateway's stop ended it
-
-
 async def test_a_dead_worker_fails_its_jobs_and_is_started_again() -> None:
     async with (
         sim_engines(2, "instant", kv_events=KVEventsOptions()) as engines,
@@ -136,22 +97,12 @@ async def test_a_dead_worker_fails_its_jobs_and_is_started_again() -> None:
     assert 'kvgate_kv_tokenize_jobs_total{outcome="done"} 1.0' in page
 
 
-async def test_an_hf_tokenizer_runs_in_a_process_and_sim_in_a_thread(tmp_path: Path) -> None:
-    tokenizers = pytest.importorskip("tokenizers")
-    from tokenizers import models, pre_tokenizers, trainers
-
-    tok = tokenizers.Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=["<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    rng = random.Random(1)
-    tok.train_from_iterator([text(rng, 60) for _ in range(100)], trainer)
-    path = tmp_path / "tokenizer.json"
-    tok.save(str(path))
+async def test_an_hf_tokenizer_runs_in_a_process_and_sim_in_a_thread(
+    tmp_path: Path,
+    bpe_path: str,  # noqa: F811 - the fixture, imported
+) -> None:
+    pytest.importorskip("jinja2")
+    path = bpe_path
     template = tmp_path / "template.jinja"
     template.write_text(CHATML)
     for kind, in_process in (("hf", True), ("sim", False)):
