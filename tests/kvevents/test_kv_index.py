@@ -83,6 +83,23 @@ def test_memory_is_bounded_oldest_first() -> None:
     assert sum(blocks.by_medium.values()) == 3
 
 
+def test_a_full_index_keeps_the_newest_blocks_in_order_through_many_evictions() -> None:
+    # Past the bound, each event evicts its size in blocks from the front, and the hash
+    # table is compacted now and then (gateway.kvevents.index._evict): what is left must be
+    # exactly the newest `max_blocks`, oldest first, with media and counts to match.
+    index = EventIndex(max_blocks=50)
+    for i in range(40):
+        base = 100 * i
+        tokens = [base + t for t in range(16 * 7)]
+        index.apply(R, [stored(list(range(base + 1, base + 8)), None, tokens)])
+        blocks = index.blocks(R)
+        assert blocks is not None
+        newest = [h for j in range(i + 1) for h in range(100 * j + 1, 100 * j + 8)][-50:]
+        assert list(blocks.keys) == newest
+        assert set(blocks.media) == set(blocks.keys.values())
+        assert sum(blocks.by_medium.values()) == len(newest)
+
+
 def test_fast_and_slow_lookups_agree_with_a_plain_walk_under_random_churn() -> None:
     import random
 
