@@ -47,7 +47,13 @@ def install(state: GatewayState) -> None:
     # With worker processes the gateway's own renderer is built only to check the
     # settings here (a bad tokenizer path fails at start-up, not in a worker).
     cache = make_cache(tok) if tok.kind is not TokenizerKind.NONE and not in_processes else None
-    processes = ProcessJobs(tok, settings.block_size, tok.workers) if in_processes else None
+    processes = (
+        ProcessJobs(
+            tok, settings.block_size, tok.workers, on_restart=metrics.tokenizer_restarts.inc
+        )
+        if in_processes
+        else None
+    )
     stage = TokenStage(
         make_renderer(tok, cache, settings.block_size),
         bridge,

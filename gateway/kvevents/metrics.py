@@ -120,9 +120,14 @@ class KVEventMetrics:
             ["outcome"],
             registry=r,
         )
+        self.tokenizer_restarts = Counter(
+            "kvgate_kv_tokenizer_restarts",
+            "Tokenizer worker processes started again after they exited",
+            registry=r,
+        )
         self.tokenize_seconds = Histogram(
             "kvgate_kv_tokenize_seconds",
-            "Tokenizer stage time per prompt (worker thread)",
+            "Tokenizer stage time per prompt (in its worker thread or process)",
             buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0),
             registry=r,
         )

@@ -22,7 +22,7 @@ import pickle
 import sys
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -145,12 +145,14 @@ class ProcessJobs:
         block_size: int,
         workers: int = 1,
         restart_delay_s: float = 1.0,
+        on_restart: Callable[[], object] | None = None,
     ) -> None:
         self.settings = settings
         self.block_size = block_size
         self.workers = max(1, workers)
         self.restart_delay_s = restart_delay_s
         self.restarts = 0
+        self._on_restart = on_restart
         self._procs: list[_Proc] = []
         self._watchers: list[asyncio.Task[None]] = []
         self._stopping = False
@@ -212,6 +214,8 @@ class ProcessJobs:
                 log.warning("tokenizer worker %d did not start again: %r", slot, exc)
                 continue
             self.restarts += 1
+            if self._on_restart is not None:
+                self._on_restart()
             log.warning("tokenizer worker %d exited; started again", slot)
 
     async def stop(self) -> None:

@@ -95,6 +95,7 @@ async def test_a_dead_worker_fails_its_jobs_and_is_started_again() -> None:
         page = (await http.get("/metrics")).text
     assert 'kvgate_kv_tokenize_jobs_total{outcome="error"} 3.0' in failed
     assert 'kvgate_kv_tokenize_jobs_total{outcome="done"} 1.0' in page
+    assert "kvgate_kv_tokenizer_restarts_total 1.0" in page
 
 
 async def test_an_hf_tokenizer_runs_in_a_process_and_sim_in_a_thread(
