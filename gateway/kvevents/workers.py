@@ -115,6 +115,8 @@ class _Proc:
         try:
             while True:
                 kind, value = await self.read_frame()
+                if not self.waiting:  # an answer to no job: the stream is out of step
+                    raise ValueError(f"unexpected {kind!r} frame")
                 future = self.waiting.popleft()
                 if future.done():  # cancelled meanwhile (the stage stopped)
                     continue
@@ -122,8 +124,18 @@ class _Proc:
                     future.set_result(value)
                 else:
                     future.set_exception(WorkerFailed(value))
-        except (asyncio.IncompleteReadError, ConnectionError, pickle.UnpicklingError) as exc:
-            self.fail(f"the tokenizer worker exited ({exc!r})")
+        except (
+            asyncio.IncompleteReadError,
+            ConnectionError,
+            pickle.UnpicklingError,
+            EOFError,
+            ValueError,
+            TypeError,
+        ) as exc:
+            # Its answers can no longer be matched to jobs: the worker is done for.
+            self.fail(f"the tokenizer worker exited or garbled its answers ({exc!r})")
+            if self.proc.returncode is None:
+                self.proc.kill()
             self.exited.set()
 
     def fail(self, why: str) -> None:
