@@ -1,6 +1,7 @@
-"""`TokenStage`: tokenizes prompts in worker threads as their requests are sent, and teaches
-the `PromptBridge` their token blocks (a dispatch observer, and an `OutcomeObserver` for
-the prompts it dropped then; never waited for on the request path).
+"""`TokenStage`: tokenizes prompts in workers (threads, or processes: gateway.kvevents.workers)
+as their requests are sent, and teaches the `PromptBridge` their token blocks (a dispatch
+observer, and an `OutcomeObserver` for the prompts it dropped then; never waited for on the
+request path).
 
 At dispatch, not at the end: the engine stores a prompt's blocks during its prefill, and
 a request that shares them can arrive long before the first one finished decoding (the
