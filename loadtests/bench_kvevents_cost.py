@@ -51,8 +51,8 @@ from gateway.kvevents.config import DEFAULT_ROUTE_BUDGET_MS
 from gateway.kvevents.evidence import EventEvidence
 from gateway.kvevents.feed import EventFeed
 from gateway.kvevents.index import EventIndex
+from gateway.kvevents.learn import learn_prompt
 from gateway.kvevents.render import HFRenderer, Renderer, SimRenderer
-from gateway.kvevents.stage import learn_prompt
 from gateway.kvevents.tokcache import TokenCache
 from gateway.kvevents.wire import BlockStored
 from gateway.sim.tokenizer import approx_token_ids, render_chat

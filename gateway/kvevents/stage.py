@@ -40,14 +40,11 @@ from typing import Any
 from gateway.hashing import CHARS_PER_TOKEN, hash_key
 from gateway.hooks import RequestOutcome
 from gateway.kvevents.bridge import PromptBridge
-from gateway.kvevents.learn import learn_prompt, learn_rendered
 from gateway.kvevents.metrics import KVEventMetrics
 from gateway.kvevents.render import Renderer
 from gateway.kvevents.tokcache import TokenCache
 from gateway.kvevents.workers import JobResult, ProcessJobs, run_job
 from gateway.types import Endpoint, ReplicaId, RouteRequest
-
-__all__ = ["NEAR_BLOCKS", "TokenStage", "learn_prompt", "learn_rendered"]
 
 log = logging.getLogger("kvgate.kvevents")
 
@@ -97,7 +94,6 @@ class TokenStage:
         # Routing decisions waiting for a job, by its last prompt hash.
         self._waiters: dict[int, list[asyncio.Future[None]]] = {}
         self._pool: ThreadPoolExecutor | None = None
-        self._started_processes = False
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -107,13 +103,12 @@ class TokenStage:
 
     @property
     def _running(self) -> bool:
-        return self._pool is not None or self._started_processes
+        return self._pool is not None or (self.processes is not None and self.processes.running)
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         if self.processes is not None:
             await self.processes.start()
-            self._started_processes = True
         else:
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="kvgate-tokenize")
 
@@ -121,8 +116,7 @@ class TokenStage:
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
-        if self._started_processes and self.processes is not None:
-            self._started_processes = False
+        if self.processes is not None:
             await self.processes.stop()
 
     def _count(self, outcome: str) -> None:

@@ -88,11 +88,10 @@ def run_job(
 ) -> JobResult:
     t0 = time.perf_counter()
     rendered = renderer.render(body, endpoint)
-    stats = cache.stats() if cache is not None else None
+    stats = cache.stats() if cache is not None else None  # learning leaves the cache be
     if rendered is None:
         return None, time.perf_counter() - t0, "", 0, stats
     learnt = learn_rendered(rendered, hashes, block_bytes, block_size)
-    stats = cache.stats() if cache is not None else None
     return learnt, time.perf_counter() - t0, rendered.reuse, rendered.reused, stats
 
 
@@ -168,6 +167,11 @@ class ProcessJobs:
         self._procs: list[_Proc] = []
         self._watchers: list[asyncio.Task[None]] = []
         self._stopping = False
+
+    @property
+    def running(self) -> bool:
+        """Started and not stopped (its workers may be restarting meanwhile)."""
+        return bool(self._procs) and not self._stopping
 
     async def start(self) -> None:
         """Start the workers and wait until each has built its renderer (an interpreter and
@@ -263,11 +267,11 @@ class ProcessJobs:
         has not read yet, bounded by the stage's `max_pending` jobs)."""
         future: asyncio.Future[JobResult] = asyncio.get_running_loop().create_future()
         live = [w for w in self._procs if w.alive]
-        stdin = live[key % len(live)].proc.stdin if live else None
-        if stdin is None or stdin.is_closing():
+        worker = live[key % len(live)] if live else None
+        stdin = worker.proc.stdin if worker is not None else None
+        if worker is None or stdin is None or stdin.is_closing():
             future.set_exception(WorkerFailed("no tokenizer worker is running"))
             return future
-        worker = live[key % len(live)]
         worker.waiting.append(future)
         stdin.write(frame((dict(body), endpoint.value, tuple(hashes), block_bytes)))
         return future

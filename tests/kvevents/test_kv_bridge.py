@@ -7,8 +7,8 @@ from array import array
 
 from gateway.keys import route_request
 from gateway.kvevents.bridge import PromptBridge
+from gateway.kvevents.learn import learn_prompt
 from gateway.kvevents.render import SimRenderer, TokenIdsOnly
-from gateway.kvevents.stage import learn_prompt
 from gateway.kvevents.tokenkeys import chain_keys, root_seed
 from gateway.sim.tokenizer import approx_token_ids, render_chat
 from gateway.types import Endpoint

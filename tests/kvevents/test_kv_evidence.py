@@ -8,8 +8,8 @@ from gateway.kvevents.bridge import PromptBridge
 from gateway.kvevents.evidence import EventEvidence
 from gateway.kvevents.feed import EventFeed
 from gateway.kvevents.index import EventIndex
+from gateway.kvevents.learn import learn_prompt
 from gateway.kvevents.render import SimRenderer
-from gateway.kvevents.stage import learn_prompt
 from gateway.kvevents.wire import BlockStored, EventBatch
 from gateway.sim.tokenizer import approx_token_ids, render_chat
 from gateway.types import Endpoint, ReplicaId, RouteRequest

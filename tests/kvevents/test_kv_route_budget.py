@@ -16,8 +16,8 @@ import pytest
 from gateway.keys import route_request
 from gateway.kvevents.index import SyncState
 from gateway.kvevents.install import KVEventsFeature
+from gateway.kvevents.learn import learn_prompt
 from gateway.kvevents.render import Rendered, SimRenderer
-from gateway.kvevents.stage import learn_prompt
 from gateway.sim.server import KVEventsOptions, SimEngine
 from gateway.testing.servers import RunningGateway, gateway, sim_engines
 from gateway.types import Endpoint, ReplicaId
