@@ -6,7 +6,9 @@ so two gateway replicas place the same key on the same replica without talking.
 
 from __future__ import annotations
 
-from collections.abc import Container, Sequence
+import struct
+from collections.abc import Container, Iterator, Sequence
+from functools import lru_cache
 
 import xxhash
 
@@ -33,6 +35,20 @@ def model_seed(model: str, salt: str | None = None) -> int:
     return _xxh3(data.encode())
 
 
+@lru_cache(maxsize=16)
+def _blocks_of(block_bytes: int) -> struct.Struct:
+    return struct.Struct(f"{block_bytes}s")
+
+
+def _blocks(view: memoryview, block_bytes: int) -> Iterator[tuple[bytes]]:
+    """The whole `block_bytes` blocks of `view` (its length is a multiple of it).
+
+    struct's iterator cuts them in C: a memoryview slice per block in a Python loop cost
+    as much as hashing the block (a 100K-token prompt: 49 -> 41 us with the hashing).
+    """
+    return _blocks_of(block_bytes).iter_unpack(view)
+
+
 def block_hashes(data: bytes, block_bytes: int, seed: int, max_blocks: int = 0) -> tuple[int, ...]:
     """Chained hashes of the full `block_bytes` blocks of `data`.
 
@@ -45,13 +61,12 @@ def block_hashes(data: bytes, block_bytes: int, seed: int, max_blocks: int = 0) 
     n = len(data) // block_bytes
     if max_blocks > 0 and n > max_blocks:
         n = max_blocks
-    view = memoryview(data)
     out: list[int] = []
     append = out.append
     h = seed
     # Positional seed: with `seed=` the keyword parsing cost as much as the hashing.
-    for start in range(0, n * block_bytes, block_bytes):
-        h = _xxh3(view[start : start + block_bytes], h)
+    for (block,) in _blocks(memoryview(data)[: n * block_bytes], block_bytes):
+        h = _xxh3(block, h)
         append(h)
     return tuple(out)
 
@@ -88,8 +103,8 @@ def stream_block_hashes(
         end = start + (size - start) // block_bytes * block_bytes
         if limit > 0 and (end - start) // block_bytes > limit - len(out):
             end = start + (limit - len(out)) * block_bytes
-        for offset in range(start, end, block_bytes):
-            h = _xxh3(view[offset : offset + block_bytes], h)
+        for (block,) in _blocks(view[start:end], block_bytes):
+            h = _xxh3(block, h)
             append(h)
         if len(out) == limit:
             return tuple(out)

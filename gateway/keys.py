@@ -152,12 +152,14 @@ def _chat_text(messages: Sequence[Mapping[str, Any]], head: int) -> tuple[bytes,
     per-message encodes and the join of their pieces cost as much as hashing it.
     """
     out: list[str] = []
+    sep, role_sep = _MSG_SEP_TEXT, _ROLE_SEP_TEXT
     for message in messages:
-        role = message.get("role")
-        content = message.get("content")
-        if type(role) is not str or type(content) is not str or message.get("tool_calls"):
+        get = message.get
+        role = get("role")
+        content = get("content")
+        if type(role) is not str or type(content) is not str or get("tool_calls"):
             return None
-        out += (_MSG_SEP_TEXT, role, _ROLE_SEP_TEXT, content)
+        out += (sep, role, role_sep, content)
     text = "".join(out)
     try:
         data = text.encode()

@@ -54,7 +54,7 @@ Everything here is synchronous and does no I/O.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -111,11 +111,13 @@ class LineageIndex:
         "_by_key",
         "_ends",
         "_keys",
+        "_moves",
         "_next_id",
         "_owner",
         "_tail_bytes",
         "_tails",
         "_tips",
+        "_touched",
         "capacity",
         "max_lineages",
         "slack",
@@ -129,6 +131,11 @@ class LineageIndex:
     ) -> None:
         self._owner: OrderedDict[int, int] = OrderedDict()
         self._tips: OrderedDict[int, int] = OrderedDict()  # lineage -> hashes of its tip
+        # Entries moved to the LRU's end so far, and when each lineage's hashes last all
+        # were: a continued lineage's earlier hashes are touched again only once a fair
+        # part of the index has moved past them (`record`).
+        self._moves = 0
+        self._touched: dict[int, int] = {}
         self._keys: dict[int, SessionKey] = {}
         self._by_key: dict[SessionKey, int] = {}
         # The bytes of a lineage's latest prompt past its last hash (under a block; LRU),
@@ -206,8 +213,11 @@ class LineageIndex:
     ) -> int:
         """Enter a served prompt under the lineage `match` resolved; returns its lineage.
 
-        O(len(hashes)): every hash is touched deepest-first so that the prompt's leading
-        hashes are the most recent and eviction takes tails first.
+        Hashes are touched deepest-first so that the prompt's leading hashes are the most
+        recent and eviction takes tails first. A continued lineage's earlier hashes (most
+        of a long conversation's) are touched again only when an eighth of the capacity
+        has moved to the LRU's end since they last were: until then they are nowhere
+        near its front, and touching them every turn was a third of its CPU per turn.
         """
         if not hashes:
             return match.lineage if match.lineage is not None else SHARED
@@ -221,7 +231,19 @@ class LineageIndex:
         owner = self._owner
         get, touch = owner.get, owner.move_to_end
         tips = self._tips
-        for i in range(len(hashes) - 1, -1, -1):
+        # A continued lineage's first `matched` hashes are its own or SHARED already (its
+        # earlier turns entered them): they are only touched, in one C loop, and not at
+        # every turn.
+        known = min(match.matched, len(hashes)) if match.lineage is not None else 0
+        moves = self._moves
+        fresh = (
+            known
+            and moves - self._touched.get(lineage, -self.capacity) < self.capacity >> 3
+            # (Unless the index shrank or evicted them since routing.)
+            and hashes[0] in owner
+            and hashes[known - 1] in owner
+        )
+        for i in range(len(hashes) - 1, known - 1, -1):
             h = hashes[i]
             held = get(h)
             if held is None:
@@ -230,6 +252,23 @@ class LineageIndex:
             if held != lineage and held != SHARED:
                 owner[h] = SHARED if i < shared and held in tips else lineage
             touch(h)
+        if fresh:
+            self._moves = moves + len(hashes) - known
+        elif known:
+            self._moves = moves + len(hashes)
+            self._touched[lineage] = self._moves
+            try:
+                deque(map(touch, reversed(hashes[:known])), 0)
+            except KeyError:  # some went (evicted since routing): the long way for them
+                for i in range(known - 1, -1, -1):
+                    h = hashes[i]
+                    if h in owner:
+                        touch(h)
+                    else:
+                        owner[h] = lineage
+        if not known:
+            self._moves += len(hashes)
+            self._touched[lineage] = self._moves
         tip = tips.get(lineage, 0)
         new_tip = max(tip, len(hashes)) if match.lineage is not None else len(hashes)
         if tip:
@@ -256,6 +295,7 @@ class LineageIndex:
         tips, keys, by_key = self._tips, self._keys, self._by_key
         for _ in range(len(tips) - self.max_lineages):
             lineage = tips.popitem(False)[0]
+            self._touched.pop(lineage, None)
             key = keys.pop(lineage, None)
             if key is not None:
                 by_key.pop(key, None)

@@ -194,6 +194,51 @@ def test_index_is_bounded_and_forgets_tails_first() -> None:
     assert index.resolve(tuple(range(8))) == LineageMatch(None, 0)
 
 
+def test_active_conversations_keep_their_whole_prefix_while_others_churn() -> None:
+    """A continued lineage's earlier hashes are not touched at every turn; conversations
+    that come back within most of the capacity still continue with everything matched,
+    while one-off prompts churn the index past its bound."""
+    import random
+
+    rng = random.Random(7)
+    index = LineageIndex(capacity=2000, max_lineages=1000)
+    chains = {c: [c * 100_000 + i for i in range(40)] for c in range(5)}
+    ids = {c: index.record(index.resolve(tuple(h)), tuple(h)) for c, h in chains.items()}
+    noise = 10**9
+    for turn in range(60):
+        for c in rng.sample(sorted(chains), len(chains)):
+            h = chains[c]
+            before = len(h)
+            h.extend(h[-1] + 1 + i for i in range(rng.randint(1, 6)))
+            match = index.resolve(tuple(h))
+            assert match == LineageMatch(ids[c], before), (turn, c, match)
+            index.record(match, tuple(h))
+            for _ in range(rng.randint(0, 3)):  # one-off prompts: 20 hashes each
+                one = tuple(range(noise, noise + 20))
+                noise += 1000
+                index.record(index.resolve(one), one)
+        assert len(index) <= 2000
+    # A conversation gone quiet is forgotten deepest-first once the others push it out.
+    quiet = tuple(chains[0])
+    for _ in range(200):
+        one = tuple(range(noise, noise + 20))
+        noise += 1000
+        index.record(index.resolve(one), one)
+    assert index.resolve(quiet).lineage is None
+
+
+def test_hashes_evicted_between_routing_and_recording_are_entered_again() -> None:
+    index = LineageIndex(capacity=100)
+    chain = tuple(range(50))
+    lineage = index.record(index.resolve(chain), chain)
+    longer = chain + (50, 51)
+    match = index.resolve(longer)
+    index.resize(10)  # the index shrank while the request was served
+    index.resize(100)
+    assert index.record(match, longer) == lineage
+    assert index.resolve(longer + (52,)) == LineageMatch(lineage, 52)
+
+
 def test_conversations_size_from_the_replicas_capacity() -> None:
     convs = Conversations(block_tokens=256, capacity_factor=2.0, max_blocks=1 << 20)
     replicas = tuple(
