@@ -18,10 +18,12 @@ vLLM frees a request's blocks tail first, so holes are rare and short-lived.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from itertools import islice, repeat
+from typing import cast
 
 from gateway.kvevents.tokenkeys import chain_keys, root_seed
 from gateway.kvevents.wire import GPU, AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, Event
@@ -123,7 +125,7 @@ class EventIndex:
         bit = medium_bit(e.medium)
         keys = r.keys
         parent = seed if e.parent_block_hash is not None else None
-        chain = chain_keys(e.token_ids, e.block_size, seed, e.extra_keys)
+        chain = chain_keys(e.token_ids, e.block_size, seed, e.extra_keys, e.packed)
         if not self._stored_fresh(r, e.block_hashes, chain, parent, bit):
             self._stored_each(r, e.block_hashes, chain, parent, bit)
         excess = len(keys) - self.max_blocks
@@ -203,10 +205,52 @@ class EventIndex:
         if not self._wanted(e.group_idx):
             return
         bit = medium_bit(e.medium)
+        if len(e.block_hashes) > 1 and self._removed_whole(r, e.block_hashes, bit):
+            return
         for h in e.block_hashes:
             key = r.keys.get(h)
             if key is not None and self._drop(r, h, key, bit) == 0:
                 del r.keys[h]
+
+    @staticmethod
+    def _removed_whole(r: ReplicaBlocks, hashes: Sequence[BlockHash], bit: int) -> bool:
+        """The common removal in bulk: distinct blocks held on this tier only, which take
+        all their held children with them (an engine freeing a request's blocks, or
+        evicting them for a new prompt). What `_drop` block by block would do, with the
+        loops over the blocks in C: a new 20K-token prompt's eviction of 1250 blocks cost
+        the event loop about a millisecond that way. False, having changed nothing,
+        otherwise."""
+        keys, media, parent, children = r.keys, r.media, r.parent, r.children
+        looked = list(map(keys.get, hashes))
+        if None in looked:
+            return False
+        found = cast("list[int]", looked)
+        gone = set(found)
+        if (
+            len(gone) != len(found)
+            or len(set(hashes)) != len(found)
+            or not all(map(bit.__eq__, map(media.get, found)))
+        ):
+            return False
+        parents = list(map(parent.get, found))
+        inside = sum(map(gone.__contains__, parents))
+        if sum(map(children.get, found, repeat(0))) != inside:
+            return False  # a held child stays: it becomes a hole (block by block)
+        for key, up in zip(found, parents):
+            if up is not None and up not in gone:  # a root of what goes
+                if up not in media:
+                    r.holes -= 1
+                left = children.get(up, 0) - 1
+                if left > 0:
+                    children[up] = left
+                else:
+                    children.pop(up, None)
+        deque(map(media.__delitem__, found), 0)
+        deque(map(keys.__delitem__, hashes), 0)
+        deque(map(parent.pop, found, repeat(None)), 0)
+        deque(map(children.pop, found, repeat(None)), 0)
+        r.by_medium[bit] = r.by_medium.get(bit, len(found)) - len(found)
+        return True
 
     @staticmethod
     def _arrived(r: ReplicaBlocks, key: int, parent: int | None) -> None:

@@ -35,18 +35,26 @@ def _token_bytes(ids: Sequence[int]) -> bytes:
 
 
 def chain_keys(
-    token_ids: Sequence[int], block_size: int, seed: int, extra_keys: Sequence[Any] | None = None
+    token_ids: Sequence[int],
+    block_size: int,
+    seed: int,
+    extra_keys: Sequence[Any] | None = None,
+    packed: bytes | None = None,
 ) -> list[int]:
     """Keys of the full blocks of `token_ids`, block i chained on block i-1 (first on `seed`).
 
     A block with extra hash inputs (`extra_keys[i]` not None: images, cache salt) mixes
     them in, so it never matches a prompt keyed from plain tokens: the index under-counts
-    such blocks rather than claiming a hit the engine would not give.
+    such blocks rather than claiming a hit the engine would not give. `packed`: the ids as
+    4-byte integers already (`array("I", token_ids).tobytes()`).
     """
     n = len(token_ids) // block_size
     if n == 0:
         return []
-    data = memoryview(_token_bytes(token_ids[: n * block_size]))
+    if packed is not None and len(packed) == 4 * len(token_ids):
+        data = memoryview(packed)[: 4 * n * block_size]
+    else:
+        data = memoryview(_token_bytes(token_ids[: n * block_size]))
     step = len(data) // n
     out: list[int] = []
     append = out.append

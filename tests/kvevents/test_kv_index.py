@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from gateway.kvevents.index import EventIndex
 from gateway.kvevents.tokenkeys import chain_keys, root_seed
 from gateway.kvevents.wire import AllBlocksCleared, BlockRemoved, BlockStored
@@ -183,3 +185,58 @@ def test_a_fresh_chain_stored_in_bulk_equals_storing_it_block_by_block() -> None
         assert a.parent == b.parent and a.children == b.children
         assert (a.holes, a.orphans) == (b.holes, b.orphans)
     assert fresh > 50  # the bulk path ran
+
+
+def test_a_removal_in_bulk_equals_removing_block_by_block() -> None:
+    # EventIndex removes blocks that take all their held children with them in bulk
+    # (_removed_whole); under random stores and removals of runs (tail first, head first,
+    # with duplicates, blocks on other tiers, blocks not held) it must leave the replica
+    # exactly as the block-by-block path does.
+    import random
+
+    class EachOnly(EventIndex):
+        @staticmethod
+        def _removed_whole(*args: object) -> bool:
+            return False
+
+    class Counted(EventIndex):
+        whole = 0
+
+        @staticmethod
+        def _removed_whole(*args: Any) -> bool:
+            done = EventIndex._removed_whole(*args)
+            Counted.whole += done
+            return done
+
+    rng = random.Random(5)
+    tokens = [rng.randrange(1000) for _ in range(16 * 60)]
+    bulk, each = Counted(max_blocks=50), EachOnly(max_blocks=50)
+    for _ in range(1500):
+        start = rng.randrange(0, 60)
+        if rng.random() < 0.5:
+            end = min(60, start + rng.randrange(1, 12))
+            medium = "GPU" if rng.random() < 0.85 else "CPU"
+            parent = start if start and rng.random() < 0.95 else None
+            event: BlockStored | BlockRemoved = stored(
+                list(range(start + 1, end + 1)), parent, tokens[16 * start : 16 * end], medium
+            )
+        else:
+            held = bulk.blocks(R)
+            if held is not None and rng.random() < 0.6:  # a held chain's whole tail
+                run = [h for h in range(start + 1, 61) if h in held.keys] or [start + 1]
+            else:
+                run = list(range(start + 1, min(61, start + 1 + rng.randrange(1, 15))))
+            if rng.random() < 0.5:
+                run.reverse()  # tail first, as vLLM frees a request's blocks
+            if rng.random() < 0.05:
+                run.append(run[0])
+            event = BlockRemoved(tuple(run), "GPU" if rng.random() < 0.85 else "CPU")
+        bulk.apply(R, [event])
+        each.apply(R, [event])
+        a, b = bulk.blocks(R), each.blocks(R)
+        assert a is not None and b is not None
+        assert list(a.keys.items()) == list(b.keys.items())
+        assert a.media == b.media and a.by_medium == b.by_medium
+        assert a.parent == b.parent and a.children == b.children
+        assert (a.holes, a.orphans) == (b.holes, b.orphans)
+    assert Counted.whole > 30  # the bulk path ran

@@ -227,6 +227,8 @@ def test_own_array_encoding_is_byte_identical_to_the_engine_class() -> None:
         enc([1.0, [["Unknown", 1]]]),
         enc([1.0, [["BlockStored", "nope", None, [], 16, None]]]),
         enc([1.0, [["BlockStored", [1], None, [1, "a"], 16, None]]]),
+        enc([1.0, [["BlockStored", [1], None, [1, 2.5], 16, None]]]),
+        enc([1.0, [["BlockStored", [1], None, [2**40, "a"], 16, None]]]),
         enc([1.0, [["BlockStored", [1], None, [1], 0, None]]]),
         enc([1.0, [["BlockStored", [1], 1.5, [1], 16, None]]]),
         enc([1.0, [{"no_type": 1}]]),
@@ -242,3 +244,19 @@ def test_sequence_frames() -> None:
     assert decode_seq(encode_seq(-1)) == -1
     with pytest.raises(WireError):
         decode_seq(b"\x00")
+
+
+def test_token_ids_are_packed_once_and_key_as_unpacked_ones() -> None:
+    from array import array
+
+    from gateway.kvevents.tokenkeys import chain_keys, root_seed
+
+    small = list(range(100, 132))
+    big = [2**33 + t for t in small]  # beyond 4 bytes: keyed as 8-byte ids, not packed
+    for ids, packed in ((small, array("I", small).tobytes()), (big, None)):
+        (event,) = decode_batch(enc([1.0, [["BlockStored", [1, 2], None, ids, 16, None]]])).events
+        assert isinstance(event, BlockStored) and event.packed == packed
+        assert event.token_ids == tuple(ids)
+        assert chain_keys(ids, 16, root_seed(), None, event.packed) == chain_keys(
+            ids, 16, root_seed()
+        )
