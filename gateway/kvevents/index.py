@@ -164,7 +164,8 @@ class EventIndex:
         if (
             any(map(keys.__contains__, hashes))
             or any(map(media.__contains__, chain))
-            or any(map(children.__contains__, chain))
+            # A key not held has children only if one of them is a hole.
+            or (r.holes and any(map(children.__contains__, chain)))
         ):
             return False
         # (A key twice in one chain would be a 64-bit collision of chained hashes: ignored.)
