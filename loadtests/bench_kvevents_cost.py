@@ -18,8 +18,12 @@ the request path's latency with events on and off at one client.
   `turns` (conversations of 5 turns of ~300 tokens sharing a preamble: the bridge knows
   each prompt to near its end, no wait), `new` (every prompt opens with text never seen:
   each decision waits for its prompt's tokenization) and `new-20k` (the same with 20K-token
-  prompts). Rounds are interleaved (`--rounds`, each in its own order); each row prints the median p50 and its
-  min..max, the median p99, and what events add to the p50 of `off`.
+  prompts). A gateway with events on joins engines that have served the earlier rows: its
+  timed requests start once it has resolved its join of each engine's stream (replayed
+  the history, or cleared it where the engine's buffer has rolled over; printed as
+  `join`), so the rows are the steady state. Rounds are interleaved (`--rounds`, each in its own
+  order); each row prints the median p50 and its min..max, the median p99, and what
+  events add to the p50 of `off`.
 
     python loadtests/bench_kvevents_cost.py
 """
@@ -44,6 +48,7 @@ from bench_lineage import Running
 from bench_overhead import free_port
 from bench_policies import start_engines
 from bench_routers import answers_chat
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.keys import route_request
 from gateway.kvevents.bridge import PromptBridge
@@ -286,27 +291,72 @@ def serve(tmp: str, yaml_for: Callable[[int], str]) -> tuple[Running, str]:
     return gw, url
 
 
-async def latency(url: str, requests: int, workload: str, round_: int) -> tuple[float, float]:
-    """p50 and p99 of `requests` sequential chat requests (after 30 warm-up ones)."""
+async def latency(
+    url: str, requests: int, workload: str, round_: int, events: bool
+) -> tuple[float, float, float | None]:
+    """p50 and p99 of `requests` sequential chat requests (after 30 warm-up ones), and with
+    events on how long the gateway took to join the engines' event streams."""
     tokens, fresh = WORKLOADS[workload]
+    n = 0
+
+    def body() -> dict[str, Any]:
+        nonlocal n
+        b = chat(tokens, turn=n % 5)
+        b["messages"][1]["content"] += f" session {n // 5}"
+        if fresh:
+            b["messages"][0]["content"] = (
+                f"round {round_} request {n}: " + b["messages"][0]["content"]
+            )
+        b["max_tokens"] = 4
+        n += 1
+        return b
+
     async with httpx.AsyncClient(base_url=url, timeout=60) as http:
-        times = []
-        for i in range(requests + 30):
-            body = chat(tokens, turn=i % 5)
-            body["messages"][1]["content"] += f" session {i // 5}"
-            if fresh:
-                body["messages"][0]["content"] = (
-                    f"round {round_} request {i}: " + body["messages"][0]["content"]
-                )
-            body["max_tokens"] = 4
-            t0 = time.perf_counter()
-            r = await http.post("/v1/chat/completions", json=body)
-            dt = time.perf_counter() - t0
+
+        async def warm() -> None:
+            r = await http.post("/v1/chat/completions", json=body())
             assert r.status_code == 200, r.text
-            if i >= 30:
-                times.append(dt)
+
+        for _ in range(30):
+            await warm()
+        join = await joined(http, warm, 4) if events else None
+        times = []
+        for _ in range(requests):
+            b = body()
+            t0 = time.perf_counter()
+            r = await http.post("/v1/chat/completions", json=b)
+            times.append(time.perf_counter() - t0)
+            assert r.status_code == 200, r.text
     times.sort()
-    return statistics.median(times), times[int(0.99 * len(times))]
+    return statistics.median(times), times[int(0.99 * len(times))], join
+
+
+async def joined(http: httpx.AsyncClient, warm: Callable[[], Any], engines: int) -> float:
+    """Seconds until the gateway has resolved its join of every engine (replayed its history,
+    or cleared it when the engine's buffer no longer reaches back to its first batch) and
+    applied what it replayed. A join resolves on the engine's next batch when the buffer
+    has rolled over, so `warm()` sends a request meanwhile."""
+    t0 = time.monotonic()
+    last, since = -1, t0
+    while time.monotonic() - t0 < 120:
+        text = (await http.get("/metrics")).text
+        resolved: set[str] = set()
+        batches = 0.0
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "kvgate_kv_events_resyncs_total" and sample.value:
+                    resolved.add(sample.labels["replica"])
+                elif sample.name == "kvgate_kv_events_batches_total":
+                    batches += sample.value
+        now = time.monotonic()
+        if batches != last:
+            last, since = int(batches), now
+        if len(resolved) < engines:
+            await warm()
+        elif now - since >= 0.5:
+            return since - t0
+        await asyncio.sleep(0.05)
+    raise RuntimeError("the gateway did not join every engine's event stream")
 
 
 def latency_rows(requests: int, rounds: int, workloads: list[str]) -> None:
@@ -314,6 +364,7 @@ def latency_rows(requests: int, rounds: int, workloads: list[str]) -> None:
     engines (another process, publishing KV events throughout), rounds interleaved."""
     engines = start_engines(4, 64_000, time_scale=1000.0, kv_events=True)
     results: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    joins: list[float] = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for round_ in range(rounds):
@@ -327,12 +378,20 @@ def latency_rows(requests: int, rounds: int, workloads: list[str]) -> None:
                             ),
                         )
                         try:
-                            p50, p99 = asyncio.run(latency(url, requests, workload, round_))
+                            p50, p99, join = asyncio.run(
+                                latency(url, requests, workload, round_, config[1])
+                            )
                         finally:
                             gw.stop()
                         results.setdefault((workload, config[0]), []).append((p50, p99))
+                        if join is not None:
+                            joins.append(join)
     finally:
         engines.stop()
+    print(
+        f"join: {len(joins)} gateways with events on joined the 4 engines' streams in a "
+        f"median of {statistics.median(joins):.2f} s after warm-up (max {max(joins):.2f})"
+    )
     for workload in workloads:
         base = statistics.median(r[0] for r in results[(workload, "off")])
         for config in CONFIGS:

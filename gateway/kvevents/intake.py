@@ -2,12 +2,15 @@
 
 The thread owns the ZMQ sockets (a SUB per replica, a socket monitor to see connects and
 disconnects, a DEALER for replay requests) and decodes payloads, so neither socket waits
-nor msgpack decoding run on the event loop. It hands each decoded batch to the loop with
-`call_soon_threadsafe`; the loop side (`EventFeed`) applies it to the index, so the index
-is only ever touched by one thread.
+nor msgpack decoding run on the event loop. It hands each decoded batch to the loop
+through a `LoopInbox` (in order, a slice of the loop's time at a time); the loop side
+(`EventFeed`) applies it to the index, so the index is only ever touched by one thread.
 
 Resynchronisation, per replica (see gateway.kvevents.sequence for the verdicts):
 
+* connected, with a replay endpoint: ask it for everything from batch 0 at once (an idle
+  engine is known before traffic reaches it); synced if its buffer still starts at 0,
+  otherwise the first batch decides, as below;
 * first batch or a reset numbered 0: the cache was empty at that point: clear, synced;
 * a gap, a first batch above 0, a reset above 0, a reconnect: ask the replay endpoint for
   the missing batches (vLLM's ROUTER protocol: send the start number, receive
@@ -29,6 +32,7 @@ import xxhash
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from gateway.kvevents.inbox import LoopInbox
 from gateway.kvevents.sequence import SeqTracker
 from gateway.kvevents.wire import EventBatch, WireError, decode_batch, decode_seq, encode_seq
 from gateway.types import ReplicaId
@@ -70,7 +74,7 @@ class FeedSink(Protocol):
 
 
 class _Sub:
-    __slots__ = ("monitor", "replay", "socket", "source", "tracker")
+    __slots__ = ("monitor", "replay", "rolled", "socket", "source", "tracker")
 
     def __init__(
         self, source: Source, socket: zmq.Socket[bytes], monitor: zmq.Socket[bytes]
@@ -80,6 +84,10 @@ class _Sub:
         self.monitor = monitor
         self.replay: zmq.Socket[bytes] | None = None
         self.tracker = SeqTracker()
+        # The publisher's replay buffer no longer held batch 0 when last asked (it only
+        # moves on): asking again on the first batch would fetch the whole buffer for
+        # nothing.
+        self.rolled = False
 
 
 def _digest(payload: bytes) -> int:
@@ -103,12 +111,12 @@ class EventIntake:
         self.hwm = hwm
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._inbox: LoopInbox | None = None
 
     async def start(self) -> None:
         if self._thread is not None or not self.sources:
             return
-        self._loop = asyncio.get_running_loop()
+        self._inbox = LoopInbox(asyncio.get_running_loop())
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="kvgate-kv-events", daemon=True)
         self._thread.start()
@@ -122,12 +130,8 @@ class EventIntake:
 
     # -- thread side --------------------------------------------------------------------
     def _post(self, fn: Callable[..., None], *args: object) -> None:
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            try:
-                loop.call_soon_threadsafe(fn, *args)
-            except RuntimeError:  # the loop closed between the check and the call
-                pass
+        if self._inbox is not None:
+            self._inbox.post(fn, *args)
 
     def _run(self) -> None:
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -172,14 +176,16 @@ class EventIntake:
         replica = sub.source.replica
         if event == zmq.EVENT_DISCONNECTED:
             self._post(self.sink.connection, replica, False)
-        elif (
-            event == _UP_EVENT
-            and sub.tracker.last is not None
-            and sub.source.replay_endpoint is not None
-        ):
-            # Reconnected: batches sent meanwhile are gone from the SUB socket; the replay
-            # endpoint tells now whether any were missed (or the publisher changed).
-            self._reconnected(ctx, sub)
+        elif event == _UP_EVENT and sub.source.replay_endpoint is not None:
+            if sub.tracker.last is None:
+                # Joined: what the engine holds is in its buffer now; waiting for its next
+                # batch to ask would leave an idle engine unknown until traffic reaches it.
+                self._replay_all(ctx, sub, "join")
+            else:
+                # Reconnected: batches sent meanwhile are gone from the SUB socket; the
+                # replay endpoint tells now whether any were missed (or the publisher
+                # changed).
+                self._reconnected(ctx, sub)
 
     def _on_message(self, ctx: zmq.Context[zmq.Socket[bytes]], sub: _Sub) -> None:
         frames = sub.socket.recv_multipart()
@@ -206,6 +212,8 @@ class EventIntake:
             self._catch_up(ctx, sub, tracker.last + 1, seq, "gap")
         elif seq == 0:
             self._post(self.sink.reset, replica, True, "start" if verdict == "first" else "reset")
+        elif verdict == "first" and sub.rolled:
+            self._post(self.sink.reset, replica, False, "join_cleared")
         else:
             self._catch_up(ctx, sub, 0, seq, "join" if verdict == "first" else "reset")
         self._deliver(sub, seq, batch, frames[2])
@@ -248,21 +256,29 @@ class EventIntake:
                 return
         # A different publisher (restarted engine) or a rolled-over buffer: start over.
         tracker.last = None
-        full = self._replay(ctx, sub, 0)
-        if full and full[0][0] == 0 and [s for s, _, _ in full] == list(range(len(full))):
-            self._post(self.sink.reset, sub.source.replica, True, "reconnect_replayed")
-            for s, b, d in full:
-                self._post(self.sink.batch, sub.source.replica, s, b)
-                tracker.advance(s, d)
-            tracker.replayed_upto = tracker.last if tracker.last is not None else -1
-        else:
+        if not self._replay_all(ctx, sub, "reconnect"):
             self._post(self.sink.reset, sub.source.replica, False, "reconnect_cleared")
+
+    def _replay_all(self, ctx: zmq.Context[zmq.Socket[bytes]], sub: _Sub, reason: str) -> bool:
+        """Rebuild the replica from the publisher's whole history, if its buffer still
+        holds it from batch 0; False, having changed nothing, otherwise."""
+        full = self._replay(ctx, sub, 0)
+        if not full or full[0][0] != 0 or [s for s, _, _ in full] != list(range(len(full))):
+            return False
+        tracker = sub.tracker
+        self._post(self.sink.reset, sub.source.replica, True, f"{reason}_replayed")
+        for s, b, d in full:
+            self._post(self.sink.batch, sub.source.replica, s, b)
+            tracker.advance(s, d)
+        tracker.replayed_upto = tracker.last if tracker.last is not None else -1
+        return True
 
     def _replay(
         self, ctx: zmq.Context[zmq.Socket[bytes]], sub: _Sub, start: int
     ) -> list[tuple[int, EventBatch, int]]:
         """Batches numbered `start` and later from the publisher's replay buffer, in order
-        ([] without an endpoint, on timeout or on a malformed answer)."""
+        ([] without an endpoint, when the buffer does not hold `start`, on timeout or on a
+        malformed answer)."""
         endpoint = sub.source.replay_endpoint
         if endpoint is None:
             return []
@@ -273,6 +289,7 @@ class EventIntake:
             sub.replay = sock
         sock = sub.replay
         out: list[tuple[int, EventBatch, int]] = []
+        useful = True
         try:
             sock.send_multipart([b"", encode_seq(start)])
             timeout_ms = int(self.replay_timeout_s * 1000)
@@ -282,8 +299,16 @@ class EventIntake:
                     raise WireError("a replay frame is [empty, seq, payload]")
                 seq = decode_seq(frames[1])
                 if seq == -1:
-                    return out
-                out.append((seq, decode_batch(frames[2]), _digest(frames[2])))
+                    if start == 0:
+                        sub.rolled = not useful
+                    return out if useful else []
+                if not out and seq != start:
+                    # The buffer no longer reaches back to `start`, and every caller needs
+                    # it to: read the rest off the socket without decoding it (a rolled
+                    # buffer is thousands of batches of token ids).
+                    useful = False
+                if useful:
+                    out.append((seq, decode_batch(frames[2]), _digest(frames[2])))
         except (WireError, zmq.ZMQError) as exc:
             log.warning("replica %s: replay from %d failed: %s", sub.source.replica, start, exc)
         # Timed out or broken: a late answer must not be read as the next one.

@@ -37,6 +37,7 @@ class KVEventPublisher:
         self.topic = topic.encode()
         self.layout: Layout = layout
         self.published = 0
+        self.replays_served = 0
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._queue: queue.SimpleQueue[EventBatch | None] = queue.SimpleQueue()
         self._ready = threading.Event()
@@ -119,3 +120,4 @@ class KVEventPublisher:
             if seq >= start:
                 sock.send_multipart((identity, b"", encode_seq(seq), payload))
         sock.send_multipart((identity, b"", encode_seq(-1), b""))
+        self.replays_served += 1

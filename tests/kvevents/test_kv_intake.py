@@ -15,7 +15,7 @@ from gateway.kvevents.index import EventIndex, SyncState
 from gateway.kvevents.intake import EventIntake, Source
 from gateway.kvevents.metrics import KVEventMetrics
 from gateway.kvevents.tokenkeys import chain_keys, root_seed
-from gateway.kvevents.wire import BlockStored, EventBatch
+from gateway.kvevents.wire import BlockRemoved, BlockStored, EventBatch
 from gateway.sim.kvpublish import KVEventPublisher
 from gateway.types import ReplicaId
 
@@ -186,3 +186,64 @@ async def test_malformed_messages_are_counted_and_skipped(rig: Rig) -> None:
             sock.close(0)
     finally:
         ctx.term()
+
+
+async def test_joining_an_idle_engine_replays_its_whole_history_at_once() -> None:
+    """A gateway joining an engine that has run a while (here 300 16K-token prompts stored,
+    then evicted) and is idle now replays its whole buffer on connecting, without waiting
+    for the engine's next batch, and is synced. (That the loop keeps serving meanwhile is
+    the inbox's test: tests/kvevents/test_kv_inbox.py.)"""
+    rig = Rig(replay=True)
+    rig.pub.start()
+    flood = 300
+    for k in range(flood):
+        hashes = tuple(range(10**6 * (k + 1), 10**6 * (k + 1) + 1024))
+        rig.pub.publish(EventBatch(0.0, (BlockStored(hashes, None, tuple(range(16384)), 16),)))
+        rig.pub.publish(EventBatch(0.0, (BlockRemoved(hashes),)))
+    await until(lambda: rig.pub.published == 2 * flood)  # sent before anyone listened
+    source = Source(R, rig.pub.endpoint, rig.pub.replay_endpoint, "kv-events")
+    rig.intake = EventIntake((source,), rig.feed, replay_timeout_s=2.0)
+    try:
+        await rig.intake.start()
+        await until(lambda: rig.value("kvgate_kv_events_batches_total") == 2 * flood)
+        assert rig.value("kvgate_kv_events_resyncs_total", reason="join_replayed") == 1
+        assert rig.feed.state(R) is SyncState.SYNCED
+        blocks = rig.index.blocks(R)
+        assert blocks is not None and not blocks.keys  # the flood came and went
+        # Live batches continue the replayed history.
+        await rig.send_until_seen()
+        assert rig.matched() == rig.sent
+        assert rig.value("kvgate_kv_events_resyncs_total", reason="join_replayed") == 1
+        assert rig.value("kvgate_kv_events_gaps_total") == 0
+    finally:
+        await rig.intake.stop()
+        rig.pub.stop()
+
+
+async def test_joining_past_a_rolled_buffer_warms_instead_of_replaying_part() -> None:
+    rig = Rig(replay=True)
+    rig.pub = KVEventPublisher(replay_endpoint="tcp://127.0.0.1:*", buffer_steps=4)
+    rig.pub.start()
+    for k in range(10):  # batches 0..5 are gone from the buffer
+        rig.pub.publish(EventBatch(0.0, (BlockStored((10**6 + k,), None, tuple(range(16)), 16),)))
+    await until(lambda: rig.pub.published == 10)
+    source = Source(R, rig.pub.endpoint, rig.pub.replay_endpoint, "kv-events")
+    rig.intake = EventIntake((source,), rig.feed, replay_timeout_s=0.5)
+    try:
+        await rig.intake.start()
+        for _ in range(200):  # until a live batch arrives and asks for the replay
+            rig.pub.publish(EventBatch(0.0, (block(0),)))
+            await asyncio.sleep(0.02)
+            if rig.value("kvgate_kv_events_resyncs_total", reason="join_cleared"):
+                break
+        assert rig.value("kvgate_kv_events_resyncs_total", reason="join_cleared") == 1
+        assert rig.value("kvgate_kv_events_resyncs_total", reason="join_replayed") == 0
+        await until(lambda: rig.feed.state(R) is SyncState.WARMING)
+        # None of the partial history was applied: only live batches from then on.
+        blocks = rig.index.blocks(R)
+        assert blocks is not None and not any(h >= 10**6 for h in blocks.keys)
+        # Asked once, on connecting; the first batch did not fetch the buffer again.
+        assert rig.pub.replays_served == 1
+    finally:
+        await rig.intake.stop()
+        rig.pub.stop()
