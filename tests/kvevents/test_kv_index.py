@@ -147,6 +147,16 @@ def test_fast_and_slow_lookups_agree_with_a_plain_walk_under_random_churn() -> N
         assert blocks.holes == holes
 
 
+def assert_same(one: EventIndex, other: EventIndex) -> None:
+    """Both indexes hold R's blocks alike, down to the order of the bound's queue."""
+    a, b = one.blocks(R), other.blocks(R)
+    assert a is not None and b is not None
+    assert list(a.keys.items()) == list(b.keys.items())
+    assert a.media == b.media and a.by_medium == b.by_medium
+    assert a.parent == b.parent and a.children == b.children
+    assert (a.holes, a.orphans) == (b.holes, b.orphans)
+
+
 def test_a_fresh_chain_stored_in_bulk_equals_storing_it_block_by_block() -> None:
     # EventIndex stores a chain the replica does not hold at all in bulk (_stored_fresh);
     # under random stores (fresh, overlapping, other tiers), removals and orphans it must
@@ -178,12 +188,7 @@ def test_a_fresh_chain_stored_in_bulk_equals_storing_it_block_by_block() -> None
             event = BlockRemoved((start + 1,), "GPU" if rng.random() < 0.8 else "CPU")
         bulk.apply(R, [event])
         each.apply(R, [event])
-        a, b = bulk.blocks(R), each.blocks(R)
-        assert a is not None and b is not None
-        assert list(a.keys.items()) == list(b.keys.items())
-        assert a.media == b.media and a.by_medium == b.by_medium
-        assert a.parent == b.parent and a.children == b.children
-        assert (a.holes, a.orphans) == (b.holes, b.orphans)
+        assert_same(bulk, each)
     assert fresh > 50  # the bulk path ran
 
 
@@ -233,10 +238,5 @@ def test_a_removal_in_bulk_equals_removing_block_by_block() -> None:
             event = BlockRemoved(tuple(run), "GPU" if rng.random() < 0.85 else "CPU")
         bulk.apply(R, [event])
         each.apply(R, [event])
-        a, b = bulk.blocks(R), each.blocks(R)
-        assert a is not None and b is not None
-        assert list(a.keys.items()) == list(b.keys.items())
-        assert a.media == b.media and a.by_medium == b.by_medium
-        assert a.parent == b.parent and a.children == b.children
-        assert (a.holes, a.orphans) == (b.holes, b.orphans)
+        assert_same(bulk, each)
     assert Counted.whole > 30  # the bulk path ran
