@@ -14,7 +14,8 @@ Resynchronisation, per replica (see gateway.kvevents.sequence for the verdicts):
 * first batch or a reset numbered 0: the cache was empty at that point: clear, synced;
 * a gap, a first batch above 0, a reset above 0, a reconnect: ask the replay endpoint for
   the missing batches (vLLM's ROUTER protocol: send the start number, receive
-  ``[seq, payload]`` frames until seq -1). Complete coverage keeps the replica synced;
+  ``[seq, payload]`` frames until seq -1; a history from 0 is folded first, see
+  gateway.kvevents.fold). Complete coverage keeps the replica synced;
   otherwise (no replay endpoint, buffer rolled over, timeout) the replica's index is
   cleared and marked warming, and routing uses the approximate index for it meanwhile.
 """
@@ -32,6 +33,7 @@ import xxhash
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from gateway.kvevents.fold import fold_history
 from gateway.kvevents.inbox import LoopInbox
 from gateway.kvevents.sequence import SeqTracker
 from gateway.kvevents.wire import EventBatch, WireError, decode_batch, decode_seq, encode_seq
@@ -74,7 +76,7 @@ class FeedSink(Protocol):
 
 
 class _Sub:
-    __slots__ = ("monitor", "replay", "rolled", "socket", "source", "tracker")
+    __slots__ = ("monitor", "replay", "rolled", "socket", "source", "tracker", "ups")
 
     def __init__(
         self, source: Source, socket: zmq.Socket[bytes], monitor: zmq.Socket[bytes]
@@ -88,6 +90,7 @@ class _Sub:
         # moves on): asking again on the first batch would fetch the whole buffer for
         # nothing.
         self.rolled = False
+        self.ups = 0  # connections made (the first is the join, any later a reconnect)
 
 
 def _digest(payload: bytes) -> int:
@@ -177,11 +180,13 @@ class EventIntake:
         if event == zmq.EVENT_DISCONNECTED:
             self._post(self.sink.connection, replica, False)
         elif event == _UP_EVENT and sub.source.replay_endpoint is not None:
+            sub.ups += 1
             if sub.tracker.last is None:
-                # Joined: what the engine holds is in its buffer now; waiting for its next
-                # batch to ask would leave an idle engine unknown until traffic reaches it.
+                # Joined (or back before any batch came): what the engine holds is in its
+                # buffer now; waiting for its next batch to ask would leave an idle engine
+                # unknown until traffic reaches it.
                 self._replay_all(ctx, sub, "join")
-            else:
+            elif sub.ups > 1:  # (not a batch read before the first connection's event)
                 # Reconnected: batches sent meanwhile are gone from the SUB socket; the
                 # replay endpoint tells now whether any were missed (or the publisher
                 # changed).
@@ -230,9 +235,11 @@ class EventIntake:
         got = self._replay(ctx, sub, start)
         wanted = [(s, b) for s, b, _ in got if start <= s < upto]
         if [s for s, _ in wanted] == list(range(start, upto)):
+            batches = [b for _, b in wanted]
             if start == 0:
                 self._post(self.sink.reset, replica, True, f"{reason}_replayed")
-            for s, b in wanted:
+                batches = fold_history(batches)
+            for s, b in zip(range(start, upto), batches, strict=True):
                 self._post(self.sink.batch, replica, s, b)
             if start > 0:
                 self._post(self.sink.recovered, replica, f"{reason}_replayed")
@@ -267,7 +274,8 @@ class EventIntake:
             return False
         tracker = sub.tracker
         self._post(self.sink.reset, sub.source.replica, True, f"{reason}_replayed")
-        for s, b, d in full:
+        folded = fold_history([b for _, b, _ in full])
+        for (s, _, d), b in zip(full, folded, strict=True):
             self._post(self.sink.batch, sub.source.replica, s, b)
             tracker.advance(s, d)
         tracker.replayed_upto = tracker.last if tracker.last is not None else -1

@@ -215,6 +215,7 @@ async def test_joining_an_idle_engine_replays_its_whole_history_at_once() -> Non
         assert rig.matched() == rig.sent
         assert rig.value("kvgate_kv_events_resyncs_total", reason="join_replayed") == 1
         assert rig.value("kvgate_kv_events_gaps_total") == 0
+        assert rig.value("kvgate_kv_events_resyncs_total", reason="reconnect_replayed") == 0
     finally:
         await rig.intake.stop()
         rig.pub.stop()
