@@ -54,14 +54,11 @@ def fold_history(batches: Sequence[EventBatch]) -> list[EventBatch]:
                 kept.append(event)
             elif isinstance(event, BlockStored):
                 hashes = event.block_hashes
-                if (
-                    _plain(event.medium, event.group_idx)
-                    and dead.issuperset(hashes)
-                    and needed.isdisjoint(hashes)
-                ):
+                plain = _plain(event.medium, event.group_idx)
+                if plain and dead.issuperset(hashes) and needed.isdisjoint(hashes):
                     continue  # gone by the end, and nothing kept hangs from it
                 kept.append(event)
-                if _plain(event.medium, event.group_idx):
+                if plain:
                     dead.difference_update(hashes)
                 needed.difference_update(hashes)
                 if event.parent_block_hash is not None:
