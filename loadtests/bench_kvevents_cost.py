@@ -245,26 +245,32 @@ WORKLOADS: dict[str, tuple[int, bool]] = {
     "new": (300, True),
     "new-20k": (20_000, True),
 }
-# (name, events on, tokenizer executor, pre-routing budget in ms)
-CONFIGS: list[tuple[str, bool, str, float]] = [
-    ("off", False, "process", 0.0),
-    ("on, thread, budget 0", True, "thread", 0.0),
-    (f"on, thread, budget {DEFAULT_ROUTE_BUDGET_MS:g}", True, "thread", DEFAULT_ROUTE_BUDGET_MS),
-    ("on, process, budget 0", True, "process", 0.0),
-    (f"on, process, budget {DEFAULT_ROUTE_BUDGET_MS:g}", True, "process", DEFAULT_ROUTE_BUDGET_MS),
-]
+# (name, events on, tokenizer executor, pre-routing budget in ms, intake: process | thread)
+Config = tuple[str, bool, str, float, str]
 
 
-def gateway_yaml(
-    port: int, urls: list[str], kv: list[tuple[str, str]], config: tuple[str, bool, str, float]
-) -> str:
-    _, events, executor, budget = config
+def configs(executors: list[str], intakes: list[str]) -> list[Config]:
+    """Events off, then on with each tokenizer executor x budget (0, the default) x intake
+    (named only when more than one is asked for)."""
+    out: list[Config] = [("off", False, "process", 0.0, "process")]
+    for executor in executors:
+        for budget in (0.0, DEFAULT_ROUTE_BUDGET_MS):
+            for intake in intakes:
+                name = f"on, {executor}, budget {budget:g}"
+                if len(intakes) > 1:
+                    name += f", intake {intake}"
+                out.append((name, True, executor, budget, intake))
+    return out
+
+
+def gateway_yaml(port: int, urls: list[str], kv: list[tuple[str, str]], config: Config) -> str:
+    _, events, executor, budget, intake = config
     lines = [f"server:\n  port: {port}\n  log_level: warning\nreplicas:"]
     lines += [f"  - {{id: e{i}, url: '{u}', models: [{MODEL}]}}" for i, u in enumerate(urls)]
     lines.append("models:\n  discover: false")
     if events:
         lines.append(
-            "kv_events:\n  enabled: true\n"
+            f"kv_events:\n  enabled: true\n  intake: {intake}\n"
             f"  tokenizer: {{kind: sim, executor: {executor}, route_budget_ms: {budget:g}}}\n"
             "  sources:"
         )
@@ -359,7 +365,7 @@ async def joined(http: httpx.AsyncClient, warm: Callable[[], Any], engines: int)
     raise RuntimeError("the gateway did not join every engine's event stream")
 
 
-def latency_rows(requests: int, rounds: int, workloads: list[str]) -> None:
+def latency_rows(requests: int, rounds: int, workloads: list[str], configs: list[Config]) -> None:
     """Each configuration's gateway (`kvgate serve`, its own process) in front of the same 4
     engines (another process, publishing KV events throughout), rounds interleaved."""
     engines = start_engines(4, 64_000, time_scale=1000.0, kv_events=True)
@@ -370,7 +376,7 @@ def latency_rows(requests: int, rounds: int, workloads: list[str]) -> None:
             for round_ in range(rounds):
                 for workload in workloads:
                     # Each round in another order: no configuration always runs first.
-                    for config in random.Random(round_).sample(CONFIGS, len(CONFIGS)):
+                    for config in random.Random(round_).sample(configs, len(configs)):
                         gw, url = serve(
                             tmp,
                             lambda port, c=config: gateway_yaml(  # type: ignore[misc]
@@ -394,7 +400,7 @@ def latency_rows(requests: int, rounds: int, workloads: list[str]) -> None:
     )
     for workload in workloads:
         base = statistics.median(r[0] for r in results[(workload, "off")])
-        for config in CONFIGS:
+        for config in configs:
             runs = results[(workload, config[0])]
             p50s = [r[0] * 1e3 for r in runs]
             p99 = statistics.median(r[1] for r in runs) * 1e3
@@ -450,7 +456,9 @@ def stall_rows(tokens: int, prompts: int) -> None:
             for executor in ("thread", "process"):
 
                 def yaml_for(port: int, executor: str = executor) -> str:
-                    text = gateway_yaml(port, engines.urls, engines.kv, ("", True, executor, 0.0))
+                    text = gateway_yaml(
+                        port, engines.urls, engines.kv, ("", True, executor, 0.0, "process")
+                    )
                     return text.replace("kind: sim,", hf)
 
                 bodies = [
@@ -480,6 +488,82 @@ def stall_rows(tokens: int, prompts: int) -> None:
         engines.stop()
 
 
+def intake_rows(rounds: int, prompts: int = 600) -> None:
+    """How long the gateway stops answering while engines publish the events of new
+    20K-token prompts (1250 blocks stored, 1250 evicted each), with the intake in a thread
+    and in its own process: /health probed every 5 ms while the prompts are sent one by one
+    (sim tokenizer in a thread, no pre-routing wait, after the join)."""
+    engines = start_engines(4, 64_000, time_scale=1000.0, kv_events=True)
+    found: dict[str, list[tuple[float, float, float, float]]] = {}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for round_ in range(rounds):
+                rows = [("off", False), ("thread", True), ("process", True)]
+                for intake, events in random.Random(round_).sample(rows, len(rows)):
+                    config: Config = (
+                        intake,
+                        events,
+                        "thread",
+                        0.0,
+                        intake if events else "process",
+                    )
+                    gw, url = serve(
+                        tmp,
+                        lambda port, c=config: gateway_yaml(  # type: ignore[misc]
+                            port, engines.urls, engines.kv, c
+                        ),
+                    )
+                    try:
+                        probes, sent = asyncio.run(_intake_stall(url, round_, prompts, events))
+                    finally:
+                        gw.stop()
+                    probes.sort()
+                    found.setdefault(intake, []).append(
+                        (
+                            statistics.median(probes),
+                            probes[int(0.99 * len(probes))],
+                            probes[-1],
+                            statistics.median(sent),
+                        )
+                    )
+    finally:
+        engines.stop()
+    for intake, runs in found.items():
+        p50, p99, top, own = (sorted(r[i] * 1e3 for r in runs) for i in range(4))
+        print(
+            f"intake stall, events {'off' if intake == 'off' else 'on, intake ' + intake}, "
+            f"{prompts} new 20K-token prompts: /health p50 {statistics.median(p50):.2f} ms, "
+            f"p99 {statistics.median(p99):.2f} ms ({p99[0]:.2f}..{p99[-1]:.2f}), max "
+            f"{statistics.median(top):.1f} ms; the prompts' p50 {statistics.median(own):.2f} ms"
+        )
+
+
+async def _intake_stall(
+    url: str, round_: int, prompts: int, events: bool
+) -> tuple[list[float], list[float]]:
+    n = 0
+
+    def body() -> dict[str, Any]:
+        nonlocal n
+        b = chat(20_000)
+        b["messages"][0]["content"] = f"stall {round_} {n}: " + b["messages"][0]["content"]
+        b["max_tokens"] = 4
+        n += 1
+        return b
+
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+
+        async def warm() -> None:
+            r = await http.post("/v1/chat/completions", json=body())
+            assert r.status_code == 200, r.text
+
+        for _ in range(10):
+            await warm()
+        if events:
+            await joined(http, warm, 4)
+    return await _stall(url, [body() for _ in range(prompts)])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=100_000, help="prompt size of the CPU figures")
@@ -493,13 +577,34 @@ def main() -> int:
     ap.add_argument(
         "--stall-tokens", type=int, default=60_000, help="prompt size of the stall rows (0: none)"
     )
+    ap.add_argument(
+        "--executors", default="thread,process", help="tokenizer executors of the latency rows"
+    )
+    ap.add_argument(
+        "--intakes",
+        default="process",
+        help="KV event intakes of the latency rows (process, thread or both: rows for each)",
+    )
+    ap.add_argument(
+        "--intake-rounds",
+        type=int,
+        default=0,
+        help="rounds of the intake stall rows (/health while new 20K-token prompts' events "
+        "flow; 0: none)",
+    )
     args = ap.parse_args()
     if not args.latency_only:
         cpu_figures(args.tokens)
     if not args.cpu_only:
-        latency_rows(args.requests, args.rounds, [w for w in args.workloads.split(",") if w])
+        rows = configs(args.executors.split(","), args.intakes.split(","))
+        if args.workloads:
+            latency_rows(
+                args.requests, args.rounds, [w for w in args.workloads.split(",") if w], rows
+            )
         if args.stall_tokens:
             stall_rows(args.stall_tokens, prompts=6)
+        if args.intake_rounds:
+            intake_rows(args.intake_rounds)
     return 0
 
 

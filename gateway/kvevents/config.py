@@ -113,6 +113,13 @@ class KVEventsSettings(_Section):
     max_blocks_per_replica: int = Field(1 << 21, ge=1, description="index bound per replica")
     bridge_max_entries: int = Field(500_000, ge=1, description="prompt blocks mapped at most")
     replay_timeout_s: float = Field(1.0, gt=0, description="wait for a replay answer")
+    intake: Literal["thread", "process"] = Field(
+        "thread",
+        description="where events are decoded and indexed: a thread of the gateway (it "
+        "shares the interpreter lock with the event loop), or a process of their own that "
+        "sends the gateway only what changed for lookups, for hosts with a core to spare "
+        "(gateway.kvevents.remote)",
+    )
     tokenizer: TokenizerSettings = Field(default_factory=TokenizerSettings)
 
     @model_validator(mode="after")

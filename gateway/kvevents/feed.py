@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gateway.kvevents.delta import IndexDelta
 from gateway.kvevents.index import EventIndex, SyncState
 from gateway.kvevents.metrics import KVEventMetrics
 from gateway.kvevents.wire import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
@@ -69,11 +70,8 @@ class EventFeed:
 
     # -- FeedSink --------------------------------------------------------------------------
     def batch(self, replica: ReplicaId, seq: int, batch: EventBatch) -> None:
-        r = self._r(replica)
-        if r.state is SyncState.DOWN:
-            self._set(replica, r, r.before_down)
+        self._flowing(replica)
         self.index.apply(replica, batch.events)
-        r.last_batch_at = self.clock()
         m = self.metrics
         if m is not None:
             stored = removed = cleared = 0
@@ -85,6 +83,19 @@ class EventFeed:
                 elif isinstance(e, AllBlocksCleared):
                     cleared += 1
             m.batch(replica, stored, removed, cleared, max(0.0, self.wall() - batch.ts))
+
+    def delta(self, replica: ReplicaId, seq: int, d: IndexDelta) -> None:
+        """A batch the intake process applied to its own index (gateway.kvevents.remote)."""
+        self._flowing(replica)
+        self.index.apply_delta(replica, d)
+        if self.metrics is not None:
+            self.metrics.batch(replica, d.stored, d.removed, d.clears, max(0.0, self.wall() - d.ts))
+
+    def _flowing(self, replica: ReplicaId) -> None:
+        r = self._r(replica)
+        if r.state is SyncState.DOWN:
+            self._set(replica, r, r.before_down)
+        r.last_batch_at = self.clock()
 
     def reset(self, replica: ReplicaId, complete: bool, reason: str) -> None:
         r = self._r(replica)

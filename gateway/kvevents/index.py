@@ -18,16 +18,20 @@ vLLM frees a request's blocks tail first, so holes are rare and short-lived.
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from itertools import islice, repeat
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from gateway.kvevents.tokenkeys import chain_keys, root_seed
 from gateway.kvevents.wire import GPU, AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, Event
 from gateway.types import ReplicaId
+
+if TYPE_CHECKING:
+    from gateway.kvevents.delta import IndexDelta
 
 # Media names as vLLM and SGLang spell them; anything else shares the last bit.
 MEDIUM_BITS: Mapping[str, int] = {GPU: 1, "CPU": 2, "CPU_PINNED": 2, "DISK": 4}
@@ -75,6 +79,9 @@ class EventIndex:
         self.group = group
         self._replicas: dict[ReplicaId, ReplicaBlocks] = {}
         self.version = 0
+        # When set, keys the bound drops are added to it (gateway.kvevents.delta tracks what
+        # a batch changed).
+        self.journal: set[int] | None = None
 
     def replicas(self) -> Iterable[ReplicaId]:
         return self._replicas.keys()
@@ -101,6 +108,20 @@ class EventIndex:
                 self._removed(r, event)
             elif isinstance(event, AllBlocksCleared):
                 r = self._replicas[replica] = ReplicaBlocks(r.block_size)
+        self.version += 1
+
+    def apply_delta(self, replica: ReplicaId, d: IndexDelta) -> None:
+        """What a batch changed, as the intake process computed it (gateway.kvevents.delta):
+        this index then holds media, holes and counts only, which is all a lookup reads."""
+        r = self._replicas.get(replica)
+        if r is None or d.cleared:
+            r = self._replicas[replica] = ReplicaBlocks(r.block_size if r is not None else 0)
+        media = r.media
+        media.update(zip(array("Q", d.set_keys), array("B", d.set_bits)))
+        deque(map(media.pop, array("Q", d.gone), repeat(None)), 0)
+        r.holes, r.orphans, r.skipped = d.holes, d.orphans, d.skipped
+        r.by_medium = dict(d.by_medium)
+        r.block_size = d.block_size
         self.version += 1
 
     def _wanted(self, group: int | None) -> bool:
@@ -138,8 +159,12 @@ class EventIndex:
         scan from the front walks them (evicting one entry at a time took 46 ms an event at
         a 100,000-block bound)."""
         keys = r.keys
+        journal = self.journal
         for old in list(islice(keys, count)):
-            self._drop(r, old, keys.pop(old), -1)
+            key = keys.pop(old)
+            self._drop(r, old, key, -1)
+            if journal is not None:
+                journal.add(key)
         r.evicted += count
         if r.evicted > len(keys) // 4:
             r.keys = dict(keys)

@@ -10,6 +10,7 @@ from gateway.kvevents.feed import EventFeed
 from gateway.kvevents.index import EventIndex
 from gateway.kvevents.intake import EventIntake, Source
 from gateway.kvevents.metrics import KVEventMetrics
+from gateway.kvevents.remote import RemoteIntake
 from gateway.kvevents.stage import TokenStage
 from gateway.kvevents.workers import ProcessJobs, make_cache, make_renderer
 from gateway.state import GatewayState
@@ -38,7 +39,17 @@ def install(state: GatewayState) -> None:
         Source(ReplicaId(s.replica), s.endpoint, s.replay_endpoint, s.topic)
         for s in settings.sources
     )
-    intake = EventIntake(sources, feed, replay_timeout_s=settings.replay_timeout_s)
+    intake: EventIntake | RemoteIntake
+    if settings.intake == "process":
+        intake = RemoteIntake(
+            sources,
+            feed,
+            replay_timeout_s=settings.replay_timeout_s,
+            max_blocks=settings.max_blocks_per_replica,
+            on_restart=metrics.intake_restarts.inc,
+        )
+    else:
+        intake = EventIntake(sources, feed, replay_timeout_s=settings.replay_timeout_s)
     tok = settings.tokenizer
     executor = tok.executor
     if executor == "auto":
@@ -85,7 +96,7 @@ class KVEventsFeature:
         feed: EventFeed,
         bridge: PromptBridge,
         evidence: EventEvidence,
-        intake: EventIntake,
+        intake: EventIntake | RemoteIntake,
         stage: TokenStage,
     ) -> None:
         self.index = index

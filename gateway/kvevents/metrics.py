@@ -125,6 +125,11 @@ class KVEventMetrics:
             "Tokenizer worker processes started again after they exited",
             registry=r,
         )
+        self.intake_restarts = Counter(
+            "kvgate_kv_intake_restarts",
+            "KV event intake processes started again after they exited",
+            registry=r,
+        )
         self.tokenize_seconds = Histogram(
             "kvgate_kv_tokenize_seconds",
             "Tokenizer stage time per prompt (in its worker thread or process)",

@@ -13,6 +13,7 @@ import pytest
 
 from gateway.kvevents.index import SyncState
 from gateway.kvevents.install import KVEventsFeature
+from gateway.kvevents.remote import RemoteIntake
 from gateway.sim.faults import FaultConfig
 from gateway.sim.server import KVEventsOptions, SimEngine
 from gateway.testing.servers import RunningGateway, gateway, sim_engines
@@ -36,10 +37,11 @@ def sources(engines: Sequence[SimEngine]) -> list[dict[str, Any]]:
     return out
 
 
-def settings(engines: Sequence[SimEngine], events: bool) -> dict[str, Any]:
+def settings(engines: Sequence[SimEngine], events: bool, intake: str = "thread") -> dict[str, Any]:
     return {
         "kv_events": {
             "enabled": events,
+            "intake": intake,
             "sources": sources(engines),
             "tokenizer": {"kind": "sim"},
         },
@@ -88,11 +90,15 @@ def decisions(gw: RunningGateway, reason: str) -> float:
     )
 
 
-@pytest.mark.parametrize("events", [True, False])
-async def test_routing_follows_an_eviction_the_gateway_did_not_cause(events: bool) -> None:
+@pytest.mark.parametrize(
+    ("events", "intake"), [(True, "thread"), (True, "process"), (False, "thread")]
+)
+async def test_routing_follows_an_eviction_the_gateway_did_not_cause(
+    events: bool, intake: str
+) -> None:
     async with (
         sim_engines(2, "tiny", kv_events=KVEventsOptions()) as engines,
-        gateway(engines, **settings(engines, events)) as gw,
+        gateway(engines, **settings(engines, events, intake)) as gw,
         openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client,
     ):
         turn1 = [
@@ -115,6 +121,11 @@ async def test_routing_follows_an_eviction_the_gateway_did_not_cause(events: boo
             feature: KVEventsFeature = gw.state.extras["kv_events"]
             await until(lambda: len(feature.bridge) > 0)
             await until(lambda: feature.feed.state(other) is SyncState.SYNCED)  # type: ignore[arg-type]
+            held = feature.index.blocks(other)  # type: ignore[arg-type]
+            assert held is not None and held.media
+            # In a process, the intake keeps the engine hashes; the loop only what lookups read.
+            assert isinstance(feature.intake, RemoteIntake) is (intake == "process")
+            assert bool(held.keys) is (intake == "thread")
         served, cached, _ = await ask(client, turn2)
         if events:
             assert served == other and cached > 0
