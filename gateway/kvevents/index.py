@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from itertools import islice, repeat
+from itertools import filterfalse, islice, repeat
 from typing import TYPE_CHECKING, cast
 
 from gateway.kvevents.tokenkeys import chain_keys, root_seed
@@ -252,18 +252,19 @@ class EventIndex:
             return False
         found = cast("list[int]", looked)
         gone = set(found)
-        if (
-            len(gone) != len(found)
-            or len(set(hashes)) != len(found)
-            or not all(map(bit.__eq__, map(media.get, found)))
-        ):
+        # (A hash listed twice lists its key twice: distinct keys mean distinct hashes.)
+        if len(gone) != len(found):
             return False
+        only_gpu = bit == 1 and not any(n for b, n in r.by_medium.items() if b != 1)
+        if not only_gpu and not all(map(bit.__eq__, map(media.get, found))):
+            return False  # (on a GPU-only replica every held key's bits are 1)
         parents = list(map(parent.get, found))
         inside = sum(map(gone.__contains__, parents))
         if sum(map(children.get, found, repeat(0))) != inside:
             return False  # a held child stays: it becomes a hole (block by block)
-        for key, up in zip(found, parents):
-            if up is not None and up not in gone:  # a root of what goes
+        # The parents of what goes that stay (each loses a child): few, found in C.
+        for up in filterfalse(gone.__contains__, parents):
+            if up is not None:
                 if up not in media:
                     r.holes -= 1
                 left = children.get(up, 0) - 1

@@ -84,8 +84,12 @@ class EventBatch:
     dp_rank: int | None = None
 
 
+_HASH_TYPES = frozenset((int, bytes))
+
+
 def _hashes(value: Any) -> tuple[BlockHash, ...]:
-    if not isinstance(value, list) or not all(isinstance(h, int | bytes) for h in value):
+    # The check in C (a generator over a 20K-token prompt's 1250 hashes took 0.1 ms).
+    if not isinstance(value, list) or not _HASH_TYPES.issuperset(map(type, value)):
         raise WireError("block_hashes must be a list of integers or bytes")
     return tuple(value)
 
