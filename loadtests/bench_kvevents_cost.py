@@ -318,14 +318,7 @@ async def latency(
         return b
 
     async with httpx.AsyncClient(base_url=url, timeout=60) as http:
-
-        async def warm() -> None:
-            r = await http.post("/v1/chat/completions", json=body())
-            assert r.status_code == 200, r.text
-
-        for _ in range(30):
-            await warm()
-        join = await joined(http, warm, 4) if events else None
+        join = await warmed(http, body, 30, events)
         times = []
         for _ in range(requests):
             b = body()
@@ -335,6 +328,20 @@ async def latency(
             assert r.status_code == 200, r.text
     times.sort()
     return statistics.median(times), times[int(0.99 * len(times))], join
+
+
+async def warmed(
+    http: httpx.AsyncClient, body: Callable[[], dict[str, Any]], count: int, events: bool
+) -> float | None:
+    """`count` warm-up requests, then with events on the wait for the join (`joined`)."""
+
+    async def warm() -> None:
+        r = await http.post("/v1/chat/completions", json=body())
+        assert r.status_code == 200, r.text
+
+    for _ in range(count):
+        await warm()
+    return await joined(http, warm, 4) if events else None
 
 
 async def joined(http: httpx.AsyncClient, warm: Callable[[], Any], engines: int) -> float:
@@ -552,15 +559,7 @@ async def _intake_stall(
         return b
 
     async with httpx.AsyncClient(base_url=url, timeout=60) as http:
-
-        async def warm() -> None:
-            r = await http.post("/v1/chat/completions", json=body())
-            assert r.status_code == 200, r.text
-
-        for _ in range(10):
-            await warm()
-        if events:
-            await joined(http, warm, 4)
+        await warmed(http, body, 10, events)
     return await _stall(url, [body() for _ in range(prompts)])
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from itertools import repeat
 
 from gateway.kvevents.index import EventIndex
-from gateway.kvevents.wire import AllBlocksCleared, BlockRemoved, BlockStored, Event
+from gateway.kvevents.wire import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, Event
 from gateway.types import ReplicaId
 
 
@@ -42,6 +42,14 @@ class IndexDelta:
     ts: float = 0.0
 
 
+def _note_keys(
+    index: EventIndex, replica: ReplicaId, hashes: Sequence[BlockHash], into: set[int]
+) -> None:
+    r = index.blocks(replica)
+    if r is not None:
+        into.update(k for k in map(r.keys.get, hashes) if k is not None)
+
+
 def apply_tracked(
     index: EventIndex, replica: ReplicaId, events: Sequence[Event], ts: float = 0.0
 ) -> IndexDelta:
@@ -55,16 +63,12 @@ def apply_tracked(
     index.journal = touched
     try:
         for event in events[last_clear + 1 :]:
+            # A removal's keys are looked up before it forgets them, a store's after.
             if isinstance(event, BlockRemoved):
-                r = index.blocks(replica)
-                if r is not None:
-                    touched.update(k for k in map(r.keys.get, event.block_hashes) if k is not None)
-                index.apply(replica, (event,))
-            else:
-                index.apply(replica, (event,))
-                r = index.blocks(replica)
-                if r is not None and isinstance(event, BlockStored):
-                    touched.update(k for k in map(r.keys.get, event.block_hashes) if k is not None)
+                _note_keys(index, replica, event.block_hashes, touched)
+            index.apply(replica, (event,))
+            if isinstance(event, BlockStored):
+                _note_keys(index, replica, event.block_hashes, touched)
     finally:
         index.journal = None
     r = index.blocks(replica)

@@ -95,14 +95,7 @@ def _until_told(control: Connection) -> None:
         pass
 
 
-async def _serve(
-    out: Connection,
-    control: Connection,
-    sources: tuple[Source, ...],
-    timeout_s: float,
-    max_blocks: int,
-) -> None:
-    intake = EventIntake(sources, _Forward(out, EventIndex(max_blocks)), replay_timeout_s=timeout_s)
+async def _serve(intake: EventIntake, control: Connection) -> None:
     await intake.start()
     try:
         await asyncio.to_thread(_until_told, control)
@@ -119,7 +112,8 @@ def child_main(
 ) -> None:
     """The child's entry point (spawned: it shares nothing with the gateway but the pipes)."""
     try:
-        asyncio.run(_serve(out, control, sources, timeout_s, max_blocks))
+        sink = _Forward(out, EventIndex(max_blocks))
+        asyncio.run(_serve(EventIntake(sources, sink, replay_timeout_s=timeout_s), control))
     except (BrokenPipeError, EOFError, KeyboardInterrupt):
         pass  # the gateway went away
 
@@ -203,11 +197,12 @@ class RemoteIntake:
         log.warning("KV event intake process exited; starting another in %.1f s", self.restart_s)
         for source in self.sources:
             self._post(("connection", source.replica, False))
-        old, data = self._proc, self._data
+        old, data, control = self._proc, self._data, self._control
         if old is not None:
             old.join(1.0)
-        if data is not None:
-            data.close()
+        for pipe in (data, control):
+            if pipe is not None:
+                pipe.close()
         if self._stopping.wait(self.restart_s):
             return
         self.restarts += 1
