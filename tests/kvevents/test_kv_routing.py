@@ -239,7 +239,9 @@ async def test_events_stopped_mid_run_under_load_cost_no_request_and_come_back()
         async def conversation(worker: int) -> None:
             # Short conversations, one after another: the tiny engines hold 1024 tokens.
             while phase["n"] < 3:
-                convo = [{"role": "system", "content": SYSTEM}]
+                # A system prompt of its own: three sessions sharing one would all follow
+                # its cache to one replica (light load), and the other would publish nothing.
+                convo = [{"role": "system", "content": f"worker {worker}. {SYSTEM}"}]
                 for turn in range(3):
                     convo.append({"role": "user", "content": f"w{worker} t{turn} " * 12})
                     try:

@@ -133,6 +133,32 @@ def test_a_fork_of_one_conversation_follows_its_cache() -> None:
     assert fork.first == home and fork.reason == "prefix"
 
 
+def _new_session_home(**config: object) -> ReplicaId:
+    """r0 carries three live sessions and nothing in flight; r1 one live session whose
+    4-block prompt is still prefilling. Where does a new session with no hot prefix go?"""
+    p, _ = policy(2, **config)
+    v = view(replicas(2), inflight={1: 1})
+    for s in range(3):
+        p.placed(turn(f"s{s}", (3000 + s,), 0), rid(0))
+    busy = turn("busy", tuple(range(20_000, 20_004)), 0)
+    p.dispatched(busy, rid(1))
+    p.placed(busy, rid(1))
+    chosen = p.choose(turn("new", (40_000,), 0), v)
+    assert chosen.reason == "least_cost"
+    assert chosen.first is not None
+    return chosen.first
+
+
+def test_a_new_session_with_no_hot_prefix_goes_where_the_load_is_now() -> None:
+    # Live sessions only break ties: the prefill waiting on r1 decides.
+    assert _new_session_home() == rid(0)
+
+
+def test_weighed_in_full_live_sessions_outweigh_the_load_now() -> None:
+    # The control: the previous default, each live session one mean prefill.
+    assert _new_session_home(cold_session_weight=1.0) == rid(1)
+
+
 def _new_sessions_on_the_churned_replica(churn_weight: float) -> int:
     """One conversation with a long uncached prompt, three short ones, all finished; then
     8 new short sessions. How many land where the long prompt was written?"""

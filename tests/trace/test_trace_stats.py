@@ -56,10 +56,14 @@ def test_cluster_round_robin_scatters_and_lineage_keeps_prefixes_together() -> N
     assert rr.request_share == (0.5, 0.5)
     ch = cluster_hit_rate(TRACE, 2, "lineage")
     # D repeats A's prompt: A's conversation, on A's replica, all 12 tokens cached. B is
-    # a new conversation sharing 8 tokens with A: it goes to the replica without a live
-    # session (8 tokens are worth less than the load a session brings).
-    assert ch.hit_rate == pytest.approx(12 / TOTAL_IN)
-    assert min(ch.request_share) > 0
+    # a new conversation sharing 8 tokens with A and nothing is in flight: it follows its
+    # cache to A's replica (live sessions only break ties there). C, unrelated, goes to
+    # the replica without a live session.
+    assert ch.hit_rate == pytest.approx(20 / TOTAL_IN)
+    assert ch.request_share == (0.75, 0.25) or ch.request_share == (0.25, 0.75)
+    # Weighed in full, A's live session outweighs B's 8 cached tokens: B goes elsewhere.
+    full = cluster_hit_rate(TRACE, 2, "lineage", policy_config={"cold_session_weight": 1.0})
+    assert full.hit_rate == pytest.approx(12 / TOTAL_IN)
 
 
 def test_shape_statistics() -> None:
