@@ -13,6 +13,7 @@ It is also the dispatch observer and outcome observer that keep `InFlight` (inst
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +24,8 @@ from gateway.kvevents.index import MEDIUM_BITS, EventIndex, SyncState
 from gateway.kvevents.inflight import InFlight
 from gateway.kvevents.metrics import KVEventMetrics
 from gateway.types import ReplicaId, RouteRequest
+
+_MAX_COLD = 4096  # marks of requests that never finished (bounded: the outcome drops them)
 
 
 def weights_by_bit(weights: Mapping[str, float]) -> dict[int, float]:
@@ -53,6 +56,9 @@ class EventEvidence:
         self.weights = weights_by_bit(medium_weights)
         self.metrics = metrics
         self._memo: tuple[str, int, int, Mapping[ReplicaId, int] | None] = ("", -1, -1, None)
+        # Requests whose prompt opens with a block no synced replica holds (the tokenizer
+        # stage's early answer, before the bridge knows the prompt), until they finish.
+        self._cold: OrderedDict[str, None] = OrderedDict()
 
     # -- observers (install.py) ------------------------------------------------------------
     def dispatched(
@@ -62,6 +68,28 @@ class EventEvidence:
 
     def finished(self, outcome: RequestOutcome) -> None:
         self.inflight.done(outcome.request_id)
+        self._cold.pop(outcome.request_id, None)
+
+    def holds_opening(self, key: int) -> bool:
+        """Whether a synced replica's events show the token block keyed `key`."""
+        state, blocks = self.feed.state, self.index.blocks
+        for replica in list(self.index.replicas()):
+            r = blocks(replica)
+            if (
+                r is not None
+                and state(replica) is SyncState.SYNCED
+                and (not r.block_size or r.block_size == self.block_size)
+                and key in r.media
+            ):
+                return True
+        return False
+
+    def opens_cold(self, request_id: str) -> None:
+        """The request's first token block is on no synced replica, so none of its prompt
+        is: its lookup answers so (zeros) without the rest of its tokens."""
+        self._cold[request_id] = None
+        if len(self._cold) > _MAX_COLD:
+            self._cold.popitem(last=False)
 
     # -- CacheEvidence ---------------------------------------------------------------------
     def cached_tokens(self, request: RouteRequest) -> Mapping[ReplicaId, int] | None:
@@ -98,6 +126,15 @@ class EventEvidence:
                     continue  # keyed with another block size: these keys cannot match
                 _, weighed = matched(replica, chain, self.weights)
                 out[replica] = int(weighed * self.block_size)
+        elif request.request_id in self._cold:
+            # What the whole prompt's keys would give: no block of it on any synced replica.
+            blocks = self.index.blocks
+            for replica in list(self.index.replicas()):
+                r = blocks(replica)
+                if state(replica) is SyncState.SYNCED and not (
+                    r is not None and r.block_size and r.block_size != self.block_size
+                ):
+                    out[replica] = 0
         inflight, bt = self.inflight, request.block_tokens
         for replica in list(inflight.replicas()):
             n = inflight.matched(replica, hashes, request.request_id)

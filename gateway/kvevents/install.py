@@ -77,6 +77,8 @@ def install(state: GatewayState) -> None:
         route_budget_s=tok.route_budget_ms / 1000,
         synced=feed.any_synced,
         processes=processes,
+        opening_held=evidence.holds_opening,
+        opens_cold=evidence.opens_cold,
     )
     state.cluster.set_cache_evidence(evidence)
     if tok.route_budget_ms > 0:

@@ -44,3 +44,12 @@ def learn_rendered(
         for j in range(len(prompt_hashes))
     ]
     return tuple(prompt_hashes), keys, counts
+
+
+def opening_key(opening: Sequence[int], block_size: int) -> int | None:
+    """The key of a prompt's first token block (from its opening's ids), or None when the
+    opening holds no full block. Keys chain: a replica without this block holds none of
+    the prompt."""
+    if len(opening) < block_size:
+        return None
+    return chain_keys(opening[:block_size], block_size, root_seed())[0]

@@ -139,6 +139,7 @@ class KVEventMetrics:
         self.route_waits = Counter(
             "kvgate_kv_route_waits",
             "Routing decisions and the tokenizer stage: in_time (learnt before the decision), "
+            "cold (its first token block on no synced replica: routed once that was known), "
             "over_budget, cancelled (the client left), known (the bridge knew the prompt), "
             "queue_full, unsynced (no replica's events to look it up in)",
             ["outcome"],

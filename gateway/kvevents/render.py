@@ -33,6 +33,20 @@ from gateway.sim.tokenizer import approx_token_ids, render_chat
 from gateway.types import Endpoint
 
 MARGIN_TOKENS = 2
+# An opening is encoded from this many characters per token wanted: far more than tokens
+# span, so where the text is cut changes none of the first ones (a subword tokenizer
+# merges within a word, not across dozens of them).
+OPENING_CHARS_PER_TOKEN = 32
+
+
+def _opening_of(
+    encode: Callable[[str], Sequence[int]], text: str, tokens: int
+) -> Sequence[int] | None:
+    cut = tokens * OPENING_CHARS_PER_TOKEN
+    ids = encode(text[:cut])
+    if len(text) > cut and len(ids) < tokens + MARGIN_TOKENS:
+        return None  # the cut may be near the tokens wanted: only the whole text would say
+    return ids[:tokens] if len(ids) >= tokens else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +103,12 @@ class Renderer(Protocol):
     endpoints: frozenset[Endpoint]
 
     def render(self, body: Mapping[str, Any], endpoint: Endpoint) -> Rendered | None: ...
+
+    # The first `tokens` token ids of what `render` gives, for far less work (the prompt's
+    # opening, encoded alone), or None when they cannot be told apart from the rest.
+    def opening(
+        self, body: Mapping[str, Any], endpoint: Endpoint, tokens: int
+    ) -> Sequence[int] | None: ...
 
 
 def _content_str(content: Any) -> str | None:
@@ -161,6 +181,11 @@ def token_id_prompt(body: Mapping[str, Any]) -> Rendered | None:
     return None
 
 
+def _token_id_opening(body: Mapping[str, Any], tokens: int) -> Sequence[int] | None:
+    prompt = _text_prompt(body)
+    return prompt[:tokens] if isinstance(prompt, list) and len(prompt) >= tokens else None
+
+
 def _completion(text: str, enc: Encoded) -> Rendered:
     data = text.encode()
     return _rendered(enc, (_Span(0, data, 0, len(text), 0, data.isascii()),), len(data))
@@ -173,6 +198,11 @@ class TokenIdsOnly:
 
     def render(self, body: Mapping[str, Any], endpoint: Endpoint) -> Rendered | None:
         return token_id_prompt(body) if endpoint is Endpoint.COMPLETIONS else None
+
+    def opening(
+        self, body: Mapping[str, Any], endpoint: Endpoint, tokens: int
+    ) -> Sequence[int] | None:
+        return _token_id_opening(body, tokens) if endpoint is Endpoint.COMPLETIONS else None
 
 
 class SimRenderer:
@@ -198,6 +228,23 @@ class SimRenderer:
                 # The simulator reads token ids as 4 hex characters each (gateway.sim.wire).
                 text = "".join(f"{p & 0xFFFF:04x}" for p in prompt)
                 return Rendered(approx_token_ids(text), (), (), 4 * len(prompt), exact=True)
+        return None
+
+    def opening(
+        self, body: Mapping[str, Any], endpoint: Endpoint, tokens: int
+    ) -> Sequence[int] | None:
+        if endpoint is Endpoint.CHAT:
+            messages = body.get("messages")
+            if not isinstance(messages, list):
+                return None
+            return _opening_of(approx_token_ids, render_chat(messages), tokens)
+        if endpoint is Endpoint.COMPLETIONS:
+            prompt = _text_prompt(body)
+            if isinstance(prompt, str):
+                return _opening_of(approx_token_ids, prompt, tokens)
+            if isinstance(prompt, list):
+                text = "".join(f"{p & 0xFFFF:04x}" for p in prompt[: 2 * tokens])
+                return _opening_of(approx_token_ids, text, tokens)
         return None
 
 
@@ -246,22 +293,45 @@ class HFRenderer:
 
     def render(self, body: Mapping[str, Any], endpoint: Endpoint) -> Rendered | None:
         if endpoint is Endpoint.CHAT:
-            messages = body.get("messages")
-            if self._template is None or not isinstance(messages, list):
-                return None
-            text = self._template.render(
-                messages=messages,
-                add_generation_prompt=True,
-                tools=body.get("tools"),
-                **self._specials,
-            )
-            return _locate(body, text, self._encode(text, False))
+            text = self._chat_text(body)
+            return None if text is None else _locate(body, text, self._encode(text, False))
         if endpoint is Endpoint.COMPLETIONS:
             prompt = _text_prompt(body)
             if isinstance(prompt, str):
                 return _completion(prompt, self._encode(prompt, True))
             return token_id_prompt(body)
         return None
+
+    def opening(
+        self, body: Mapping[str, Any], endpoint: Endpoint, tokens: int
+    ) -> Sequence[int] | None:
+        # The template renders the whole conversation (it may depend on all of it); only
+        # the opening is encoded, which is where a long prompt's time goes.
+        if endpoint is Endpoint.CHAT:
+            text = self._chat_text(body)
+            return None if text is None else _opening_of(self._hf_ids(False), text, tokens)
+        if endpoint is Endpoint.COMPLETIONS:
+            prompt = _text_prompt(body)
+            if isinstance(prompt, str):
+                return _opening_of(self._hf_ids(True), prompt, tokens)
+            return _token_id_opening(body, tokens)
+        return None
+
+    def _chat_text(self, body: Mapping[str, Any]) -> str | None:
+        messages = body.get("messages")
+        if self._template is None or not isinstance(messages, list):
+            return None
+        text: str = self._template.render(
+            messages=messages,
+            add_generation_prompt=True,
+            tools=body.get("tools"),
+            **self._specials,
+        )
+        return text
+
+    def _hf_ids(self, specials: bool) -> Callable[[str], Sequence[int]]:
+        tok = self._tok
+        return lambda text: tok.encode(text, add_special_tokens=specials).ids
 
     def _hf_encode(self, text: str, specials: bool) -> tuple[Sequence[int], Sequence[int]]:
         enc = self._tok.encode(text, add_special_tokens=specials)

@@ -24,13 +24,16 @@ decision waits for it at most `route_budget_s`, on the event loop without blocki
 finishes in time routes on the engines' events; what does not is answered by the
 approximate index, and the job still teaches the bridge when it ends (the dispatch
 observer finds it queued and does not submit it again). A full queue, or no replica whose
-events could answer, means no wait.
+events could answer, means no wait. In threads, a job started for a waiting decision first
+encodes the prompt's opening: if no synced replica holds its first token block, none holds
+any of the prompt, and the decision goes at once (outcome `cold`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -40,6 +43,7 @@ from typing import Any
 from gateway.hashing import CHARS_PER_TOKEN, hash_key
 from gateway.hooks import RequestOutcome
 from gateway.kvevents.bridge import PromptBridge
+from gateway.kvevents.learn import opening_key
 from gateway.kvevents.metrics import KVEventMetrics
 from gateway.kvevents.render import Renderer
 from gateway.kvevents.tokcache import TokenCache
@@ -55,6 +59,9 @@ log = logging.getLogger("kvgate.kvevents")
 # Less than that known (or none of it, however short) means that most of the prompt was
 # sent by someone else, or is the first of its kind.
 NEAR_BLOCKS = 2
+# How long a worker that answered a decision early waits for it to be made (it is on the
+# event loop within a millisecond or so) before tokenizing the rest of the prompt.
+_RESUME_WAIT_S = 0.005
 _FRUITLESS = 1024  # prompts whose job taught nothing, remembered so as not to retry them
 
 
@@ -73,6 +80,8 @@ class TokenStage:
         route_budget_s: float = 0.0,
         synced: Callable[[], bool] | None = None,
         processes: ProcessJobs | None = None,
+        opening_held: Callable[[int], bool] | None = None,
+        opens_cold: Callable[[str], None] | None = None,
     ) -> None:
         # Jobs run in `processes` when given (each worker holds its own renderer and
         # cache: `renderer` then only says which endpoints it renders), else in threads.
@@ -87,12 +96,18 @@ class TokenStage:
         self.metrics = metrics
         self.route_budget_s = route_budget_s
         self._synced = synced  # whether any replica's events are complete (else: no wait)
+        # Whether any synced replica holds a token block (by key), and what to tell the
+        # evidence of a request whose first block none holds: a decision waiting for its
+        # prompt is released as soon as its opening is known (threads only).
+        self._opening_held = opening_held
+        self._opens_cold = opens_cold
         self.endpoints = renderer.endpoints & {Endpoint.CHAT, Endpoint.COMPLETIONS}
         self.pending = 0
         self._queued: set[int] = set()  # last prompt hash of each job waiting or running
         self._fruitless: OrderedDict[int, None] = OrderedDict()
-        # Routing decisions waiting for a job, by its last prompt hash.
-        self._waiters: dict[int, list[asyncio.Future[None]]] = {}
+        # Routing decisions waiting for a job, by its last prompt hash: (request id, the
+        # future that ends the wait with its outcome).
+        self._waiters: dict[int, list[tuple[str, asyncio.Future[str]]]] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -156,26 +171,25 @@ class TokenStage:
             if self.pending >= self.max_pending:
                 self._route_count("queue_full")
                 return None
-            self._start(request, body, last)
+            self._start(request, body, last, probe=True)
         # Queued already (the same prompt sent by another request): wait for that job.
-        return self._wait(last)
+        return self._wait(last, request.request_id)
 
-    async def _wait(self, last: int) -> None:
+    async def _wait(self, last: int, request_id: str) -> None:
         assert self._loop is not None
-        waiter: asyncio.Future[None] = self._loop.create_future()
-        self._waiters.setdefault(last, []).append(waiter)
+        entry = (request_id, self._loop.create_future())
+        self._waiters.setdefault(last, []).append(entry)
         t0 = time.perf_counter()
         outcome = "cancelled"
         try:
             async with asyncio.timeout(self.route_budget_s):
-                await waiter
-            outcome = "in_time"
+                outcome = await entry[1]
         except TimeoutError:
             outcome = "over_budget"
         finally:
             waiting = self._waiters.get(last)
-            if waiting is not None and waiter in waiting:
-                waiting.remove(waiter)
+            if waiting is not None and entry in waiting:
+                waiting.remove(entry)
                 if not waiting:
                     del self._waiters[last]
             self._route_count(outcome)
@@ -200,7 +214,9 @@ class TokenStage:
             return
         self._start(request, body, last)
 
-    def _start(self, request: RouteRequest, body: Mapping[str, Any], last: int) -> None:
+    def _start(
+        self, request: RouteRequest, body: Mapping[str, Any], last: int, *, probe: bool = False
+    ) -> None:
         bytes_per_block = request.block_tokens * CHARS_PER_TOKEN
         hashes = request.prefix_hashes
         self.pending += 1
@@ -212,15 +228,60 @@ class TokenStage:
             job.add_done_callback(lambda f: self._apply(f, last))  # on the loop already
             return
         assert self._pool is not None
-        future = self._pool.submit(self._job, body, request.endpoint, hashes, bytes_per_block)
+        opening = last if probe and self._opening_held is not None else None
+        future = self._pool.submit(
+            self._job, body, request.endpoint, hashes, bytes_per_block, opening
+        )
         future.add_done_callback(lambda f: self._done(f, last))
 
     def _job(
-        self, body: Mapping[str, Any], endpoint: Endpoint, hashes: Sequence[int], block_bytes: int
+        self,
+        body: Mapping[str, Any],
+        endpoint: Endpoint,
+        hashes: Sequence[int],
+        block_bytes: int,
+        opening: int | None = None,
     ) -> JobResult:
+        if opening is not None:
+            self._probe(body, endpoint, opening)
         return run_job(
             self.renderer, self.cache, body, endpoint, hashes, block_bytes, self.block_size
         )
+
+    def _probe(self, body: Mapping[str, Any], endpoint: Endpoint, last: int) -> None:
+        """Worker thread: the prompt's first token block, from its opening alone (a small
+        part of the whole job), handed to the loop to answer the waiting decisions early."""
+        try:
+            ids = self.renderer.opening(body, endpoint, self.block_size)
+        except Exception:  # noqa: BLE001 - the whole job meets it again and reports it
+            return
+        key = None if ids is None else opening_key(ids, self.block_size)
+        loop = self._loop
+        if key is None or loop is None or loop.is_closed():
+            return
+        resumed = threading.Event()
+        try:
+            loop.call_soon_threadsafe(self._opened, last, key, resumed)
+        except RuntimeError:  # the loop closed meanwhile
+            return
+        # Let the released decisions run before this thread takes the GIL for the whole
+        # prompt: the loop would otherwise wait for it (up to the 5 ms switch interval).
+        resumed.wait(_RESUME_WAIT_S)
+
+    def _opened(self, last: int, key: int, resumed: threading.Event) -> None:
+        """Loop: no synced replica holds the prompt's first block, so its events hold none
+        of it, and the rest of its tokens would change nothing: route now."""
+        try:
+            if last not in self._waiters or self._opening_held is None or self._opening_held(key):
+                return
+            for request_id, waiter in self._waiters.pop(last):
+                if not waiter.done():
+                    if self._opens_cold is not None:
+                        self._opens_cold(request_id)
+                    waiter.set_result("cold")
+        finally:
+            # After the woken decisions' next step (the ready queue runs in order).
+            asyncio.get_running_loop().call_soon(resumed.set)
 
     def _done(self, future: Future[JobResult], last: int) -> None:
         loop = self._loop
@@ -244,9 +305,9 @@ class TokenStage:
                         self._fruitless.popitem(last=False)
         finally:
             # After the bridge learnt: the decisions waiting for it route on what it knows.
-            for waiter in self._waiters.pop(last, ()):
+            for _, waiter in self._waiters.pop(last, ()):
                 if not waiter.done():
-                    waiter.set_result(None)
+                    waiter.set_result("in_time")
 
     def _learn(self, future: Future[JobResult] | asyncio.Future[JobResult]) -> str:
         exc = future.exception()

@@ -30,11 +30,13 @@ BLOCK_TOKENS = 16  # prompt blocks as small as the tiny engines' (they hold 1024
 # (`executor: thread`): worker processes build their own renderer.
 class SlowRenderer(SimRenderer):
     """The sim tokenizer, taking `delay_s` of a worker thread per prompt (a large prompt on a
-    slow tokenizer); counts what it was asked to render."""
+    slow tokenizer) and `opening_s` (default: as long) for its opening; counts what it was
+    asked to render."""
 
-    def __init__(self, delay_s: float) -> None:
+    def __init__(self, delay_s: float, opening_s: float | None = None) -> None:
         super().__init__()
         self.delay_s = delay_s
+        self.opening_s = delay_s if opening_s is None else opening_s
         self.calls = 0
         self._lock = threading.Lock()
 
@@ -43,6 +45,12 @@ class SlowRenderer(SimRenderer):
             self.calls += 1
         time.sleep(self.delay_s)
         return super().render(body, endpoint)
+
+    def opening(
+        self, body: Mapping[str, Any], endpoint: Endpoint, tokens: int
+    ) -> Sequence[int] | None:
+        time.sleep(self.opening_s)
+        return super().opening(body, endpoint, tokens)
 
 
 def settings(engines: Sequence[SimEngine], budget_ms: float, **tokenizer: Any) -> dict[str, Any]:
@@ -176,6 +184,39 @@ async def test_a_slow_tokenizer_never_delays_the_decision_past_the_budget() -> N
         assert samples(gw, "kvgate_kv_evidence_lookups_total", outcome="precise") > 0
 
 
+async def test_a_prompt_opening_on_no_replica_is_routed_without_its_other_tokens() -> None:
+    async with (
+        sim_engines(2, "tiny", kv_events=KVEventsOptions()) as engines,
+        gateway(engines, **settings(engines, 500.0, executor="thread")) as gw,
+        openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client,
+    ):
+        feature = await synced(gw, engines)
+        # Tokenizing a prompt takes 0.6 s, its opening no time.
+        slow = feature.stage.renderer = SlowRenderer(0.6, opening_s=0.0)
+        precise = samples(gw, "kvgate_kv_evidence_lookups_total", outcome="precise")
+        convo = chat("bloom filter")
+        t0 = time.perf_counter()
+        await ask(client, convo)
+        assert time.perf_counter() - t0 < 0.3  # not the 0.6 s, nor the 0.5 s budget
+        assert waits(gw, "cold") == 1 and waits(gw, "over_budget") == 0
+        # The events answered (nothing of it anywhere), not the approximate index.
+        assert samples(gw, "kvgate_kv_evidence_lookups_total", outcome="precise") > precise
+        # The job goes on and teaches the bridge.
+        await until(lambda: feature.bridge.knows(prompt_hashes(convo)[-1]))
+        assert slow.calls == 1
+        # The control: a prompt whose opening a replica holds (sent to it directly) waits
+        # for its tokens, here past the budget.
+        held = chat("write-ahead log")
+        engine = engines[0]
+        await direct(engine, held)
+        await until(lambda: held_blocks(feature, f"e{engine.index}", held) >= 25)
+        held += [{"role": "assistant", "content": "It logs."}, {"role": "user", "content": "Why?"}]
+        t0 = time.perf_counter()
+        await ask(client, held)
+        assert time.perf_counter() - t0 >= 0.5
+        assert waits(gw, "over_budget") == 1 and waits(gw, "cold") == 1
+
+
 async def test_only_a_prompt_mostly_unknown_to_the_bridge_waits() -> None:
     async with (
         sim_engines(2, "tiny", kv_events=KVEventsOptions()) as engines,
@@ -184,8 +225,9 @@ async def test_only_a_prompt_mostly_unknown_to_the_bridge_waits() -> None:
     ):
         feature = await synced(gw, engines)
         convo = chat("lexer", words=20)
-        _, _, answer = await ask(client, convo)  # never seen: tokenized first
-        assert waits(gw, "in_time") == 1
+        # Never seen, and its opening on no replica: routed once that was known.
+        _, _, answer = await ask(client, convo)
+        assert waits(gw, "cold") == 1 and waits(gw, "in_time") == 0
         await until(lambda: idle(feature))
         # The next turn adds a tool output of many blocks, but under half the prompt: new
         # text that no replica holds, routed at once on what the first turn taught.
@@ -196,14 +238,14 @@ async def test_only_a_prompt_mostly_unknown_to_the_bridge_waits() -> None:
         known = feature.bridge.known_blocks(prompt_hashes(convo))
         assert len(prompt_hashes(convo)) - known > 2
         await ask(client, convo)
-        assert waits(gw, "known") == 1 and waits(gw, "in_time") == 1
+        assert waits(gw, "known") == 1 and waits(gw, "cold") == 1
         await until(lambda: idle(feature))
         # The same system prompt before a long new question: the bridge knows only its
-        # first blocks, so this one waits.
+        # first blocks, and a replica holds its opening, so this one waits for its tokens.
         other = [convo[0], {"role": "user", "content": "Rewrite the lexer in Rust. " * 40}]
         assert 0 < feature.bridge.known_blocks(prompt_hashes(other)) < 4
         await ask(client, other)
-        assert waits(gw, "in_time") == 2 and waits(gw, "known") == 1
+        assert waits(gw, "in_time") == 1 and waits(gw, "known") == 1 and waits(gw, "cold") == 1
 
 
 async def test_a_full_queue_routes_without_waiting_and_every_slot_comes_back() -> None:
