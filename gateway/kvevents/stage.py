@@ -24,9 +24,10 @@ decision waits for it at most `route_budget_s`, on the event loop without blocki
 finishes in time routes on the engines' events; what does not is answered by the
 approximate index, and the job still teaches the bridge when it ends (the dispatch
 observer finds it queued and does not submit it again). A full queue, or no replica whose
-events could answer, means no wait. In threads, a job started for a waiting decision first
-encodes the prompt's opening: if no synced replica holds its first token block, none holds
-any of the prompt, and the decision goes at once (outcome `cold`).
+events could answer, means no wait. For a waiting decision the prompt's opening is encoded
+first (by the job's thread, or beside a worker process's job in a thread here): if no synced
+replica holds its first token block, none holds any of the prompt, and the decision goes at
+once (outcome `cold`).
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ class TokenStage:
         self._synced = synced  # whether any replica's events are complete (else: no wait)
         # Whether any synced replica holds a token block (by key), and what to tell the
         # evidence of a request whose first block none holds: a decision waiting for its
-        # prompt is released as soon as its opening is known (threads only).
+        # prompt is released as soon as its opening is known.
         self._opening_held = opening_held
         self._opens_cold = opens_cold
         self.endpoints = renderer.endpoints & {Endpoint.CHAT, Endpoint.COMPLETIONS}
@@ -109,6 +110,9 @@ class TokenStage:
         # future that ends the wait with its outcome).
         self._waiters: dict[int, list[tuple[str, asyncio.Future[str]]]] = {}
         self._pool: ThreadPoolExecutor | None = None
+        # With worker processes, openings are encoded in a thread of this process (the
+        # renderer built here for the settings check); a process answers the whole prompt.
+        self._openings: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -124,13 +128,16 @@ class TokenStage:
         self._loop = asyncio.get_running_loop()
         if self.processes is not None:
             await self.processes.start()
+            if self._opening_held is not None:
+                self._openings = ThreadPoolExecutor(1, thread_name_prefix="kvgate-opening")
         else:
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="kvgate-tokenize")
 
     async def stop(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._pool, self._openings):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+        self._pool = self._openings = None
         if self.processes is not None:
             await self.processes.stop()
 
@@ -226,6 +233,8 @@ class TokenStage:
             key = hash_key(request.session_key)
             job = self.processes.submit(key, body, request.endpoint, hashes, bytes_per_block)
             job.add_done_callback(lambda f: self._apply(f, last))  # on the loop already
+            if probe and self._openings is not None:
+                self._openings.submit(self._probe, body, request.endpoint, last)
             return
         assert self._pool is not None
         opening = last if probe and self._opening_held is not None else None

@@ -217,6 +217,25 @@ async def test_a_prompt_opening_on_no_replica_is_routed_without_its_other_tokens
         assert waits(gw, "over_budget") == 1 and waits(gw, "cold") == 1
 
 
+async def test_with_worker_processes_an_opening_on_no_replica_routes_at_once_too() -> None:
+    async with (
+        sim_engines(2, "tiny", kv_events=KVEventsOptions()) as engines,
+        gateway(engines, **settings(engines, 500.0, executor="process")) as gw,
+        openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client,
+    ):
+        feature = await synced(gw, engines)
+        assert feature.stage.processes is not None
+        convo = chat("skip list")
+        await ask(client, convo)
+        assert waits(gw, "cold") == 1 and waits(gw, "in_time") == 0
+        # The worker process still teaches the bridge the whole prompt.
+        await until(lambda: feature.bridge.knows(prompt_hashes(convo)[-1]))
+        # A prompt whose opening a replica now holds waits for the worker's answer.
+        other = [convo[0], {"role": "user", "content": "And the levels? " * 40}]
+        await ask(client, other)
+        assert waits(gw, "in_time") == 1 and waits(gw, "cold") == 1
+
+
 async def test_only_a_prompt_mostly_unknown_to_the_bridge_waits() -> None:
     async with (
         sim_engines(2, "tiny", kv_events=KVEventsOptions()) as engines,
