@@ -234,7 +234,8 @@ class TokenStage:
             job = self.processes.submit(key, body, request.endpoint, hashes, bytes_per_block)
             job.add_done_callback(lambda f: self._apply(f, last))  # on the loop already
             if probe and self._openings is not None:
-                self._openings.submit(self._probe, body, request.endpoint, last)
+                # Nothing heavy follows in that thread: it need not wait for the decision.
+                self._openings.submit(self._probe, body, request.endpoint, last, False)
             return
         assert self._pool is not None
         opening = last if probe and self._opening_held is not None else None
@@ -252,14 +253,17 @@ class TokenStage:
         opening: int | None = None,
     ) -> JobResult:
         if opening is not None:
-            self._probe(body, endpoint, opening)
+            self._probe(body, endpoint, opening, True)
         return run_job(
             self.renderer, self.cache, body, endpoint, hashes, block_bytes, self.block_size
         )
 
-    def _probe(self, body: Mapping[str, Any], endpoint: Endpoint, last: int) -> None:
-        """Worker thread: the prompt's first token block, from its opening alone (a small
-        part of the whole job), handed to the loop to answer the waiting decisions early."""
+    def _probe(
+        self, body: Mapping[str, Any], endpoint: Endpoint, last: int, then_job: bool
+    ) -> None:
+        """A thread: the prompt's first token block, from its opening alone (a small part
+        of the whole job), handed to the loop to answer the waiting decisions early.
+        `then_job`: this thread goes on with the whole prompt (it waits for them first)."""
         try:
             ids = self.renderer.opening(body, endpoint, self.block_size)
         except Exception:  # noqa: BLE001 - the whole job meets it again and reports it
@@ -273,9 +277,11 @@ class TokenStage:
             loop.call_soon_threadsafe(self._opened, last, key, resumed)
         except RuntimeError:  # the loop closed meanwhile
             return
-        # Let the released decisions run before this thread takes the GIL for the whole
-        # prompt: the loop would otherwise wait for it (up to the 5 ms switch interval).
-        resumed.wait(_RESUME_WAIT_S)
+        if then_job:
+            # Let the released decisions run before this thread takes the GIL for the
+            # whole prompt: the loop would otherwise wait for it (up to the 5 ms switch
+            # interval).
+            resumed.wait(_RESUME_WAIT_S)
 
     def _opened(self, last: int, key: int, resumed: threading.Event) -> None:
         """Loop: no synced replica holds the prompt's first block, so its events hold none
