@@ -21,8 +21,8 @@ conversation's lineage inferred from the prompt (gateway.lineage). Per request:
   ``cold_session_weight`` instead, small: the load there now decides, live sessions only
   break ties (in `kvgate simulate`, counting them in full gave a higher mean TTFT on 8 of
   10 trace windows without shared preambles, and the same on agent traffic, whose new
-  sessions come by the band). A session moved by the bound ranks its old replica last, or that replica's
-  cache would win it straight back.
+  sessions come by the band). A session moved by the bound ranks its old replica last, or
+  that replica's cache would win it straight back.
 * **Hot preambles spread.** A high ``cache_weight`` makes a fork of one conversation
   follow its cache (the cluster saves that prefill), but would also pile every new session
   of an agent kind onto the replica that first cached the kind's preamble. So the policy
@@ -366,7 +366,6 @@ class Lineage:
             precise = evidence.cached_tokens(request) if raw else self._precise(evidence, request)
         pending, queued, counts = self._pending.get, self._queued.get, self.sessions.counts.get
         inflight = view.in_flight.get
-        per_session = cfg.session_weight * unit
         qw = cfg.queue_weight * unit
         cw = cfg.cache_weight
         sh = self._tie.session_hash(request.session_key)
@@ -374,8 +373,7 @@ class Lineage:
         keys: list[tuple[float, int, int]] = []
         in_band = self._band(request, replicas, matched) if not moved else None
         cold = in_band is None and not moved
-        if cold:
-            per_session = cfg.cold_session_weight * unit
+        per_session = (cfg.cold_session_weight if cold else cfg.session_weight) * unit
         # A session moved by the bound goes by load; one from a hot preamble by the band.
         churn = cfg.churn_weight if cold else 0.0
         if churn:

@@ -14,13 +14,13 @@ It is also the dispatch observer and outcome observer that keep `InFlight` (inst
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from gateway.hooks import RequestOutcome
 from gateway.kvevents.bridge import PromptBridge
 from gateway.kvevents.feed import EventFeed
-from gateway.kvevents.index import MEDIUM_BITS, EventIndex, SyncState
+from gateway.kvevents.index import MEDIUM_BITS, EventIndex, ReplicaBlocks, SyncState
 from gateway.kvevents.inflight import InFlight
 from gateway.kvevents.metrics import KVEventMetrics
 from gateway.types import ReplicaId, RouteRequest
@@ -70,19 +70,20 @@ class EventEvidence:
         self.inflight.done(outcome.request_id)
         self._cold.pop(outcome.request_id, None)
 
-    def holds_opening(self, key: int) -> bool:
-        """Whether a synced replica's events show the token block keyed `key`."""
+    def _answering(self) -> Iterator[tuple[ReplicaId, ReplicaBlocks | None]]:
+        """The replicas whose events can answer for keys of this block size: synced, and
+        not keyed with another block size (those keys cannot match)."""
         state, blocks = self.feed.state, self.index.blocks
         for replica in list(self.index.replicas()):
+            if state(replica) is not SyncState.SYNCED:
+                continue
             r = blocks(replica)
-            if (
-                r is not None
-                and state(replica) is SyncState.SYNCED
-                and (not r.block_size or r.block_size == self.block_size)
-                and key in r.media
-            ):
-                return True
-        return False
+            if r is None or not r.block_size or r.block_size == self.block_size:
+                yield replica, r
+
+    def holds_opening(self, key: int) -> bool:
+        """Whether a synced replica's events show the token block keyed `key`."""
+        return any(r is not None and key in r.media for _, r in self._answering())
 
     def opens_cold(self, request_id: str) -> None:
         """The request's first token block is on no synced replica, so none of its prompt
@@ -117,24 +118,13 @@ class EventEvidence:
         if known is not None:
             keys, n = known
             chain = keys[:n] if n < len(keys) else keys
-            matched, blocks = self.index.matched, self.index.blocks
-            for replica in list(self.index.replicas()):
-                if state(replica) is not SyncState.SYNCED:
-                    continue
-                r = blocks(replica)
-                if r is not None and r.block_size and r.block_size != self.block_size:
-                    continue  # keyed with another block size: these keys cannot match
+            matched = self.index.matched
+            for replica, _ in self._answering():
                 _, weighed = matched(replica, chain, self.weights)
                 out[replica] = int(weighed * self.block_size)
         elif request.request_id in self._cold:
             # What the whole prompt's keys would give: no block of it on any synced replica.
-            blocks = self.index.blocks
-            for replica in list(self.index.replicas()):
-                r = blocks(replica)
-                if state(replica) is SyncState.SYNCED and not (
-                    r is not None and r.block_size and r.block_size != self.block_size
-                ):
-                    out[replica] = 0
+            out.update((replica, 0) for replica, _ in self._answering())
         inflight, bt = self.inflight, request.block_tokens
         for replica in list(inflight.replicas()):
             n = inflight.matched(replica, hashes, request.request_id)

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from gateway.keys import message_pieces
 from gateway.kvevents.incremental import Encode, Encoded, IncrementalEncoder, plain
 from gateway.kvevents.tokcache import TokenCache
-from gateway.sim.tokenizer import approx_token_ids, render_chat
+from gateway.sim.tokenizer import approx_token_ids, render_chat, token_ids_text
 from gateway.types import Endpoint
 
 MARGIN_TOKENS = 2
@@ -214,38 +214,34 @@ class SimRenderer:
         self._encode = _encoder(_sim_encode, cache, block_size)
 
     def render(self, body: Mapping[str, Any], endpoint: Endpoint) -> Rendered | None:
+        prompt = _sim_prompt(body, endpoint)
+        if isinstance(prompt, list):
+            text = token_ids_text(prompt)
+            return Rendered(approx_token_ids(text), (), (), 4 * len(prompt), exact=True)
+        if prompt is None:
+            return None
         if endpoint is Endpoint.CHAT:
-            messages = body.get("messages")
-            if not isinstance(messages, list):
-                return None
-            text = render_chat(messages)
-            return _locate(body, text, self._encode(text, False))
-        if endpoint is Endpoint.COMPLETIONS:
-            prompt = _text_prompt(body)
-            if isinstance(prompt, str):
-                return _completion(prompt, self._encode(prompt, True))
-            if isinstance(prompt, list):
-                # The simulator reads token ids as 4 hex characters each (gateway.sim.wire).
-                text = "".join(f"{p & 0xFFFF:04x}" for p in prompt)
-                return Rendered(approx_token_ids(text), (), (), 4 * len(prompt), exact=True)
-        return None
+            return _locate(body, prompt, self._encode(prompt, False))
+        return _completion(prompt, self._encode(prompt, True))
 
     def opening(
         self, body: Mapping[str, Any], endpoint: Endpoint, tokens: int
     ) -> Sequence[int] | None:
-        if endpoint is Endpoint.CHAT:
-            messages = body.get("messages")
-            if not isinstance(messages, list):
-                return None
-            return _opening_of(approx_token_ids, render_chat(messages), tokens)
-        if endpoint is Endpoint.COMPLETIONS:
-            prompt = _text_prompt(body)
-            if isinstance(prompt, str):
-                return _opening_of(approx_token_ids, prompt, tokens)
-            if isinstance(prompt, list):
-                text = "".join(f"{p & 0xFFFF:04x}" for p in prompt[: 2 * tokens])
-                return _opening_of(approx_token_ids, text, tokens)
-        return None
+        prompt = _sim_prompt(body, endpoint)
+        if isinstance(prompt, list):
+            prompt = token_ids_text(prompt[: 2 * tokens])
+        return None if prompt is None else _opening_of(approx_token_ids, prompt, tokens)
+
+
+def _sim_prompt(body: Mapping[str, Any], endpoint: Endpoint) -> str | list[int] | None:
+    """The text the simulated engine tokenizes (its chat template rendered), or a
+    completion's token ids."""
+    if endpoint is Endpoint.CHAT:
+        messages = body.get("messages")
+        return render_chat(messages) if isinstance(messages, list) else None
+    if endpoint is Endpoint.COMPLETIONS:
+        return _text_prompt(body)
+    return None
 
 
 def _sim_encode(text: str, specials: bool) -> tuple[Sequence[int], Sequence[int]]:

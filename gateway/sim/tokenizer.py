@@ -34,6 +34,12 @@ class Tokenizer(Protocol):
     def ids(self, text: str) -> Sequence[int]: ...
 
 
+def token_ids_text(ids: Sequence[int]) -> str:
+    """A token-id prompt as the simulator reads it: 4 hex characters an id, so that the
+    4-characters-a-token tokenizer keeps one token per id."""
+    return "".join(f"{p & 0xFFFF:04x}" for p in ids)
+
+
 def approx_token_ids(text: str) -> Sequence[int]:
     """Token ids of `ApproxTokenizer`: one per 4 characters (ASCII: the 4 bytes themselves,
     little-endian; otherwise a 31-bit hash of the characters), what the simulated engine

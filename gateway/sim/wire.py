@@ -17,7 +17,7 @@ from typing import Any, Literal
 import orjson
 import xxhash
 
-from gateway.sim.tokenizer import render_chat
+from gateway.sim.tokenizer import render_chat, token_ids_text
 
 Kind = Literal["chat", "completions", "responses", "messages"]
 
@@ -146,8 +146,7 @@ def _prompt_text(prompt: Any) -> str:
         return prompt
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
-            # Token ids: keep one token per id under the 4-characters-a-token tokenizer.
-            return "".join(f"{p & 0xFFFF:04x}" for p in prompt)
+            return token_ids_text(prompt)
         if len(prompt) == 1 and isinstance(prompt[0], str):
             return prompt[0]
         raise WireError(400, "the simulator accepts a single prompt per request", "prompt")
