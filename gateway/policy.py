@@ -31,6 +31,7 @@ BUILTIN_POLICIES: dict[str, str] = {
     "least_load": "plugins.least_load:LeastLoad",
     "prefix_affinity": "plugins.prefix_affinity:PrefixAffinity",
     "lineage": "plugins.lineage:Lineage",
+    "cache_aware": "plugins.cache_aware:CacheAware",
 }
 DEFAULT_POLICY = "lineage"
 
