@@ -1,0 +1,128 @@
+"""kvgate's default routing beside the Rust routers' `cache_aware` rule on many trace
+windows, offline: one live replay (bench_lineage.py) judges one window of the synthetic
+trace and one agent seed; this runs `kvgate simulate` (the same engine model, 8 engines of
+`--blocks` KV, outputs capped at 1024 tokens, no session ids) over several of each in a
+minute, at the arrival speeds bench_lineage.py replays them at.
+
+    python loadtests/bench_windows.py [--starts 500,1000,...] [--agent-seeds 1,2,3,4]
+        [--policies lineage,cache_aware] [--sessions]
+
+Per window and policy: mean and p99 TTFT (simulated seconds) and token-weighted hit rate;
+then the first policy's over the second's per window and their geometric mean per trace.
+`cache_aware` (plugins/cache_aware.py) follows the Rust routers' documented rule. The
+ratios flatter the first policy against the live ones (docs/routing.md: on #2993 0.84
+here, 0.92 live against sglang-router; on #1500 0.59 here, 0.78 live): read them for which
+windows are hard, and judge with bench_lineage.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench_lineage import AGENT_DURATION_S, AGENT_SESSIONS
+
+from gateway.sim.profiles import get_profile
+from gateway.trace.format import Trace, read_trace
+from gateway.trace.generate import AgentTraceOptions, generate_agent_trace
+from gateway.trace.simulate import SimulationOptions, simulate
+
+TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "synthetic_trace.jsonl"
+# bench_lineage.py's replay speed over its engines' time scale: the arrival speed in
+# simulated time.
+SYNTHETIC_SPEEDUP = 5.0 / 2.0
+AGENT_SPEEDUP = 3.0 / 1.5
+
+
+@dataclass(frozen=True)
+class Figures:
+    mean: float
+    p99: float
+    hit: float
+
+    def cell(self) -> str:
+        return f"{self.mean:.2f}/{self.p99:.2f}/{self.hit:.1%}"
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def run(trace: Trace, policy: str, speedup: float, args: argparse.Namespace) -> Figures:
+    profile = get_profile("h200-sparse").scaled(num_gpu_blocks=args.blocks)
+    options = SimulationOptions(
+        replicas=args.replicas,
+        policy=policy,
+        profile=profile,
+        speedup=speedup,
+        max_output_tokens=1024,
+        sessions=args.sessions,
+    )
+    report = simulate(trace, options).report
+    return Figures(report.ttft_s.mean, report.ttft_s.p99, report.hit_rate or 0.0)
+
+
+def windows(args: argparse.Namespace) -> list[tuple[str, str, Trace, float]]:
+    out: list[tuple[str, str, Trace, float]] = []
+    if args.trace.exists():
+        whole = read_trace(args.trace)
+        for start in args.starts:
+            window = whole.window(start, args.requests)
+            out.append(("synthetic", f"#{start}", window, SYNTHETIC_SPEEDUP))
+    else:
+        print(f"trace not found: {args.trace}; synthetic windows skipped", file=sys.stderr)
+    for seed in args.agent_seeds:
+        opts = AgentTraceOptions(seed=seed, sessions=AGENT_SESSIONS, duration_s=AGENT_DURATION_S)
+        agent = generate_agent_trace(opts).window(0, args.agent_requests)
+        out.append(("agent", f"seed {seed}", agent, AGENT_SPEEDUP))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--trace", type=Path, default=TRACE)
+    ap.add_argument("--starts", type=_ints, default=[500, 1000, 1500, 2000, 2500, 2993])
+    ap.add_argument("--requests", type=int, default=800, help="per synthetic window")
+    ap.add_argument("--agent-seeds", type=_ints, default=[1, 2, 3, 4])
+    ap.add_argument("--agent-requests", type=int, default=600)
+    ap.add_argument("--policies", default="lineage,cache_aware", help="two, compared first/second")
+    ap.add_argument("--replicas", type=int, default=8)
+    ap.add_argument("--blocks", type=int, default=32000, help="KV blocks (16 tokens) per engine")
+    ap.add_argument("--sessions", action="store_true", help="route with session ids")
+    args = ap.parse_args(argv)
+    policies = args.policies.split(",")
+    if len(policies) != 2:
+        ap.error("--policies takes two names")
+    a, b = policies
+    print(
+        f"{args.replicas} engines (h200-sparse, {args.blocks} KV blocks each), "
+        f"{'with' if args.sessions else 'without'} session ids; TTFT in simulated seconds"
+    )
+    print(
+        f"{'trace':9} {'window':8} {a + ' mean/p99/hit':>26} {b + ' mean/p99/hit':>26} "
+        f"{'mean':>6} {'p99':>6} {'hit':>6}"
+    )
+    ratios: dict[str, list[tuple[float, float, float]]] = {}
+    for kind, label, trace, speedup in windows(args):
+        fa, fb = run(trace, a, speedup, args), run(trace, b, speedup, args)
+        r = (fa.mean / fb.mean, fa.p99 / fb.p99, fa.hit / fb.hit if fb.hit else math.nan)
+        ratios.setdefault(kind, []).append(r)
+        print(
+            f"{kind:9} {label:8} {fa.cell():>26} {fb.cell():>26} {r[0]:6.3f} {r[1]:6.3f} {r[2]:6.3f}"
+        )
+    for kind, rows in ratios.items():
+        geo = [math.exp(sum(math.log(row[i]) for row in rows) / len(rows)) for i in range(3)]
+        print(
+            f"{kind}: {a} over {b}, geometric mean of {len(rows)} windows: "
+            f"mean TTFT {geo[0]:.3f}, p99 {geo[1]:.3f}, hit {geo[2]:.3f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
