@@ -164,3 +164,49 @@ def test_lineage_benchmark_help_names_its_routers_and_cells() -> None:
         "--check-sticky",
     ):
         assert name in flat
+
+
+def test_windows_benchmark_simulates_both_policies_on_every_window(tmp_path: Path) -> None:
+    # A small Mooncake trace: conversations whose turns extend their opening's hash ids.
+    trace = tmp_path / "mooncake.jsonl"
+    rows = []
+    for i in range(40):
+        session, turn = i % 8, i // 8
+        hashes = [1000 * session + b for b in range(4 + 2 * turn)]
+        rows.append(
+            {
+                "timestamp": 400 * i,
+                "input_length": 512 * len(hashes),
+                "output_length": 32,
+                "hash_ids": hashes,
+            }
+        )
+    trace.write_bytes(b"\n".join(orjson.dumps(r) for r in rows))
+    args = ["--trace", str(trace), "--starts", "0,10", "--requests", "30"]
+    args += ["--agent-seeds", "2", "--agent-requests", "40", "--blocks", "4000"]
+    done = subprocess.run(
+        [sys.executable, str(LOADTESTS / "bench_windows.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    windows = [x.split() for x in lines if x.startswith(("synthetic ", "agent "))]
+    assert [w[1] for w in windows] == ["#0", "#10", "seed"]
+    for w in windows:
+        mean, p99, hit = (float(x) for x in w[-3:])
+        assert mean > 0 and p99 > 0 and math.isfinite(hit)
+    assert any(
+        x.startswith("synthetic: lineage over cache_aware, geometric mean of 2") for x in lines
+    )
+    assert any(x.startswith("agent: lineage over cache_aware, geometric mean of 1") for x in lines)
+    wrong = subprocess.run(
+        [sys.executable, str(LOADTESTS / "bench_windows.py"), "--policies", "lineage"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert wrong.returncode == 2 and "--policies takes two names" in wrong.stderr
