@@ -5,9 +5,9 @@ those routers who want their old behaviour first.
 
 Per request, over the candidates:
 
-* **Imbalanced** when the largest in-flight count exceeds the smallest by more than
-  ``balance_abs_threshold`` *and* is more than ``balance_rel_threshold`` times it: the
-  request goes to the replica with the fewest requests in flight.
+* **Imbalanced** when the largest count of requests in flight from this gateway exceeds
+  the smallest by more than ``balance_abs_threshold`` *and* is more than
+  ``balance_rel_threshold`` times it: the request goes to the fewest in flight.
 * Otherwise, if the replica holding the longest prefix of the prompt holds more than
   ``cache_threshold`` of it, the request goes there, however loaded it is.
 * Otherwise (a new prompt) it goes to the fewest in flight.
@@ -19,7 +19,8 @@ the Rust routers keep a character tree per worker bounded in size and trimmed on
 so their view of an evicted prefix lasts longer or shorter than this one.
 
 No session memory and no load bound: a conversation stays only while its cache wins, which
-is what the comparison is for. Cost: O(n) per request plus the index's match.
+is what the comparison is for. Cost: O(n log n) per request (the load order) plus the
+index's match.
 """
 
 from __future__ import annotations
