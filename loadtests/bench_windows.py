@@ -23,7 +23,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench_lineage import AGENT_DURATION_S, AGENT_SESSIONS
+from bench_lineage import (
+    AGENT_DURATION_S,
+    AGENT_SESSIONS,
+    BLOCKS,
+    MAX_OUTPUT_TOKENS,
+    TRACE_DEFAULTS,
+    Defaults,
+)
 
 from gateway.sim.profiles import get_profile
 from gateway.trace.format import Trace, read_trace
@@ -31,10 +38,16 @@ from gateway.trace.generate import AgentTraceOptions, generate_agent_trace
 from gateway.trace.simulate import SimulationOptions, simulate
 
 TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "synthetic_trace.jsonl"
-# bench_lineage.py's replay speed over its engines' time scale: the arrival speed in
-# simulated time.
-SYNTHETIC_SPEEDUP = 5.0 / 2.0
-AGENT_SPEEDUP = 3.0 / 1.5
+
+
+def simulated_speedup(d: Defaults) -> float:
+    """bench_lineage.py's replay speed over its engines' time scale: the arrival speed in
+    simulated time."""
+    return d.speedup / d.time_scale
+
+
+SYNTHETIC_SPEEDUP = simulated_speedup(TRACE_DEFAULTS["synthetic"])
+AGENT_SPEEDUP = simulated_speedup(TRACE_DEFAULTS["agent"])
 
 
 @dataclass(frozen=True)
@@ -58,7 +71,7 @@ def run(trace: Trace, policy: str, speedup: float, args: argparse.Namespace) -> 
         policy=policy,
         profile=profile,
         speedup=speedup,
-        max_output_tokens=1024,
+        max_output_tokens=MAX_OUTPUT_TOKENS,
         sessions=args.sessions,
     )
     report = simulate(trace, options).report
@@ -87,12 +100,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--trace", type=Path, default=TRACE)
     ap.add_argument("--starts", type=_ints, default=[500, 1000, 1500, 2000, 2500, 2993])
-    ap.add_argument("--requests", type=int, default=800, help="per synthetic window")
+    ap.add_argument(
+        "--requests", type=int, default=TRACE_DEFAULTS["synthetic"].requests, help="per window"
+    )
     ap.add_argument("--agent-seeds", type=_ints, default=[1, 2, 3, 4])
-    ap.add_argument("--agent-requests", type=int, default=600)
+    ap.add_argument("--agent-requests", type=int, default=TRACE_DEFAULTS["agent"].requests)
     ap.add_argument("--policies", default="lineage,cache_aware", help="two, compared first/second")
     ap.add_argument("--replicas", type=int, default=8)
-    ap.add_argument("--blocks", type=int, default=32000, help="KV blocks (16 tokens) per engine")
+    ap.add_argument("--blocks", type=int, default=BLOCKS, help="KV blocks (16 tokens) per engine")
     ap.add_argument("--sessions", action="store_true", help="route with session ids")
     args = ap.parse_args(argv)
     policies = args.policies.split(",")
