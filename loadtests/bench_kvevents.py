@@ -17,11 +17,15 @@ over these defaults, e.g.
     python loadtests/bench_kvevents.py                                  # both traces
     python loadtests/bench_kvevents.py --traces agent --requests 300 --repeat 1
     python loadtests/bench_kvevents.py --gateways 2    # two instances of each router
+    python loadtests/bench_kvevents.py --traces synthetic --bypass-rate 2 --bypass-engines 2
 
 With ``--gateways 2`` every router runs as two instances in front of the same engines and
 the replay alternates between them, as a load balancer in front of a gateway deployment
 does: each instance sees half of every conversation's turns, and only the engines' events
 tell it what the other half left in the caches.
+
+With ``--bypass-rate`` another client sends prompts to the engines straight (bypass.py)
+during each replay: it evicts what the conversations left, which only the events show.
 """
 
 from __future__ import annotations

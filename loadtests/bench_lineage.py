@@ -13,6 +13,10 @@ a prompt layout x whether session headers are sent:
 * headers: `with` (replay sends the session, inferred from the prefixes when the trace has
   none, as `x-session-id` and `x-smg-routing-key`) or `without` (no session at all).
 
+`--bypass-rate R` adds another client of the engines during each replay (bypass.py): R
+requests a second straight to them, prompts no one else sends, evicting what the
+conversations left (bench_kvevents.py: what the engines' KV events make of it).
+
 Routers are named KIND or KIND-POLICY: `kvgate` (its default routing: the YAML sets only
 the replicas, model discovery off and a scrape interval matched to the engines' time scale,
 as bench_policies.py does), `kvgate-NAME` (a named policy, or `--kvgate-policy NAME`),
@@ -84,6 +88,7 @@ import httpx
 from bench_overhead import Proc, free_port
 from bench_policies import MODEL, TRACE, engine_counters, start_engines
 from bench_routers import answers_chat, tree_cpu_seconds
+from bypass import BypassLoad, send_bypass
 from chaos import Redis
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -402,6 +407,8 @@ class Run:
     engine_prompt: list[float] = field(default_factory=list)
     # kvgate only: its routing decisions by reason over the run (its /metrics).
     reasons: dict[str, float] = field(default_factory=dict)
+    # With --bypass-rate: what went to the engines straight meanwhile (bypass.py).
+    bypass: str | None = None
 
 
 def decision_reasons(url: str) -> dict[str, float]:
@@ -507,17 +514,31 @@ async def run_one(
             pids = [r.pid for r in routers]
             cpu0, engine_cpu0 = tree_cpu_total(pids), tree_cpu_seconds(engines.proc.pid)
             client_cpu0, t0 = time.process_time(), time.monotonic()
-            report = await replay(
-                work.trace,
-                urls if len(urls) > 1 else urls[0],
-                speedup=work.speedup,
-                model=MODEL,
-                endpoint=args.endpoint,
-                layout=cell.layout,
-                session_header=cell.header,
-                max_output_tokens=args.max_output_tokens,
-                progress=sys.stderr if args.progress else None,
+            stop = asyncio.Event()
+            load = bypass_load(args)
+            other = (
+                asyncio.create_task(send_bypass(engines.urls, load, MODEL, stop))
+                if load is not None
+                else None
             )
+            try:
+                report = await replay(
+                    work.trace,
+                    urls if len(urls) > 1 else urls[0],
+                    speedup=work.speedup,
+                    model=MODEL,
+                    endpoint=args.endpoint,
+                    layout=cell.layout,
+                    session_header=cell.header,
+                    max_output_tokens=args.max_output_tokens,
+                    progress=sys.stderr if args.progress else None,
+                )
+            finally:
+                stop.set()
+                if other is not None:
+                    sent = await other
+                    assert load is not None
+                    run.bypass = sent.label(load, load.engines or len(engines.urls))
             run.wall_s = time.monotonic() - t0
             cpu = cpu_delta(cpu0, tree_cpu_total(pids))
             run.client_cpu_s = time.process_time() - client_cpu0
@@ -545,6 +566,12 @@ async def run_one(
     run.cached = [r.cached_tokens for r in report.results]
     run.engine_prompt = list(eng.prompt)
     return run
+
+
+def bypass_load(args: argparse.Namespace) -> BypassLoad | None:
+    if not args.bypass_rate:
+        return None
+    return BypassLoad(args.bypass_rate, args.bypass_tokens, args.bypass_engines)
 
 
 # -- stickiness check ----------------------------------------------------------------------
@@ -710,6 +737,8 @@ def print_cell(cell: Cell, work: Workload, runs: dict[str, list[Run]]) -> None:
         )
         if kinds:
             note += f", errors {dict(kinds)}"
+        if done[0].bypass is not None:
+            note += f"; first run's {done[0].bypass}"
         skipped = [r.skipped for r in rs if r.skipped is not None]
         if skipped:
             note += f", {len(skipped)} of {len(rs)} runs skipped ({skipped[0]})"
@@ -876,6 +905,22 @@ def main() -> int:
         help="engines publish KV cache events for every router, not only +events ones "
         "(the engines then do the same work whoever listens)",
     )
+    ap.add_argument(
+        "--bypass-rate",
+        type=float,
+        default=0.0,
+        help="other clients of the engines: requests per wall second sent to them straight, "
+        "not through the router, during each replay (bypass.py; 0: none)",
+    )
+    ap.add_argument(
+        "--bypass-tokens", type=int, default=8192, help="prompt tokens of each bypass request"
+    )
+    ap.add_argument(
+        "--bypass-engines",
+        type=int,
+        default=0,
+        help="bypass requests go to the first this many engines in turn (0: all)",
+    )
     ap.add_argument("--json", help="write every run's figures to this file")
     ap.add_argument("--progress", action="store_true", help="replay progress on stderr")
     ap.add_argument(
@@ -886,6 +931,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.gateways < 1:
         ap.error("--gateways must be at least 1")
+    if args.bypass_rate < 0 or args.bypass_tokens < 1 or args.bypass_engines < 0:
+        ap.error("--bypass-rate and --bypass-engines must not be negative, --bypass-tokens >= 1")
     names = [
         *(n for n in args.routers.split(",") if n),
         *(f"kvgate-{p}" for p in args.kvgate_policy),

@@ -115,7 +115,8 @@ def start_engines(
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert proc.stdout is not None
-    urls, kv = [], []
+    urls: list[str] = []
+    kv: list[tuple[str, str]] = []
     for line in proc.stdout:
         if line.strip() == "ready":
             return Engines(proc, urls, kv)

@@ -3,6 +3,7 @@ but each must at least parse and answer --help, so a typo is caught before a lon
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import math
 import subprocess
@@ -12,6 +13,8 @@ from typing import Any
 
 import orjson
 import pytest
+
+from gateway.sim.cluster import SimCluster
 
 LOADTESTS = Path(__file__).resolve().parents[1] / "loadtests"
 # locustfile imports locust (gevent monkey-patching): compiled only, never imported.
@@ -210,3 +213,46 @@ def test_windows_benchmark_simulates_both_policies_on_every_window(tmp_path: Pat
         check=False,
     )
     assert wrong.returncode == 2 and "--policies takes two names" in wrong.stderr
+
+
+def _bypass_module() -> Any:
+    spec = importlib.util.spec_from_file_location("bypass", LOADTESTS / "bypass.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    # dataclasses look their module up in sys.modules while the class body runs.
+    sys.modules.setdefault("bypass", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+async def test_bypass_sends_unshared_prompts_to_the_chosen_engines_only() -> None:
+    bypass = _bypass_module()
+    async with SimCluster(3, "h200-sparse", time_scale=20.0) as sim:
+        stop = asyncio.Event()
+        load = bypass.BypassLoad(rate=40.0, tokens=2048, engines=2)
+        task = asyncio.create_task(bypass.send_bypass(sim.urls, load, sim.model, stop))
+        await asyncio.sleep(0.5)
+        stop.set()
+        count = await task
+        stats = [e.model.stats for e in sim.engines]
+    assert count.sent >= 10 and count.ok == count.sent and count.failed == 0
+    # Both chosen engines in turn, the third never; every prompt fully uncached.
+    assert stats[0].prompt_tokens > 0 and stats[1].prompt_tokens > 0
+    assert stats[2].prompt_tokens == 0
+    assert stats[0].prompt_tokens + stats[1].prompt_tokens >= count.sent * 2048
+    assert stats[0].prefix_hits == stats[1].prefix_hits == 0
+
+
+async def test_bypass_skips_an_engine_that_falls_behind() -> None:
+    bypass = _bypass_module()
+    # A slow engine (a tenth of real time): one open request at a time, the rest skipped.
+    async with SimCluster(1, "h200-sparse", time_scale=0.1) as sim:
+        stop = asyncio.Event()
+        load = bypass.BypassLoad(rate=50.0, tokens=4096, engines=0, max_open=1)
+        task = asyncio.create_task(bypass.send_bypass(sim.urls, load, sim.model, stop))
+        await asyncio.sleep(0.4)
+        stop.set()
+        count = await task
+    assert count.sent >= 1 and count.skipped >= 5
+    assert count.ok == count.sent
+    assert "skipped behind 1 unanswered" in count.label(load, 1)
