@@ -15,7 +15,9 @@ a prompt layout x whether session headers are sent:
 
 `--bypass-rate R` adds another client of the engines during each replay (bypass.py): R
 requests a second straight to them, prompts no one else sends, evicting what the
-conversations left (bench_kvevents.py: what the engines' KV events make of it).
+conversations left (bench_kvevents.py: what the engines' KV events make of it);
+`--drop-cache-at F` takes the whole cache of the first `--drop-cache-engines` engines away
+once a fraction F of the arrivals has been replayed, as a restart would.
 
 Routers are named KIND or KIND-POLICY: `kvgate` (its default routing: the YAML sets only
 the replicas, model discovery off and a scrape interval matched to the engines' time scale,
@@ -88,7 +90,7 @@ import httpx
 from bench_overhead import Proc, free_port
 from bench_policies import MODEL, TRACE, engine_counters, start_engines
 from bench_routers import answers_chat, tree_cpu_seconds
-from bypass import BypassLoad, send_bypass
+from bypass import BypassLoad, drop_caches, send_bypass
 from chaos import Redis
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -407,8 +409,8 @@ class Run:
     engine_prompt: list[float] = field(default_factory=list)
     # kvgate only: its routing decisions by reason over the run (its /metrics).
     reasons: dict[str, float] = field(default_factory=dict)
-    # With --bypass-rate: what went to the engines straight meanwhile (bypass.py).
-    bypass: str | None = None
+    # With --bypass-rate / --drop-cache-at: what else happened to the engines (bypass.py).
+    others: list[str] = field(default_factory=list)
 
 
 def decision_reasons(url: str) -> dict[str, float]:
@@ -521,6 +523,17 @@ async def run_one(
                 if load is not None
                 else None
             )
+            drop = (
+                asyncio.create_task(
+                    drop_caches(
+                        engines.urls[: args.drop_cache_engines],
+                        args.drop_cache_at * work.trace.records[-1].arrival_s / work.speedup,
+                        stop,
+                    )
+                )
+                if args.drop_cache_at is not None
+                else None
+            )
             try:
                 report = await replay(
                     work.trace,
@@ -538,7 +551,9 @@ async def run_one(
                 if other is not None:
                     sent = await other
                     assert load is not None
-                    run.bypass = sent.label(load, load.engines or len(engines.urls))
+                    run.others.append(sent.label(load, load.engines or len(engines.urls)))
+                if drop is not None:
+                    run.others.append(await drop)
             run.wall_s = time.monotonic() - t0
             cpu = cpu_delta(cpu0, tree_cpu_total(pids))
             run.client_cpu_s = time.process_time() - client_cpu0
@@ -737,8 +752,8 @@ def print_cell(cell: Cell, work: Workload, runs: dict[str, list[Run]]) -> None:
         )
         if kinds:
             note += f", errors {dict(kinds)}"
-        if done[0].bypass is not None:
-            note += f"; first run's {done[0].bypass}"
+        for other in done[0].others:
+            note += f"; first run: {other}"
         skipped = [r.skipped for r in rs if r.skipped is not None]
         if skipped:
             note += f", {len(skipped)} of {len(rs)} runs skipped ({skipped[0]})"
@@ -921,6 +936,17 @@ def main() -> int:
         default=0,
         help="bypass requests go to the first this many engines in turn (0: all)",
     )
+    ap.add_argument(
+        "--drop-cache-at",
+        type=float,
+        default=None,
+        metavar="FRACTION",
+        help="drop the whole KV cache of the first --drop-cache-engines engines once this "
+        "fraction of the trace's arrivals has been replayed (a restart's empty cache)",
+    )
+    ap.add_argument(
+        "--drop-cache-engines", type=int, default=2, help="engines whose cache is dropped"
+    )
     ap.add_argument("--json", help="write every run's figures to this file")
     ap.add_argument("--progress", action="store_true", help="replay progress on stderr")
     ap.add_argument(
@@ -933,6 +959,10 @@ def main() -> int:
         ap.error("--gateways must be at least 1")
     if args.bypass_rate < 0 or args.bypass_tokens < 1 or args.bypass_engines < 0:
         ap.error("--bypass-rate and --bypass-engines must not be negative, --bypass-tokens >= 1")
+    if args.drop_cache_at is not None and not (
+        0 <= args.drop_cache_at <= 1 and 1 <= args.drop_cache_engines <= REPLICAS
+    ):
+        ap.error(f"--drop-cache-at is a fraction in [0, 1], --drop-cache-engines 1..{REPLICAS}")
     names = [
         *(n for n in args.routers.split(",") if n),
         *(f"kvgate-{p}" for p in args.kvgate_policy),

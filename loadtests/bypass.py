@@ -1,4 +1,10 @@
-"""Other clients of the engines: requests sent to them straight, not through the router.
+"""What happens to the engines besides the router's traffic, during a replay.
+
+* `send_bypass`: other clients of the engines, requests sent to them straight.
+* `drop_caches`: replicas that lose their whole KV cache at one moment (a restart's empty
+  cache), through the simulated engine's POST /sim/drop_cache.
+
+Other clients:
 
 A batch job or a second router sharing the replicas fills their KV caches with prompts the
 router never saw, and so evicts what its conversations left there; only the engines' own
@@ -103,3 +109,17 @@ async def send_bypass(
         if tasks:
             await asyncio.gather(*tasks)
     return count
+
+
+async def drop_caches(urls: Sequence[str], delay_s: float, stop: asyncio.Event) -> str:
+    """After `delay_s` (unless `stop` is set first), drop every cache of `urls` at once."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), delay_s)
+    if stop.is_set():
+        return f"caches not dropped: the replay ended within {delay_s:.1f} s"
+    async with httpx.AsyncClient(timeout=10.0) as http:
+        answers = await asyncio.gather(*(http.post(f"{u}/sim/drop_cache") for u in urls))
+    blocks = sum(int(a.json()["dropped_blocks"]) for a in answers if a.status_code == 200)
+    failed = sum(a.status_code != 200 for a in answers)
+    note = f"caches of {len(urls)} engine(s) dropped after {delay_s:.1f} s ({blocks} blocks"
+    return note + (f", {failed} refused)" if failed else ")")

@@ -2,7 +2,8 @@
 Starlette app with vLLM's HTTP surface (see gateway.sim.wire for the bodies).
 
 Endpoints: POST /v1/chat/completions, /v1/completions, /v1/embeddings; GET /v1/models,
-/health, /metrics; POST|GET /admin/faults; POST /reset_prefix_cache; GET /sim/state.
+/health, /metrics; POST|GET /admin/faults; POST /reset_prefix_cache; GET /sim/state;
+POST /sim/drop_cache (the cache an engine restart loses, dropped while requests run).
 PD hand-off (sim-only transport standing in for NIXL / Mooncake): GET /sim/kv/{request_id}
 (a decode engine pulls and releases a prefill leg's KV) and GET /sim/bootstrap/{room}
 (SGLang-style rendezvous on the prefill engine's own HTTP port).
@@ -297,6 +298,7 @@ class SimEngine:
             Route("/admin/faults", self._faults, methods=["GET", "POST"]),
             Route("/reset_prefix_cache", self._reset_prefix_cache, methods=["POST"]),
             Route("/sim/state", self._state, methods=["GET"]),
+            Route("/sim/drop_cache", self._drop_cache, methods=["POST"]),
             Route("/sim/kv/{request_id}", self._kv_pull, methods=["GET"]),
             Route("/sim/bootstrap/{room:int}", self._bootstrap, methods=["GET"]),
         ]
@@ -554,6 +556,14 @@ class SimEngine:
         if not self.model.kv.reset_prefix_cache():
             return _error(400, "cannot reset the prefix cache while requests hold blocks")
         return Response(status_code=200)
+
+    async def _drop_cache(self, request: Request) -> Response:
+        # Unlike /reset_prefix_cache this does not wait for idle: a benchmark can take a
+        # replica's cache away mid-replay, as a restart would, and see who notices.
+        kv = self.model.kv
+        dropped = kv.num_cached_blocks
+        kv.drop_cached()
+        return _json({"dropped_blocks": dropped})
 
     async def _state(self, request: Request) -> Response:
         m = self.model

@@ -333,3 +333,23 @@ async def test_instant_profile_answers_immediately() -> None:
         again = await c.post("/v1/chat/completions", json=chat_body(LONG, max_tokens=5))
     assert body.count("data: ") == 50 + 2  # role chunk + 50 tokens + [DONE]
     assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+async def test_drop_cache_takes_the_cache_away_while_requests_run() -> None:
+    async with SimCluster(1, test_profile(), time_scale=0.5) as cluster:
+        url = cluster.urls[0]
+        async with httpx.AsyncClient(base_url=url, timeout=30) as c:
+            await c.post("/v1/chat/completions", json=chat_body(LONG, max_tokens=2))
+            # A request still decoding holds blocks: the vLLM-like reset refuses, this does not.
+            running = asyncio.create_task(
+                c.post("/v1/chat/completions", json=chat_body("other " * 40, max_tokens=60))
+            )
+            await eventually(lambda: cluster.engines[0].model.num_running == 1)
+            assert (await c.post("/reset_prefix_cache")).status_code == 400
+            before = (await c.get("/sim/state")).json()["cached_blocks"]
+            dropped = (await c.post("/sim/drop_cache")).json()["dropped_blocks"]
+            assert dropped == before > 0
+            assert (await c.get("/sim/state")).json()["cached_blocks"] == 0
+            assert (await running).status_code == 200
+            again = await c.post("/v1/chat/completions", json=chat_body(LONG, max_tokens=2))
+    assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
