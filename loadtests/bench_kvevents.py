@@ -26,6 +26,8 @@ tell it what the other half left in the caches.
 
 With ``--bypass-rate`` another client sends prompts to the engines straight (bypass.py)
 during each replay: it evicts what the conversations left, which only the events show.
+With ``--drop-cache-at F`` the first ``--drop-cache-engines`` engines lose their whole cache
+once a fraction F of the arrivals has been replayed, as restarts would.
 """
 
 from __future__ import annotations

@@ -256,3 +256,22 @@ async def test_bypass_skips_an_engine_that_falls_behind() -> None:
     assert count.sent >= 1 and count.skipped >= 5
     assert count.ok == count.sent
     assert "skipped behind 1 unanswered" in count.label(load, 1)
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--drop-cache-at", "1.5"], "--drop-cache-at is a fraction"),
+        (["--drop-cache-at", "0.5", "--drop-cache-engines", "9"], "--drop-cache-engines 1..8"),
+        (["--bypass-rate", "-1"], "--bypass-rate and --bypass-engines must not be negative"),
+    ],
+)
+def test_lineage_benchmark_refuses_bad_disturbances(extra: list[str], says: str) -> None:
+    done = subprocess.run(
+        [sys.executable, str(LOADTESTS / "bench_lineage.py"), *extra],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2 and says in done.stderr
