@@ -67,6 +67,7 @@ FEATURE_INSTALLERS: tuple[str, ...] = (
     # Last: it detects the final router's abilities (e.g. a prefix index) once.
     "gateway.admission.install:install",
     "gateway.accounting:install",
+    "gateway.looplag:install",
     # Reads what the others installed (scraper, pools, admission); adds no request-path hook.
     "gateway.console.install:install",
     # With --workers N: /metrics merges every worker's series (gateway.workers).

@@ -297,11 +297,35 @@ def serve(tmp: str, yaml_for: Callable[[int], str]) -> tuple[Running, str]:
     return gw, url
 
 
+LAG_LATE_S = ("0.005", "0.01")  # bucket bounds of kvgate_event_loop_lag_seconds reported
+
+
+async def loop_lag(http: httpx.AsyncClient) -> dict[str, float]:
+    """The gateway's loop-lag histogram: wake-ups in all (`count`) and per bucket bound."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families((await http.get("/metrics")).text):
+        if family.name == "kvgate_event_loop_lag_seconds":
+            for sample in family.samples:
+                if sample.name.endswith("_bucket"):
+                    out[sample.labels["le"]] = sample.value
+                elif sample.name.endswith("_count"):
+                    out["count"] = sample.value
+    return out
+
+
+def late(before: dict[str, float], after: dict[str, float]) -> tuple[float, ...]:
+    """(wake-ups, those later than each of LAG_LATE_S) between two readings."""
+    count = after.get("count", 0.0) - before.get("count", 0.0)
+    within = [after.get(b, 0.0) - before.get(b, 0.0) for b in LAG_LATE_S]
+    return (count, *(count - w for w in within))
+
+
 async def latency(
     url: str, requests: int, workload: str, round_: int, events: bool
-) -> tuple[float, float, float | None]:
-    """p50 and p99 of `requests` sequential chat requests (after 30 warm-up ones), and with
-    events on how long the gateway took to join the engines' event streams."""
+) -> tuple[float, float, float | None, tuple[float, ...]]:
+    """p50 and p99 of `requests` sequential chat requests (after 30 warm-up ones), with
+    events on how long the gateway took to join the engines' event streams, and the
+    gateway's loop-lag wake-ups over the timed requests (`late`)."""
     tokens, fresh = WORKLOADS[workload]
     n = 0
 
@@ -319,6 +343,7 @@ async def latency(
 
     async with httpx.AsyncClient(base_url=url, timeout=60) as http:
         join = await warmed(http, body, 30, events)
+        lag0 = await loop_lag(http)
         times = []
         for _ in range(requests):
             b = body()
@@ -326,8 +351,9 @@ async def latency(
             r = await http.post("/v1/chat/completions", json=b)
             times.append(time.perf_counter() - t0)
             assert r.status_code == 200, r.text
+        lag = late(lag0, await loop_lag(http))
     times.sort()
-    return statistics.median(times), times[int(0.99 * len(times))], join
+    return statistics.median(times), times[int(0.99 * len(times))], join, lag
 
 
 async def warmed(
@@ -377,6 +403,7 @@ def latency_rows(requests: int, rounds: int, workloads: list[str], configs: list
     engines (another process, publishing KV events throughout), rounds interleaved."""
     engines = start_engines(4, 64_000, time_scale=1000.0, kv_events=True)
     results: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    lags: dict[tuple[str, str], list[tuple[float, ...]]] = {}
     joins: list[float] = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -391,12 +418,13 @@ def latency_rows(requests: int, rounds: int, workloads: list[str], configs: list
                             ),
                         )
                         try:
-                            p50, p99, join = asyncio.run(
+                            p50, p99, join, lag = asyncio.run(
                                 latency(url, requests, workload, round_, config[1])
                             )
                         finally:
                             gw.stop()
                         results.setdefault((workload, config[0]), []).append((p50, p99))
+                        lags.setdefault((workload, config[0]), []).append(lag)
                         if join is not None:
                             joins.append(join)
     finally:
@@ -416,6 +444,15 @@ def latency_rows(requests: int, rounds: int, workloads: list[str], configs: list
                 f"request path, 1 client, {workload}, events {config[0]}: p50 "
                 f"{statistics.median(p50s):.2f} ms ({min(p50s):.2f}..{max(p50s):.2f}), "
                 f"p99 {p99:.2f} ms" + (f", p50 added {added:+.2f} ms" if config[1] else "")
+            )
+            wakes = [sum(x) for x in zip(*lags[(workload, config[0])], strict=True)]
+            print(
+                f"  loop lag over the timed requests, {len(runs)} rounds: {wakes[0]:.0f} "
+                "wake-ups, "
+                + ", ".join(
+                    f"{n:.0f} later than {float(b) * 1e3:g} ms"
+                    for b, n in zip(LAG_LATE_S, wakes[1:], strict=True)
+                )
             )
 
 
