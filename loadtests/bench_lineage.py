@@ -548,12 +548,13 @@ async def run_one(
                 )
             finally:
                 stop.set()
+                # The drop returns at once once stopped; the bypass waits for what it sent.
+                if drop is not None:
+                    run.others.append(await drop)
                 if other is not None:
                     sent = await other
                     assert load is not None
                     run.others.append(sent.label(load, load.engines or len(engines.urls)))
-                if drop is not None:
-                    run.others.append(await drop)
             run.wall_s = time.monotonic() - t0
             cpu = cpu_delta(cpu0, tree_cpu_total(pids))
             run.client_cpu_s = time.process_time() - client_cpu0

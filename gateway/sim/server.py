@@ -558,8 +558,8 @@ class SimEngine:
         return Response(status_code=200)
 
     async def _drop_cache(self, request: Request) -> Response:
-        # Unlike /reset_prefix_cache this does not wait for idle: a benchmark can take a
-        # replica's cache away mid-replay, as a restart would, and see who notices.
+        # Unlike /reset_prefix_cache this does not refuse while requests hold blocks: a
+        # benchmark can take a replica's cache away mid-replay, as a restart would.
         kv = self.model.kv
         dropped = kv.num_cached_blocks
         kv.drop_cached()
