@@ -10,7 +10,7 @@ A batch job or a second router sharing the replicas fills their KV caches with p
 router never saw, and so evicts what its conversations left there; only the engines' own
 KV cache events tell a router that. Each request here opens with text no other request
 sends (a fresh hash chain from its first block) and asks for one token, so it costs the
-engine a prefill and a cache's worth of blocks, nothing else.
+engine a prefill and the prompt's worth of KV blocks, nothing else.
 
 The sender keeps a steady rate over the chosen engines in turn and at most `max_open`
 requests unanswered per engine: an engine that falls behind is skipped for that tick (the
