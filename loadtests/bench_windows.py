@@ -28,6 +28,7 @@ from bench_lineage import (
     AGENT_SESSIONS,
     BLOCKS,
     MAX_OUTPUT_TOKENS,
+    TRACE,
     TRACE_DEFAULTS,
     Defaults,
 )
@@ -36,8 +37,6 @@ from gateway.sim.profiles import get_profile
 from gateway.trace.format import Trace, read_trace
 from gateway.trace.generate import AgentTraceOptions, generate_agent_trace
 from gateway.trace.simulate import SimulationOptions, simulate
-
-TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "synthetic_trace.jsonl"
 
 
 def simulated_speedup(d: Defaults) -> float:

@@ -92,22 +92,27 @@ async def send_bypass(
         period = 1.0 / load.rate
         loop = asyncio.get_running_loop()
         next_at = loop.time()
-        for url in itertools.cycle(targets):
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), max(0.0, next_at - loop.time()))
-            if stop.is_set():
-                break
-            next_at += period
-            if open_[url] >= load.max_open:
-                count.skipped += 1
-                continue
-            open_[url] += 1
-            count.sent += 1
-            task = asyncio.create_task(one(http, url))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        if tasks:
-            await asyncio.gather(*tasks)
+        try:
+            for url in itertools.cycle(targets):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), max(0.0, next_at - loop.time()))
+                if stop.is_set():
+                    break
+                next_at += period
+                if open_[url] >= load.max_open:
+                    count.skipped += 1
+                    continue
+                open_[url] += 1
+                count.sent += 1
+                task = asyncio.create_task(one(http, url))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.gather(*tasks)
+        finally:
+            # Cancelled (the benchmark interrupted): no request outlives the client.
+            for task in list(tasks):
+                task.cancel()
     return count
 
 

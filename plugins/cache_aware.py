@@ -33,9 +33,7 @@ from pydantic import Field
 from gateway.policy import RANK_DEPTH, PolicyConfig, PolicyContext
 from gateway.types import Choice, ClusterView, ReplicaId, ReplicaState, RouteRequest
 from plugins.load_model import TieBreaker, mix
-from plugins.prefix_index import PrefixIndex
-
-DEFAULT_CAPACITY_TOKENS = 500_000
+from plugins.prefix_index import DEFAULT_CAPACITY_TOKENS, PrefixIndex
 
 
 class CacheAwareConfig(PolicyConfig):

@@ -70,9 +70,7 @@ from gateway.types import (
 from plugins.cache_churn import ChurnMeter
 from plugins.live_sessions import LiveSessions
 from plugins.load_model import TieBreaker, mix
-from plugins.prefix_index import PrefixIndex
-
-DEFAULT_CAPACITY_TOKENS = 500_000
+from plugins.prefix_index import DEFAULT_CAPACITY_TOKENS, PrefixIndex
 
 
 class LineageConfig(PolicyConfig):

@@ -47,9 +47,7 @@ from plugins.load_model import (
     add_ranked,
     load_terms,
 )
-from plugins.prefix_index import PrefixIndex
-
-DEFAULT_CAPACITY_TOKENS = 500_000
+from plugins.prefix_index import DEFAULT_CAPACITY_TOKENS, PrefixIndex
 
 
 class PrefixAffinityConfig(PolicyConfig):

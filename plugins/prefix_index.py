@@ -21,6 +21,8 @@ from gateway.hashing import leading_match
 from gateway.types import ReplicaId
 
 _NO_OWNER = ReplicaId("")  # a standalone LRU keeps no reverse map
+# KV capacity of a replica that neither configures nor reports one (its index is sized from it).
+DEFAULT_CAPACITY_TOKENS = 500_000
 
 
 class BlockLRU:

@@ -28,23 +28,31 @@ def test_every_loadtest_compiles() -> None:
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[p.stem for p in SCRIPTS])
 def test_benchmark_answers_help(script: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, str(script), "--help"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = _script(script.name, "--help")
     assert done.returncode == 0, done.stderr
     assert "usage:" in done.stdout
 
 
-def _pooled_module() -> Any:
-    spec = importlib.util.spec_from_file_location("pools_pooled", LOADTESTS / "pools_pooled.py")
+def _module(name: str) -> Any:
+    """A loadtests module by file name (the directory is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, LOADTESTS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    # dataclasses look their module up in sys.modules while the class body runs.
+    sys.modules.setdefault(name, module)
     spec.loader.exec_module(module)
     return module
+
+
+def _script(name: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run loadtests/`name` with `args` in a child interpreter, output captured."""
+    return subprocess.run(
+        [sys.executable, str(LOADTESTS / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def _run(ttfts: dict[str, list[float]], cost: dict[str, float]) -> dict[str, Any]:
@@ -68,7 +76,7 @@ def _run(ttfts: dict[str, list[float]], cost: dict[str, float]) -> dict[str, Any
 
 
 def test_pooled_verdict_takes_p99_and_cost_over_every_seed(tmp_path: Path, capsys: Any) -> None:
-    pooled = _pooled_module()
+    pooled = _module("pools_pooled")
     fast, slow = [0.1] * 99, [0.1] * 98 + [0.5, 0.5]
     # Seed 1's dynamic low phase loses on its own (p99 of 100 = the slowest, 0.4 s vs
     # 0.3 s); pooled over 200 requests its one slow request falls above the p99.
@@ -110,29 +118,12 @@ def test_pooled_verdict_takes_p99_and_cost_over_every_seed(tmp_path: Path, capsy
 
 
 def test_router_comparison_runs_kvgate_and_reports_missing_routers(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(LOADTESTS / "bench_routers.py"),
-            "--routers",
-            "kvgate,vllm,sglang",
-            "--router-bin",
-            str(tmp_path),
-            "--levels",
-            "1",
-            "--modes",
-            "plain",
-            "--duration",
-            "0.4",
-            "--warmup",
-            "0.1",
-            "--repeat",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
+    done = _script(
+        "bench_routers.py",
+        *("--routers", "kvgate,vllm,sglang", "--router-bin", str(tmp_path)),
+        *("--levels", "1", "--modes", "plain", "--duration", "0.4", "--warmup", "0.1"),
+        *("--repeat", "1"),
         timeout=120,
-        check=False,
     )
     assert done.returncode == 0, done.stderr
     rows = {line.split()[0]: line.split() for line in done.stdout.splitlines() if line.split()}
@@ -146,13 +137,7 @@ def test_router_comparison_runs_kvgate_and_reports_missing_routers(tmp_path: Pat
 
 
 def test_lineage_benchmark_help_names_its_routers_and_cells() -> None:
-    done = subprocess.run(
-        [sys.executable, str(LOADTESTS / "bench_lineage.py"), "--help"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = _script("bench_lineage.py", "--help")
     assert done.returncode == 0, done.stderr
     flat = "".join(done.stdout.split())  # argparse wraps lines at hyphens
     for name in (
@@ -187,13 +172,7 @@ def test_windows_benchmark_simulates_both_policies_on_every_window(tmp_path: Pat
     trace.write_bytes(b"\n".join(orjson.dumps(r) for r in rows))
     args = ["--trace", str(trace), "--starts", "0,10", "--requests", "30"]
     args += ["--agent-seeds", "2", "--agent-requests", "40", "--blocks", "4000"]
-    done = subprocess.run(
-        [sys.executable, str(LOADTESTS / "bench_windows.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = _script("bench_windows.py", *args, timeout=120)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     windows = [x.split() for x in lines if x.startswith(("synthetic ", "agent "))]
@@ -205,28 +184,12 @@ def test_windows_benchmark_simulates_both_policies_on_every_window(tmp_path: Pat
         x.startswith("synthetic: lineage over cache_aware, geometric mean of 2") for x in lines
     )
     assert any(x.startswith("agent: lineage over cache_aware, geometric mean of 1") for x in lines)
-    wrong = subprocess.run(
-        [sys.executable, str(LOADTESTS / "bench_windows.py"), "--policies", "lineage"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    wrong = _script("bench_windows.py", "--policies", "lineage")
     assert wrong.returncode == 2 and "--policies takes two names" in wrong.stderr
 
 
-def _bypass_module() -> Any:
-    spec = importlib.util.spec_from_file_location("bypass", LOADTESTS / "bypass.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    # dataclasses look their module up in sys.modules while the class body runs.
-    sys.modules.setdefault("bypass", module)
-    spec.loader.exec_module(module)
-    return module
-
-
 async def test_bypass_sends_unshared_prompts_to_the_chosen_engines_only() -> None:
-    bypass = _bypass_module()
+    bypass = _module("bypass")
     async with SimCluster(3, "h200-sparse", time_scale=20.0) as sim:
         stop = asyncio.Event()
         load = bypass.BypassLoad(rate=40.0, tokens=2048, engines=2)
@@ -244,7 +207,7 @@ async def test_bypass_sends_unshared_prompts_to_the_chosen_engines_only() -> Non
 
 
 async def test_bypass_skips_an_engine_that_falls_behind() -> None:
-    bypass = _bypass_module()
+    bypass = _module("bypass")
     # A slow engine (a tenth of real time): one open request at a time, the rest skipped.
     async with SimCluster(1, "h200-sparse", time_scale=0.1) as sim:
         stop = asyncio.Event()
@@ -267,11 +230,5 @@ async def test_bypass_skips_an_engine_that_falls_behind() -> None:
     ],
 )
 def test_lineage_benchmark_refuses_bad_disturbances(extra: list[str], says: str) -> None:
-    done = subprocess.run(
-        [sys.executable, str(LOADTESTS / "bench_lineage.py"), *extra],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = _script("bench_lineage.py", *extra)
     assert done.returncode == 2 and says in done.stderr
