@@ -6,10 +6,13 @@ request path pays nothing for a feature that is not configured:
 * `state.admission: AdmissionGate | None` -- `classify` resolves the priority class before
   routing; after the routing decision `must_wait` (sync, free) says whether the chosen
   replica is saturated, and only then `wait` queues (or raises `RateLimited`, 429);
-  `payload` gives the body bytes per replica; `finished(request, replica)` is called
+  `finished(request, replica)` is called
   after the in-flight slot of a request is released, on every exit path. A gate may also
   define `first_byte(request, replica)`: called once per request at its first response
   byte, or before `finished` when none arrived (the prefill is over either way).
+* `state.payload: PayloadShaper | None` -- the body bytes to send to one replica, given
+  (request, body, raw bytes, replica): the engine's `priority` set or stripped
+  (gateway.admission.engine_order). None: the client's bytes as they came.
 * `state.placements: SessionPlacements | None` -- where the session lives (lookup before
   choosing -> `RouteRequest.sticky_replica`; record after headers arrived). Default: a
   local in-memory LRU; the store package swaps in a shared one.
@@ -79,6 +82,7 @@ class RequestOutcome:
 OutcomeObserver = Callable[[RequestOutcome], None]
 DispatchObserver = Callable[[RouteRequest, ReplicaId, Mapping[str, Any]], None]
 PreRoute = Callable[[RouteRequest, Mapping[str, Any]], Awaitable[None] | None]
+PayloadShaper = Callable[[RouteRequest, Mapping[str, Any], bytes, ReplicaId], bytes]
 Release = Callable[[], None]
 
 
@@ -94,10 +98,6 @@ class AdmissionGate(Protocol):
     async def wait(self, request: RouteRequest, replica: ReplicaId) -> float:
         """Queue until `replica` has room, or raise a GatewayError (429)."""
         ...
-
-    def payload(
-        self, request: RouteRequest, body: Any, raw: bytes, replica: ReplicaId
-    ) -> bytes: ...
 
     def finished(self, request: RouteRequest, replica: ReplicaId | None) -> None: ...
 

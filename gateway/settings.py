@@ -29,7 +29,7 @@ from pydantic_settings import (
     SettingsError,
 )
 
-from gateway.admission.config import AdmissionSettings
+from gateway.admission.config import AdmissionSettings, EnginePrioritySettings
 from gateway.auth.config import AuthSettings
 from gateway.console.config import ConsoleSettings
 from gateway.discovery.config import DiscoverySettings
@@ -373,6 +373,10 @@ class KvgateSettings(BaseSettings):
     pd: PDSettings = Field(default_factory=PDSettings, description="prefill/decode hand-off")
     admission: AdmissionSettings = Field(
         default_factory=AdmissionSettings, description="priority classes and admission queue"
+    )
+    engine_priority: EnginePrioritySettings = Field(
+        default_factory=EnginePrioritySettings,
+        description="the `priority` replicas with priority_scheduling see",
     )
     scrape: ScrapeSettings = Field(
         default_factory=ScrapeSettings, description="engine /metrics polling (gateway.scrape)"

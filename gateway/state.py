@@ -18,6 +18,7 @@ from gateway.hooks import (
     DispatchObserver,
     LocalPlacements,
     OutcomeObserver,
+    PayloadShaper,
     PreRoute,
     RequestTracer,
     Service,
@@ -47,6 +48,7 @@ class GatewayState:
     observers: list[OutcomeObserver] = field(default_factory=list)
     dispatch_observers: list[DispatchObserver] = field(default_factory=list)
     admission: AdmissionGate | None = None
+    payload: PayloadShaper | None = None
     pre_route: PreRoute | None = None
     dispatcher: Dispatcher | None = None
     tracer: RequestTracer | None = None

@@ -18,6 +18,10 @@ requests a second straight to them, prompts no one else sends, evicting what the
 conversations left (bench_kvevents.py: what the engines' KV events make of it);
 `--drop-cache-at F` takes the whole cache of the first `--drop-cache-engines` engines away
 once a fraction F of the arrivals has been replayed, as a restart would.
+`--engine-priority` runs the engines with vLLM's priority scheduling and flags kvgate's
+replicas `priority_scheduling: true`, so kvgate sends each request's `priority` (shortest
+uncached prefill first, docs/admission.md); the other routers send none and are served
+first come, as on engines without it.
 
 Routers are named KIND or KIND-POLICY: `kvgate` (its default routing: the YAML sets only
 the replicas, model discovery off and a scrape interval matched to the engines' time scale,
@@ -210,9 +214,11 @@ def kvgate_yaml(
     kv: Sequence[tuple[str, str]] = (),
     route_budget_ms: float | None = None,
     store_url: str | None = None,
+    priority: bool = False,
 ) -> str:
     lines = [f"server:\n  port: {port}\n  log_level: warning\nreplicas:"]
-    lines += [f"  - {{id: e{i}, url: '{u}', models: [{MODEL}]}}" for i, u in enumerate(urls)]
+    flag = ", priority_scheduling: true" if priority else ""
+    lines += [f"  - {{id: e{i}, url: '{u}', models: [{MODEL}]{flag}}}" for i, u in enumerate(urls)]
     # Engines run time_scale x faster: scrape as often in simulated time as by default
     # (bench_policies.gateway_settings does the same).
     interval = max(0.02, 0.25 / time_scale)
@@ -253,6 +259,7 @@ def router_command(
             kv if spec.events else (),
             args.kv_route_budget_ms,
             store_url,
+            args.engine_priority,
         )
         if args.kvgate_extra:
             text += Path(args.kvgate_extra).read_text()
@@ -482,7 +489,9 @@ async def run_one(
     """One router on fresh engines: the replay of one cell, and the figures of its row."""
     run = Run(spec.name, cell.label, repeat)
     publish = spec.events or args.engine_events
-    engines = start_engines(REPLICAS, args.blocks, work.time_scale, kv_events=publish)
+    engines = start_engines(
+        REPLICAS, args.blocks, work.time_scale, kv_events=publish, priority=args.engine_priority
+    )
     try:
         routers: list[Running] = []
         urls: list[str] = []
@@ -920,6 +929,13 @@ def main() -> int:
         action="store_true",
         help="engines publish KV cache events for every router, not only +events ones "
         "(the engines then do the same work whoever listens)",
+    )
+    ap.add_argument(
+        "--engine-priority",
+        action="store_true",
+        help="engines run vLLM's priority scheduling and kvgate's replicas say so "
+        "(`priority_scheduling: true`: kvgate sends each request's `priority`, shortest "
+        "uncached prefill first); routers that send none are served first come, as before",
     )
     ap.add_argument(
         "--bypass-rate",

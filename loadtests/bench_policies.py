@@ -47,7 +47,12 @@ MODEL = "kvgate-sim"
 
 
 async def _serve_engines(
-    replicas: int, blocks: int, scale: int, time_scale: float, kv_events: bool = False
+    replicas: int,
+    blocks: int,
+    scale: int,
+    time_scale: float,
+    kv_events: bool = False,
+    priority: bool = False,
 ) -> None:
     from gateway.sim.cluster import SimCluster
     from gateway.sim.profiles import get_profile
@@ -62,7 +67,12 @@ async def _serve_engines(
     )
     events = KVEventsOptions() if kv_events else None
     async with SimCluster(
-        replicas, profile, model=MODEL, time_scale=time_scale, kv_events=events
+        replicas,
+        profile,
+        model=MODEL,
+        time_scale=time_scale,
+        kv_events=events,
+        priority_scheduling=priority,
     ) as cluster:
         for engine in cluster.engines:
             # "url [pub-endpoint replay-endpoint]": where each engine publishes its KV events.
@@ -91,8 +101,15 @@ class Engines:
 
 
 def start_engines(
-    replicas: int, blocks: int, time_scale: float, scale: int = 1, kv_events: bool = False
+    replicas: int,
+    blocks: int,
+    time_scale: float,
+    scale: int = 1,
+    kv_events: bool = False,
+    priority: bool = False,
 ) -> Engines:
+    """`replicas` simulated engines in a child process; `priority`: they run vLLM's
+    priority scheduling (requests that send no `priority` are served first come)."""
     cmd = [
         sys.executable,
         __file__,
@@ -107,6 +124,8 @@ def start_engines(
     ]
     if kv_events:
         cmd.append("--kv-events")
+    if priority:
+        cmd.append("--priority-scheduling")
     proc = subprocess.Popen(
         cmd,
         stdin=subprocess.PIPE,
@@ -315,11 +334,17 @@ def main() -> None:
     ap.add_argument("--engines-child", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--scale", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--kv-events", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--priority-scheduling", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.engines_child:
         asyncio.run(
             _serve_engines(
-                args.engines_child, args.blocks, args.scale, args.time_scale, args.kv_events
+                args.engines_child,
+                args.blocks,
+                args.scale,
+                args.time_scale,
+                args.kv_events,
+                args.priority_scheduling,
             )
         )
         return

@@ -232,3 +232,22 @@ async def test_bypass_skips_an_engine_that_falls_behind() -> None:
 def test_lineage_benchmark_refuses_bad_disturbances(extra: list[str], says: str) -> None:
     done = _script("bench_lineage.py", *extra)
     assert done.returncode == 2 and says in done.stderr
+
+
+def test_lineage_benchmark_flags_kvgates_replicas_for_engine_priority(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`--engine-priority`: the YAML kvgate is started with flags every replica, and the
+    gateway's own loader reads it so."""
+    import yaml
+
+    from gateway.settings import load_settings
+
+    monkeypatch.syspath_prepend(str(LOADTESTS))  # its sibling modules
+    bench = _module("bench_lineage")
+    urls = ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
+    for priority in (False, True):
+        text = bench.kvgate_yaml(8000, urls, None, 2.0, priority=priority)
+        settings = load_settings(**yaml.safe_load(text))
+        assert [r.priority_scheduling for r in settings.replicas] == [priority, priority]
+        assert settings.engine_priority.shortest_prefill_first

@@ -137,5 +137,5 @@ async def test_composes_with_the_admission_payload_rewrite() -> None:
         records = [r for e in engines for r in e.request_log]
     assert b'"choices":[]' not in raw and b'"usage":null' in raw
     assert raw.endswith(b"data: [DONE]\n\n")
-    assert [r.priority for r in records] == [2]
+    assert [r.priority for r in records] == [2 * 3]  # class 2, rank 0 (engine_order)
     assert seen[0].ok and seen[0].completion_tokens == 3

@@ -1,4 +1,5 @@
-"""Which class a request belongs to, and what `priority` its engine should see. Pure.
+"""Which class a request belongs to. Pure (gateway.admission.engine_order: what `priority`
+its engine then sees).
 
 Resolution order: the API key's configured class, then the `X-Priority` header, then the
 body's `priority`, then the default class. The body may name a class (`"batch"`) or carry
@@ -10,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-
-import orjson
 
 from gateway.admission.config import AdmissionSettings
 from gateway.errors import BadRequest
@@ -81,26 +80,3 @@ def resolve_class(
     if body_priority is not None:
         return _from_value(body_priority, classes, BODY_FIELD)
     return classes.default
-
-
-def engine_payload(
-    body: Mapping[str, Any], raw: bytes, class_name: str, priority_replica: bool, classes: ClassMap
-) -> bytes:
-    """The bytes to send: vLLM's `priority` set for priority-scheduling replicas, else stripped.
-
-    Engines without `--scheduling-policy priority` answer 400 to any non-zero priority, and
-    a class name is never valid engine input, so the client's field is never passed on as
-    is. The body is only re-serialised when it has to change.
-    """
-    if priority_replica:
-        wanted = classes.engine_priority.get(class_name, 0)
-        if body.get(BODY_FIELD) == wanted and type(body.get(BODY_FIELD)) is int:
-            return raw
-        out = dict(body)
-        out[BODY_FIELD] = wanted
-        return orjson.dumps(out)
-    if BODY_FIELD not in body:
-        return raw
-    out = dict(body)
-    del out[BODY_FIELD]
-    return orjson.dumps(out)

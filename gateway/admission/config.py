@@ -99,6 +99,31 @@ class SaturationThresholds(BaseModel):
         )
 
 
+class EnginePrioritySettings(BaseModel):
+    """`engine_priority:` (for replicas with `priority_scheduling: true`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    shortest_prefill_first: bool = Field(
+        default=True,
+        description="within a class, rank requests by the uncached prefill the chosen "
+        "replica must compute (the prefix index's estimate), shortest first",
+    )
+    step_tokens: int = Field(
+        default=2048,
+        ge=1,
+        description="uncached tokens below twice this share the first rank; each doubling "
+        "past it is one rank more",
+    )
+    levels: int = Field(
+        default=3,
+        ge=1,
+        le=64,
+        description="ranks per class; the last holds every longer prefill, so a long new "
+        "context waits behind short ones only (3 kept #2993's p99 where first come had it)",
+    )
+
+
 def _default_classes() -> tuple[PriorityClass, ...]:
     return tuple(
         PriorityClass(name=n, holdback=h) for n, h in zip(DEFAULT_CLASSES, DEFAULT_HOLDBACKS)

@@ -7,7 +7,7 @@ Contract with the proxy (all calls on the event loop):
     if gate.must_wait(request, replica, view):        # sync, no allocation: the fast path
         await gate.wait(request, replica)             # may raise RateLimited (429)
     <count the request in flight for `replica` before the next await>
-    send gate.payload(request, body, raw, replica)    # vLLM `priority` set or stripped
+    send state.payload(request, body, raw, replica)   # engine_order: vLLM `priority`
     ...
     at the first response byte (or at the end, whichever comes first), exactly once:
         gate.first_byte(request, replica)   # the prefill is over: frees `max_prefill_tokens`
@@ -21,7 +21,7 @@ saturated, so admission costs next to nothing at low load.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -31,7 +31,6 @@ from gateway.admission.classes import (
     BODY_FIELD,
     PRIORITY_HEADER,
     ClassMap,
-    engine_payload,
     resolve_class,
 )
 from gateway.admission.config import AdmissionSettings
@@ -56,7 +55,6 @@ class AdmissionGate:
         *,
         registry: CollectorRegistry | None = None,
         policy: object | None = None,
-        priority_replicas: Iterable[str] = (),
         priority_header: str = PRIORITY_HEADER,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -69,7 +67,6 @@ class AdmissionGate:
             c.name: settings.saturation.held_back(c.holdback) for c in settings.classes
         }
         self._fallback = self._thresholds[settings.classes[-1].name]
-        self._priority_replicas = frozenset(priority_replicas)
         self._header_name = priority_header.lower()
         self._header = self._header_name.encode("latin-1")
         self._view_source = view_source
@@ -226,14 +223,6 @@ class AdmissionGate:
         if resolved == request.priority_class:
             return request
         return replace(request, priority_class=resolved)
-
-    def payload(
-        self, request: RouteRequest, body: Mapping[str, Any], raw: bytes, replica: ReplicaId
-    ) -> bytes:
-        """Body bytes for `replica`: class mapped onto vLLM's `priority`, or the field stripped."""
-        return engine_payload(
-            body, raw, request.priority_class, replica in self._priority_replicas, self.classes
-        )
 
     def notify(self) -> None:
         """A fresh view was published (e.g. by the scraper): re-check waiting replicas."""

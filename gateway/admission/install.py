@@ -1,14 +1,19 @@
 """Wires admission into a gateway app (listed in `gateway.app.FEATURE_INSTALLERS`).
 
-Nothing is installed when `admission.enabled` is false, so the proxy's request path keeps
-its `state.admission is None` branch and pays nothing.
+No gate is installed when `admission.enabled` is false, so the proxy's request path keeps
+its `state.admission is None` branch and pays nothing. The engine payload (the `priority`
+replicas with `priority_scheduling` see, gateway.admission.engine_order) is installed
+whenever such a replica is configured or admission is on.
 """
 
 from __future__ import annotations
 
+from gateway.admission.classes import ClassMap
+from gateway.admission.engine_order import EnginePayload
 from gateway.admission.gate import AdmissionGate
 from gateway.hooks import RequestOutcome
 from gateway.state import GatewayState
+from gateway.types import ReplicaId
 
 
 class _GateService:
@@ -26,6 +31,14 @@ class _GateService:
 
 def install(state: GatewayState) -> None:
     settings = state.settings.admission
+    classes = ClassMap.from_settings(settings) if settings.enabled else None
+    priority_replicas = frozenset(
+        ReplicaId(r.id) for r in state.settings.replicas if r.priority_scheduling
+    )
+    if priority_replicas or classes is not None:
+        state.payload = EnginePayload(
+            state.settings.engine_priority, priority_replicas, classes=classes, cache=state.router
+        )
     if not settings.enabled:
         return
     gate = AdmissionGate(
@@ -33,7 +46,6 @@ def install(state: GatewayState) -> None:
         state.cluster.view,
         registry=state.metrics.registry,
         policy=state.router,
-        priority_replicas={r.id for r in state.settings.replicas if r.priority_scheduling},
         priority_header=state.settings.session.priority_header,
     )
     state.admission = gate

@@ -102,6 +102,7 @@ class Attempts:
                 view = cluster.view()
         tried: list[ReplicaId] = []
         last_error: GatewayError | None = None
+        shape = state.payload
 
         async def open_to(
             replica: ReplicaId, payload: bytes, hdrs: RawHeaders | None = None
@@ -165,7 +166,7 @@ class Attempts:
                     leg = await state.dispatcher.dispatch(ctx)
                     if leg is not None:
                         return leg
-                payload = raw if gate is None else gate.payload(request, body, raw, replica)
+                payload = raw if shape is None else shape(request, body, raw, replica)
                 placed_now(replica)
                 # Straight to open_leg, not through open_to: one coroutine less per request.
                 return await open_leg(
@@ -189,7 +190,7 @@ class Attempts:
                     if leg is not None:
                         span.end(leg.response.status)
                         return leg
-                payload = raw if gate is None else gate.payload(request, body, raw, replica)
+                payload = raw if shape is None else shape(request, body, raw, replica)
                 placed_now(replica)
                 leg = await open_leg(
                     cluster,

@@ -186,6 +186,12 @@ def _add_simulate(sub: Any) -> None:
     )
     p.add_argument("--speedup", type=float, default=1.0)
     p.add_argument("--max-output-tokens", type=int)
+    p.add_argument(
+        "--engine-priority",
+        action="store_true",
+        help="engines run vLLM's priority scheduling and get the gateway's `priority` "
+        "(shortest uncached prefill first, the `engine_priority:` defaults)",
+    )
     p.add_argument("--json", action="store_true")
     _add_window(p)
     p.set_defaults(handler=cmd_simulate)
@@ -340,6 +346,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from gateway.admission.config import EnginePrioritySettings
     from gateway.sim.profiles import HardwareProfile, get_profile
     from gateway.trace.format import read_trace
     from gateway.trace.simulate import DEFAULT_PROFILE, SimulationOptions, simulate
@@ -364,6 +371,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             speedup=args.speedup,
             max_output_tokens=args.max_output_tokens,
             sessions=not args.no_session_ids,
+            engine_priority=EnginePrioritySettings() if args.engine_priority else None,
         )
         result = simulate(trace, options)
     except (GatewayError, OSError, ValueError, orjson.JSONDecodeError) as exc:

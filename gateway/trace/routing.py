@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from gateway.admission.config import EnginePrioritySettings
+from gateway.admission.engine_order import EnginePayload
 from gateway.lineage import Conversations
 from gateway.policy import (
     ObservesOutcome,
@@ -97,6 +99,7 @@ class PolicyDriver:
         *,
         lineage: bool = True,
         block_tokens: int = 512,
+        engine_priority: EnginePrioritySettings | None = None,
     ) -> None:
         settings = RoutingSettings(policy=policy, policies={policy: dict(policy_config or {})})
         # The proxy's lineage rule, for requests without a session id (gateway.lineage).
@@ -109,6 +112,11 @@ class PolicyDriver:
         self._placed = self.router if isinstance(self.router, ObservesPlacement) else None
         self._finished = self.router if isinstance(self.router, ObservesOutcome) else None
         self._prefill = self.router if isinstance(self.router, TracksPrefill) else None
+        self._order = (
+            None
+            if engine_priority is None or not engine_priority.shortest_prefill_first
+            else EnginePayload(engine_priority, frozenset(), cache=self.router)
+        )
         self.unrouted = 0
 
     def resolve(self, request: RouteRequest) -> RouteRequest:
@@ -126,18 +134,25 @@ class PolicyDriver:
         `request` should come from `resolve`; the prompt is entered in the lineage index,
         and the router is told of the dispatch and the placement, as the proxy does.
         """
+        return self.dispatch(request, view)[0]
+
+    def dispatch(self, request: RouteRequest, view: ClusterView) -> tuple[ReplicaId, int]:
+        """`choose`, and the `priority` the proxy would send a priority-scheduling engine
+        (gateway.admission.engine_order; 0 without `engine_priority`), taken before the
+        placement is recorded, as the proxy does."""
         choice = self.router.choose(request, view)
         replica = choice.first
         if replica is None:
             self.unrouted += 1
             replica = self.replicas[0].id
+        priority = 0 if self._order is None else self._order.rank(request, replica)
         if self._prefill is not None:
             self._prefill.dispatched(request, replica)
         if self._placed is not None:
             self._placed.placed(request, replica)
         if self.conversations is not None and request.key_source == "lineage":
             self.conversations.record(request.prefix_hashes, request.session_key)
-        return replica
+        return replica, priority
 
     def prefilled(self, request: RouteRequest) -> None:
         if self._prefill is not None:

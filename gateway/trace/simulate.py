@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+from gateway.admission.config import EnginePrioritySettings
 from gateway.sim.engine import EngineModel, RequestHandle, RequestRejected, SimRequest
 from gateway.sim.profiles import HardwareProfile, get_profile
 from gateway.trace.format import Rechunker, Trace
@@ -42,6 +43,9 @@ class SimulationOptions:
     seed: int = 0
     # False: route as for clients that send no session id (lineage keys them).
     sessions: bool = True
+    # Engines run vLLM's priority scheduling and are sent the gateway's `priority`
+    # (gateway.admission.engine_order), as replicas flagged `priority_scheduling` are.
+    engine_priority: EnginePrioritySettings | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +66,8 @@ class SimulationResult:
     def render(self) -> str:
         o = self.options
         head = (
-            f"simulate: {o.replicas} x {self.profile} engines, policy {o.policy};"
+            f"simulate: {o.replicas} x {self.profile} engines, policy {o.policy}"
+            f"{', shortest prefill first' if o.engine_priority is not None else ''};"
             f" {self.simulated_s:,.1f} simulated s in {self.wall_s:.2f} wall s"
             f" ({self.speed_factor:,.0f}x real time), {self.preemptions} preemptions"
         )
@@ -73,6 +78,7 @@ class SimulationResult:
             **self.report.as_dict(),
             "replicas": self.options.replicas,
             "policy": self.options.policy,
+            "engine_priority": self.options.engine_priority is not None,
             "profile": self.profile,
             "simulated_s": self.simulated_s,
             "wall_s": self.wall_s,
@@ -117,9 +123,15 @@ def simulate(trace: Trace, options: SimulationOptions | None = None) -> Simulati
     states = make_replicas(o.replicas, o.model)
     ids = [s.id for s in states]
     driver = PolicyDriver(
-        o.policy, states, o.policy_config, o.seed, block_tokens=trace.block_tokens
+        o.policy,
+        states,
+        o.policy_config,
+        o.seed,
+        block_tokens=trace.block_tokens,
+        engine_priority=o.engine_priority,
     )
-    engines = {rid: EngineModel(profile, seed=o.seed) for rid in ids}
+    ordered = o.engine_priority is not None
+    engines = {rid: EngineModel(profile, seed=o.seed, priority_scheduling=ordered) for rid in ids}
     in_flight: dict[ReplicaId, int] = {rid: 0 for rid in ids}
     in_flight_view = MappingProxyType(in_flight)
     busy: dict[ReplicaId, bool] = {rid: False for rid in ids}
@@ -176,7 +188,7 @@ def simulate(trace: Trace, options: SimulationOptions | None = None) -> Simulati
             now=now,
             in_flight=in_flight_view,
         )
-        rid = driver.choose(request, view)
+        rid, priority = driver.dispatch(request, view)
         engine = engines[rid]
         hashes = rechunk(rec.block_hashes, rec.input_tokens)[: rec.input_tokens // bs]
         max_tokens = max(1, rec.output_tokens)
@@ -188,6 +200,7 @@ def simulate(trace: Trace, options: SimulationOptions | None = None) -> Simulati
             block_hashes=hashes,
             max_tokens=max_tokens,
             ignore_eos=True,
+            priority=priority,
         )
         try:
             handle = engine.submit(sim_request, now)

@@ -182,8 +182,16 @@ async def test_priority_field_mapped_for_priority_replicas_and_stripped_elsewher
     try:
         replicas = replica_config([prio], priority_scheduling=True) + replica_config([plain])
         routing = {"policy": "round_robin"}
+        # The class's priority as it is (test_engine_order: with the size rank under it).
+        order = {"shortest_prefill_first": False}
         async with (
-            gateway([prio, plain], replicas=replicas, routing=routing, admission=admission()) as gw,
+            gateway(
+                [prio, plain],
+                replicas=replicas,
+                routing=routing,
+                admission=admission(),
+                engine_priority=order,
+            ) as gw,
             httpx.AsyncClient(base_url=gw.url, timeout=10) as http,
         ):
             for _ in range(4):

@@ -1,14 +1,13 @@
-"""Class resolution order, vLLM priority mapping and settings validation."""
+"""Class resolution order and settings validation."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import orjson
 import pytest
 from pydantic import ValidationError
 
-from gateway.admission.classes import ClassMap, engine_payload, resolve_class
+from gateway.admission.classes import ClassMap, resolve_class
 from gateway.admission.config import AdmissionSettings, PriorityClass
 from gateway.errors import BadRequest
 
@@ -59,25 +58,6 @@ def test_unknown_priority_is_a_400_naming_the_classes(
     assert info.value.status == 400
     assert info.value.param == param
     assert "batch" in info.value.message and "interactive" in info.value.message
-
-
-def test_engine_priority_set_for_priority_replicas_only() -> None:
-    body: dict[str, Any] = {"model": "m", "priority": "batch"}
-    raw = orjson.dumps(body)
-    assert orjson.loads(engine_payload(body, raw, "batch", True, CLASSES)) == {
-        "model": "m",
-        "priority": 10,
-    }
-    assert orjson.loads(engine_payload(body, raw, "interactive", True, CLASSES))["priority"] == -10
-    # An engine without priority scheduling would answer 400: the field goes.
-    assert orjson.loads(engine_payload(body, raw, "batch", False, CLASSES)) == {"model": "m"}
-    assert body == {"model": "m", "priority": "batch"}  # the caller's body is not mutated
-    plain: dict[str, Any] = {"model": "m"}
-    plain_raw = orjson.dumps(plain)
-    assert engine_payload(plain, plain_raw, "batch", False, CLASSES) is plain_raw  # no copy
-    ready: dict[str, Any] = {"model": "m", "priority": 10}
-    ready_raw = orjson.dumps(ready)
-    assert engine_payload(ready, ready_raw, "batch", True, CLASSES) is ready_raw
 
 
 def test_defaults_are_valid_and_bound_is_derived() -> None:

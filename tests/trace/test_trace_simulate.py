@@ -7,6 +7,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from gateway.admission.config import EnginePrioritySettings
 from gateway.sim.cluster import SimCluster
 from gateway.sim.profiles import get_profile
 from gateway.trace.cli import main
@@ -168,3 +169,33 @@ async def test_offline_lineage_agrees_with_a_live_replay_through_the_gateway(
     assert sim.hit_rate > 0.5  # the trace reuses most of its prompts
     print(f"hit rate: live {live.hit_rate:.4f}, simulate {sim.hit_rate:.4f}")
     assert abs(live.hit_rate - sim.hit_rate) <= 0.02, (live.hit_rate, sim.hit_rate)
+
+
+def test_engine_priority_serves_a_cached_turn_before_queued_new_contexts() -> None:
+    """One engine that runs one request at a time: two new 32K-token contexts arrive just
+    before the second turn of a conversation whose first turn the engine holds. First come,
+    the turn waits for both; shortest uncached prefill first, only for the one running."""
+    blocks = 32 * 1024 // BT
+    turn1 = tuple(range(64))
+    recs = (
+        TraceRecord(0.0, len(turn1) * BT, 2, turn1, BT),
+        TraceRecord(10.0, blocks * BT, 2, tuple(range(10**6, 10**6 + blocks)), BT),
+        TraceRecord(10.001, blocks * BT, 2, tuple(range(2 * 10**6, 2 * 10**6 + blocks)), BT),
+        TraceRecord(10.002, (len(turn1) + 8) * BT, 2, (*turn1, *range(500, 508)), BT),
+    )
+    trace = Trace(TraceHeader(block_tokens=BT), recs)
+    one_at_a_time = get_profile("h200-sparse").scaled(max_num_seqs=1)
+
+    def ttfts(order: EnginePrioritySettings | None) -> list[float]:
+        opts = SimulationOptions(
+            replicas=1, policy="lineage", profile=one_at_a_time, engine_priority=order
+        )
+        report = simulate(trace, opts).report
+        assert report.ok == 4 and report.results[3].cached_tokens == len(turn1) * BT
+        return [r.ttft_s or 0.0 for r in report.results]
+
+    fcfs, ordered = ttfts(None), ttfts(EnginePrioritySettings())
+    # 32K tokens at 14K tokens/s: a new context's prefill takes over 2 s.
+    assert fcfs[3] > 4.0  # behind both new contexts
+    assert 2.0 < ordered[3] < 3.0  # behind the running one only
+    assert ordered[2] > fcfs[2]  # the second new context waited for the turn

@@ -1,0 +1,97 @@
+"""What `priority` each engine sees: the request's class first, then, within a class, the
+shortest uncached prefill first.
+
+An engine started with vLLM's `--scheduling-policy priority` takes waiting requests by
+`priority` (lower first), then by arrival. Only the gateway knows how much of a prompt the
+chosen replica already holds, so it can turn that queue into shortest-uncached-prefill
+first: a turn that extends a cached conversation by a few thousand tokens no longer waits
+behind a new 100K-token context that arrived a moment earlier. Ranks are coarse (powers of
+two of `step_tokens`), so requests of one size class keep their arrival order and a long
+prefill is passed only by requests at least twice shorter.
+
+    rank     = 0 below 2 x step_tokens, else floor(log2(uncached / step_tokens)), < levels
+    priority = class priority x levels + rank
+
+The class (admission's, else the client's integer `priority`) always dominates: ranks stay
+below `levels`, so one class step outweighs any size difference.
+
+Replicas not marked `priority_scheduling` get the body unchanged, except that with
+admission on the field is stripped (such engines answer 400 to any non-zero priority, and a
+class name is never engine input). The body is re-serialised only when it must change.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from gateway.admission.classes import BODY_FIELD, ClassMap
+from gateway.admission.config import EnginePrioritySettings
+from gateway.policy import EstimatesCachedTokens
+from gateway.types import ReplicaId, RouteRequest
+
+
+def prefill_rank(uncached_tokens: int, step_tokens: int, levels: int) -> int:
+    """0 for prefills under 2 x `step_tokens`, one more per doubling, at most `levels` - 1."""
+    if uncached_tokens < 2 * step_tokens:
+        return 0
+    return min(levels - 1, int(math.log2(uncached_tokens / step_tokens)))
+
+
+def with_priority(body: Mapping[str, Any], raw: bytes, wanted: int | None) -> bytes:
+    """`raw` with the body's `priority` set to `wanted`, or removed when `wanted` is None."""
+    if wanted is None:
+        if BODY_FIELD not in body:
+            return raw
+        out = dict(body)
+        del out[BODY_FIELD]
+        return orjson.dumps(out)
+    current = body.get(BODY_FIELD)
+    if current == wanted and type(current) is int:
+        return raw
+    return orjson.dumps({**body, BODY_FIELD: wanted})
+
+
+class EnginePayload:
+    """The body bytes for one attempt on one replica: a `gateway.hooks.PayloadShaper`."""
+
+    def __init__(
+        self,
+        settings: EnginePrioritySettings,
+        priority_replicas: frozenset[ReplicaId],
+        *,
+        classes: ClassMap | None = None,
+        cache: object | None = None,
+    ) -> None:
+        self._settings = settings
+        self._replicas = priority_replicas
+        self._classes = classes
+        # Only policies with a prefix index can say what the chosen replica holds.
+        self._cache = cache if isinstance(cache, EstimatesCachedTokens) else None
+
+    def __call__(
+        self, request: RouteRequest, body: Mapping[str, Any], raw: bytes, replica: ReplicaId
+    ) -> bytes:
+        classes = self._classes
+        if replica not in self._replicas:
+            return raw if classes is None else with_priority(body, raw, None)
+        if classes is not None:
+            base = classes.engine_priority.get(request.priority_class, 0)
+        else:
+            given = body.get(BODY_FIELD, 0)
+            if isinstance(given, bool) or not isinstance(given, int):
+                return raw  # not ours to interpret: the engine answers it
+            base = given
+        settings = self._settings
+        if not settings.shortest_prefill_first:
+            return with_priority(body, raw, base) if classes is not None else raw
+        return with_priority(body, raw, base * settings.levels + self.rank(request, replica))
+
+    def rank(self, request: RouteRequest, replica: ReplicaId) -> int:
+        prompt = request.prompt_tokens
+        cached = self._cache.cached_tokens(request, replica) if self._cache is not None else 0
+        s = self._settings
+        return prefill_rank(max(0, prompt - cached), s.step_tokens, s.levels)
