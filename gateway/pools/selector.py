@@ -42,6 +42,7 @@ import xxhash
 
 from gateway.errors import GatewayError
 from gateway.policy import (
+    EstimatesCachedTokens,
     ObservesOutcome,
     ObservesPlacement,
     Policy,
@@ -80,6 +81,7 @@ class PoolSelector:
     """Pool choice in front of any policy (see module docstring)."""
 
     name: ClassVar[str] = "pools"
+    cached_tokens: Callable[[RouteRequest, ReplicaId], int]
 
     def __init__(
         self,
@@ -103,6 +105,13 @@ class PoolSelector:
         self._sessions: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self._replica_pool: dict[ReplicaId, str] = {}
         self.membership_changed(replicas)
+        # Every pool runs the same policy: when it estimates cached tokens, so does the
+        # selector (set only then, so `isinstance(selector, EstimatesCachedTokens)` stays
+        # truthful and PD keeps its own index otherwise). Admission and engine priority
+        # rank by it; without it every turn of a long conversation would look uncached.
+        probe = next(iter(self._inners.values()), None) or inner_factory(())
+        if isinstance(probe, EstimatesCachedTokens):
+            self.cached_tokens = self._cached_tokens
 
     # -- choose ---------------------------------------------------------------------------
 
@@ -360,6 +369,12 @@ class PoolSelector:
         inner = self._inners.get(self._replica_pool.get(replica, _UNPOOLED))
         if isinstance(inner, ObservesOutcome):
             inner.finished(self._served(request), replica, ok, latency_s)
+
+    def _cached_tokens(self, request: RouteRequest, replica: ReplicaId) -> int:
+        inner = self._inners.get(self._replica_pool.get(replica, _UNPOOLED))
+        if isinstance(inner, EstimatesCachedTokens):
+            return inner.cached_tokens(self._served(request), replica)
+        return 0
 
     def dispatched(self, request: RouteRequest, replica: ReplicaId) -> None:
         inner = self._inners.get(self._replica_pool.get(replica, _UNPOOLED))

@@ -357,3 +357,29 @@ def test_new_sessions_start_on_the_configured_pool_unless_it_is_saturated() -> N
 def test_new_sessions_pool_must_be_a_configured_pool() -> None:
     with pytest.raises(ValueError, match="new_sessions_pool: unknown pool 'h100'"):
         settings(new_sessions_pool="h100")
+
+
+def test_selector_estimates_cached_tokens_only_when_its_pools_policy_does() -> None:
+    """Admission, engine priority and PD read the selector's estimate: it is the replica's
+    pool's own policy's, and absent (not zero) when that policy keeps no prefix index."""
+    from gateway.policy import EstimatesCachedTokens, PolicyContext
+    from plugins.lineage import Lineage, LineageConfig
+
+    def lineage_factory(replicas: tuple[Any, ...]) -> Policy:
+        return Lineage(LineageConfig(), PolicyContext(replicas=replicas))
+
+    view = two_pools()
+    snap = WeightSnapshot(MappingProxyType({"h200": 0.5, "domestic": 0.5}))
+    sel = PoolSelector(lineage_factory, settings(), lambda: snap, view.replicas)
+    assert isinstance(sel, EstimatesCachedTokens)
+    hashes = tuple(range(1, 9))
+    first = request("conv", prefix_hashes=hashes, block_tokens=512, prompt_tokens=8 * 512)
+    rid = sel.choose(first, view).first
+    assert rid is not None
+    sel.dispatched(first, rid)
+    sel.placed(first, rid)
+    other = next(r.id for r in view.replicas if r.id != rid)
+    assert sel.cached_tokens(first, rid) == 8 * 512
+    assert sel.cached_tokens(first, other) == 0
+    ring, _ = selector()
+    assert not isinstance(ring, EstimatesCachedTokens)
