@@ -6,8 +6,9 @@ An engine started with vLLM's `--scheduling-policy priority` takes waiting reque
 chosen replica already holds, so it can turn that queue into shortest-uncached-prefill
 first: a turn that extends a cached conversation by a few thousand tokens no longer waits
 behind a new 100K-token context that arrived a moment earlier. Ranks are coarse (powers of
-two of `step_tokens`), so requests of one size class keep their arrival order and a long
-prefill is passed only by requests at least twice shorter.
+two of `step_tokens`, the last one open-ended), so requests of one rank keep their arrival
+order and every long prefill shares the last rank: a long new context waits behind short
+ones, never behind a stream of slightly shorter long ones (which raised the p99).
 
     rank     = 0 below 2 x step_tokens, else floor(log2(uncached / step_tokens)), < levels
     priority = class priority x levels + rank
