@@ -64,6 +64,13 @@ class EngineKind(str, Enum):
     TGI = "tgi"
 
 
+class PriorityOrder(str, Enum):
+    """Which `priority` values an engine's priority scheduling runs first."""
+
+    LOWER_FIRST = "lower_first"  # vLLM; SGLang with --schedule-low-priority-values-first
+    HIGHER_FIRST = "higher_first"  # SGLang's default
+
+
 class ServerSettings(Section):
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8000, ge=0, le=65535, description="TCP port (0 = pick a free one)")
@@ -134,12 +141,23 @@ class ReplicaSettings(Section):
     pool: str | None = Field(None, description="hardware pool name")
     role: Role = Field(Role.BOTH, description="both | prefill | decode")
     priority_scheduling: bool = Field(False, description="engine runs priority scheduling")
+    priority_order: PriorityOrder | None = Field(
+        None,
+        description="which priority values the engine runs first; unset = the engine "
+        "kind's default (higher_first for sglang, else lower_first)",
+    )
     price_per_hour: float = Field(
         0.0,
         ge=0,
         description="what this replica costs per hour, for kvgate_replica_cost_total "
         "(0 = its pool's price per replica-hour, else unpriced)",
     )
+
+    def runs_higher_first(self) -> bool:
+        """Whether larger `priority` values run first on this engine."""
+        if self.priority_order is not None:
+            return self.priority_order is PriorityOrder.HIGHER_FIRST
+        return self.engine is EngineKind.SGLANG
 
     @field_validator("url")
     @classmethod

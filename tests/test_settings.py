@@ -133,3 +133,17 @@ def test_example_yaml_is_valid_and_documents_every_core_setting() -> None:
     expected = {k for k in _leaf_keys(KvgateSettings) if k.split(".")[0] in core}
     missing = expected - documented
     assert not missing, f"settings missing from gateway.example.yaml: {sorted(missing)}"
+
+
+def test_priority_order_follows_the_engine_kind_unless_set() -> None:
+    settings = load_settings(
+        replicas=[
+            {"url": "http://a:1"},
+            {"url": "http://b:1", "engine": "sglang"},
+            {"url": "http://c:1", "engine": "sglang", "priority_order": "lower_first"},
+            {"url": "http://d:1", "engine": "vllm", "priority_order": "higher_first"},
+        ]
+    )
+    assert [r.runs_higher_first() for r in settings.replicas] == [False, True, False, True]
+    with pytest.raises(ConfigError, match="priority_order"):
+        load_settings(replicas=[{"url": "http://a:1", "priority_order": "first"}])

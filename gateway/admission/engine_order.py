@@ -16,6 +16,11 @@ ones, never behind a stream of slightly shorter long ones (which raised the p99)
 The class (admission's, else the client's integer `priority`) always dominates: ranks stay
 below `levels`, so one class step outweighs any size difference.
 
+The gateway reads and writes these values in vLLM's sense (lower first). An engine that
+runs larger values first (SGLang's default, `priority_order: higher_first`) is sent the
+negated value, so both kinds serve the same order; a client's own integer is read in
+vLLM's sense too.
+
 Replicas not marked `priority_scheduling` get the body unchanged, except that with
 admission on the field is stripped (such engines answer 400 to any non-zero priority, and a
 class name is never engine input). The body is re-serialised only when it must change.
@@ -64,11 +69,13 @@ class EnginePayload:
         settings: EnginePrioritySettings,
         priority_replicas: frozenset[ReplicaId],
         *,
+        higher_first: frozenset[ReplicaId] = frozenset(),
         classes: ClassMap | None = None,
         cache: object | None = None,
     ) -> None:
         self._settings = settings
         self._replicas = priority_replicas
+        self._negate = higher_first & priority_replicas
         self._classes = classes
         # Only policies with a prefix index can say what the chosen replica holds.
         self._cache = cache if isinstance(cache, EstimatesCachedTokens) else None
@@ -88,8 +95,12 @@ class EnginePayload:
             base = given
         settings = self._settings
         if not settings.shortest_prefill_first:
-            return with_priority(body, raw, base) if classes is not None else raw
-        return with_priority(body, raw, base * settings.levels + self.rank(request, replica))
+            if classes is None and replica not in self._negate:
+                return raw
+            wanted = base
+        else:
+            wanted = base * settings.levels + self.rank(request, replica)
+        return with_priority(body, raw, -wanted if replica in self._negate else wanted)
 
     def rank(self, request: RouteRequest, replica: ReplicaId) -> int:
         prompt = request.prompt_tokens

@@ -35,9 +35,16 @@ def install(state: GatewayState) -> None:
     priority_replicas = frozenset(
         ReplicaId(r.id) for r in state.settings.replicas if r.priority_scheduling
     )
+    higher_first = frozenset(
+        ReplicaId(r.id) for r in state.settings.replicas if r.runs_higher_first()
+    )
     if priority_replicas or classes is not None:
         state.payload = EnginePayload(
-            state.settings.engine_priority, priority_replicas, classes=classes, cache=state.router
+            state.settings.engine_priority,
+            priority_replicas,
+            higher_first=higher_first,
+            classes=classes,
+            cache=state.router,
         )
     if not settings.enabled:
         return

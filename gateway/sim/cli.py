@@ -35,7 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default="h200-sparse", choices=sorted(PROFILES))
     parser.add_argument("--model", default="kvgate-sim", help="served model name")
     parser.add_argument(
-        "--flavor", default="vllm", choices=["vllm", "sglang"], help="metric names to expose"
+        "--flavor",
+        default="vllm",
+        choices=["vllm", "sglang"],
+        help="metric names to expose, and which priorities run first (sglang: higher)",
     )
     parser.add_argument(
         "--time-scale",

@@ -143,6 +143,7 @@ class EngineModel:
         profile: HardwareProfile,
         *,
         priority_scheduling: bool = False,
+        higher_priority_first: bool = False,
         seed: int = 0,
         tokenizer: Tokenizer | None = None,
         on_finished: Observer | None = None,
@@ -150,6 +151,8 @@ class EngineModel:
     ) -> None:
         self.profile = profile
         self.priority_scheduling = priority_scheduling
+        # vLLM runs lower values first; SGLang, by default, higher ones.
+        self._sign = -1 if higher_priority_first else 1
         self.seed = seed
         self.tokenizer: Tokenizer = tokenizer or ApproxTokenizer()
         self.kv = KVCache(profile.num_gpu_blocks, profile.block_size)
@@ -484,7 +487,8 @@ class EngineModel:
 
     def _pick_victim(self) -> RequestHandle:
         if self.priority_scheduling:
-            return max(self._running, key=lambda h: (h.request.priority, h.arrival, h.seq))
+            sign = self._sign
+            return max(self._running, key=lambda h: (sign * h.request.priority, h.arrival, h.seq))
         return self._running[-1]
 
     def _preempt(self, r: RequestHandle, now: float) -> None:
@@ -500,7 +504,7 @@ class EngineModel:
     def _enqueue(self, r: RequestHandle, *, front: bool) -> None:
         self._num_waiting += 1
         if self.priority_scheduling:
-            heapq.heappush(self._heap, (r.request.priority, r.seq, r))
+            heapq.heappush(self._heap, (self._sign * r.request.priority, r.seq, r))
         elif front:
             self._fcfs.appendleft(r)
         else:

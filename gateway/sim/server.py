@@ -128,7 +128,11 @@ class SimEngine:
         self.priority_scheduling = priority_scheduling
         self.engine_id = f"kvgate-sim-{index}-{uuid.uuid4().hex[:8]}"
         self.model = EngineModel(
-            profile, priority_scheduling=priority_scheduling, seed=seed, tokenizer=tokenizer
+            profile,
+            priority_scheduling=priority_scheduling,
+            higher_priority_first=flavor == "sglang",
+            seed=seed,
+            tokenizer=tokenizer,
         )
         self.metrics = SimMetrics(self.model, model_name, flavor)
         self.model.on_finished = self.metrics.observe_finished
@@ -481,7 +485,8 @@ class SimEngine:
             return error(exc.status, exc.message, exc.param)
         if parsed.model is not None and parsed.model != self.model_name:
             return error(404, f"The model `{parsed.model}` does not exist.", "model")
-        if parsed.priority != 0 and not self.priority_scheduling:
+        # SGLang ignores a priority it does not schedule by; vLLM refuses it.
+        if parsed.priority != 0 and not self.priority_scheduling and self.flavor == "vllm":
             return error(
                 400, f"Got priority {parsed.priority} but Priority scheduling is not enabled."
             )

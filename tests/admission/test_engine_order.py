@@ -95,6 +95,35 @@ def test_without_admission_the_clients_integer_is_the_class() -> None:
     assert shaper(_req(9000), given, odd_raw, B) is odd_raw
 
 
+def test_higher_first_engines_get_the_negated_order() -> None:
+    """SGLang runs larger values first: the same order is sent negated, the client's own
+    integer included (it is read in vLLM's sense, lower first)."""
+    shaper = EnginePayload(
+        EnginePrioritySettings(), frozenset({A, B}), higher_first=frozenset({B}), classes=CLASSES
+    )
+    body: dict[str, Any] = {"model": MODEL}
+    raw = orjson.dumps(body)
+
+    def sent(request: RouteRequest, replica: ReplicaId) -> int:
+        value = orjson.loads(shaper(request, body, raw, replica))["priority"]
+        assert isinstance(value, int)
+        return value
+
+    for request in (_req(100_000, "interactive"), _req(10), _req(5000, "batch")):
+        assert sent(request, B) == -sent(request, A)
+    assert sent(_req(10**9, "interactive"), B) > sent(_req(1), B)
+    plain = EnginePayload(
+        EnginePrioritySettings(shortest_prefill_first=False),
+        frozenset({B}),
+        higher_first=frozenset({B}),
+    )
+    given: dict[str, Any] = {"model": MODEL, "priority": 4}
+    assert orjson.loads(plain(_req(10), given, orjson.dumps(given), B))["priority"] == -4
+    # Flagged higher-first but without priority scheduling: the bytes go as they came.
+    unflagged = EnginePayload(EnginePrioritySettings(), frozenset(), higher_first=frozenset({B}))
+    assert unflagged(_req(10), given, raw, B) is raw
+
+
 def test_with_priority_copies_only_when_it_must() -> None:
     body: dict[str, Any] = {"model": MODEL, "priority": 3}
     raw = orjson.dumps(body)
@@ -159,3 +188,25 @@ async def test_a_cached_turn_outranks_a_new_long_context() -> None:
     finally:
         for e in (engine, plain):
             await e.stop()
+
+
+async def test_an_sglang_engine_is_sent_the_order_it_runs_first() -> None:
+    """`engine: sglang` replicas run larger values first: the cached turn gets the largest."""
+    engine = SimEngine(PROFILES["instant"], index=0, flavor="sglang", priority_scheduling=True)
+    await engine.start()
+    try:
+        replicas = replica_config([engine], priority_scheduling=True, engine="sglang")
+        async with (
+            gateway([engine], replicas=replicas) as gw,
+            AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0) as client,
+        ):
+            history = " ".join(f"fact {i} is {i * 7}." for i in range(4000))
+            first = await client.completions.create(model=MODEL, prompt=history, max_tokens=4)
+            assert first.usage is not None and first.usage.prompt_tokens > 8192
+            await client.completions.create(
+                model=MODEL, prompt=history + " And fact 3?", max_tokens=4
+            )
+        ranks = [r.priority for r in engine.request_log]
+        assert ranks[0] <= -2 and ranks[1] == 0
+    finally:
+        await engine.stop()

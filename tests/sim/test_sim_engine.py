@@ -125,6 +125,25 @@ def test_priority_victim_is_lowest_priority_not_newest() -> None:
     assert high.num_preemptions == 0 and low.num_preemptions >= 1
 
 
+def test_higher_first_reverses_queue_order_and_victim() -> None:
+    """SGLang's default: larger priority values are served first and preempted last."""
+    m = EngineModel(small(num_gpu_blocks=16), priority_scheduling=True, higher_priority_first=True)
+    clock = VirtualClock()
+    blocker = m.submit(req("blocker", 200, prefix=9, max_tokens=4, ignore_eos=True), 0.0)
+    m.step(0.0)
+    low = m.submit(req("low", 200, prefix=1, max_tokens=2, priority=-1), 0.0)
+    high = m.submit(req("high", 200, prefix=2, max_tokens=2, priority=5), 0.0)
+    run(m, clock)
+    assert blocker.finished
+    assert high.first_scheduled is not None and low.first_scheduled is not None
+    assert high.first_scheduled < low.first_scheduled
+    m = EngineModel(small(num_gpu_blocks=16), priority_scheduling=True, higher_priority_first=True)
+    low = m.submit(req("low", 120, prefix=1, max_tokens=60, ignore_eos=True, priority=0), 0.0)
+    high = m.submit(req("high", 120, prefix=2, max_tokens=60, ignore_eos=True, priority=9), 0.0)
+    run(m, clock)
+    assert high.num_preemptions == 0 and low.num_preemptions >= 1
+
+
 def test_abort_frees_blocks_everywhere() -> None:
     m = EngineModel(small(num_gpu_blocks=16))
     running = m.submit(req("a", 200, prefix=1, max_tokens=50), 0.0)
