@@ -82,7 +82,30 @@ class RequestOutcome:
 OutcomeObserver = Callable[[RequestOutcome], None]
 DispatchObserver = Callable[[RouteRequest, ReplicaId, Mapping[str, Any]], None]
 PreRoute = Callable[[RouteRequest, Mapping[str, Any]], Awaitable[None] | None]
-PayloadShaper = Callable[[RouteRequest, Mapping[str, Any], bytes, ReplicaId], bytes]
+
+
+class PayloadShaper(Protocol):
+    """What the gateway adds to a body per replica (gateway.admission.engine_order)."""
+
+    def __call__(
+        self, request: RouteRequest, body: Mapping[str, Any], raw: bytes, replica: ReplicaId
+    ) -> bytes:
+        """The bytes to send `replica`: `raw` itself when nothing changes."""
+        ...
+
+    def body(
+        self,
+        request: RouteRequest,
+        body: Mapping[str, Any],
+        replica: ReplicaId,
+        *,
+        prefills: bool = True,
+    ) -> Mapping[str, Any]:
+        """The same as a parsed body, for dispatchers that build their own legs;
+        `prefills=False` for a leg that receives its prompt as KV (a PD decode leg)."""
+        ...
+
+
 Release = Callable[[], None]
 
 
@@ -174,6 +197,10 @@ class ForwardContext:
     path and return once response headers arrived. In-flight accounting, passive health
     and error mapping are included; `leg.aclose()` must be called (the proxy does it for
     the leg you return)."""
+    leg_body: Callable[[ReplicaId, bool], Mapping[str, Any]]
+    """`leg_body(replica, prefills)`: `body` as `replica` must see it (`state.payload`'s
+    per-replica fields, such as the engine `priority`); `body` itself when none apply.
+    `prefills` is False for a leg that receives its prompt as KV."""
 
 
 class Dispatcher(Protocol):

@@ -49,16 +49,29 @@ def prefill_rank(uncached_tokens: int, step_tokens: int, levels: int) -> int:
 
 def with_priority(body: Mapping[str, Any], raw: bytes, wanted: int | None) -> bytes:
     """`raw` with the body's `priority` set to `wanted`, or removed when `wanted` is None."""
+    shaped = priority_body(body, wanted)
+    return raw if shaped is body else orjson.dumps(shaped)
+
+
+def priority_body(body: Mapping[str, Any], wanted: int | None) -> Mapping[str, Any]:
+    """`body` with `priority` set to `wanted` (removed when None); `body` itself if so already."""
     if wanted is None:
         if BODY_FIELD not in body:
-            return raw
+            return body
         out = dict(body)
         del out[BODY_FIELD]
-        return orjson.dumps(out)
+        return out
     current = body.get(BODY_FIELD)
     if current == wanted and type(current) is int:
-        return raw
-    return orjson.dumps({**body, BODY_FIELD: wanted})
+        return body
+    return {**body, BODY_FIELD: wanted}
+
+
+class _Keep:
+    """The client's field goes as it came."""
+
+
+KEEP = _Keep()
 
 
 class EnginePayload:
@@ -83,27 +96,58 @@ class EnginePayload:
     def __call__(
         self, request: RouteRequest, body: Mapping[str, Any], raw: bytes, replica: ReplicaId
     ) -> bytes:
+        wanted = self.wanted(request, body, replica)
+        return raw if isinstance(wanted, _Keep) else with_priority(body, raw, wanted)
+
+    def body(
+        self,
+        request: RouteRequest,
+        body: Mapping[str, Any],
+        replica: ReplicaId,
+        *,
+        prefills: bool = True,
+    ) -> Mapping[str, Any]:
+        """The parsed body for a leg to `replica` (PD builds its legs from it); a decode
+        leg (`prefills=False`) receives its prompt as KV, so it ranks as nothing to prefill."""
+        wanted = self.wanted(request, body, replica, uncached=None if prefills else 0)
+        return body if isinstance(wanted, _Keep) else priority_body(body, wanted)
+
+    def wanted(
+        self,
+        request: RouteRequest,
+        body: Mapping[str, Any],
+        replica: ReplicaId,
+        *,
+        uncached: int | None = None,
+    ) -> int | None | _Keep:
+        """The `priority` to send `replica` (None: none), or KEEP for the client's own."""
         classes = self._classes
         if replica not in self._replicas:
-            return raw if classes is None else with_priority(body, raw, None)
+            return KEEP if classes is None else None
         if classes is not None:
             base = classes.engine_priority.get(request.priority_class, 0)
         else:
             given = body.get(BODY_FIELD, 0)
             if isinstance(given, bool) or not isinstance(given, int):
-                return raw  # not ours to interpret: the engine answers it
+                return KEEP  # not ours to interpret: the engine answers it
             base = given
         settings = self._settings
         if not settings.shortest_prefill_first:
             if classes is None and replica not in self._negate:
-                return raw
-            wanted = base
+                return KEEP
+            value = base
         else:
-            wanted = base * settings.levels + self.rank(request, replica)
-        return with_priority(body, raw, -wanted if replica in self._negate else wanted)
+            if uncached is None:
+                uncached = self.uncached(request, replica)
+            value = base * settings.levels + prefill_rank(
+                uncached, settings.step_tokens, settings.levels
+            )
+        return -value if replica in self._negate else value
+
+    def uncached(self, request: RouteRequest, replica: ReplicaId) -> int:
+        cached = self._cache.cached_tokens(request, replica) if self._cache is not None else 0
+        return max(0, request.prompt_tokens - cached)
 
     def rank(self, request: RouteRequest, replica: ReplicaId) -> int:
-        prompt = request.prompt_tokens
-        cached = self._cache.cached_tokens(request, replica) if self._cache is not None else 0
         s = self._settings
-        return prefill_rank(max(0, prompt - cached), s.step_tokens, s.levels)
+        return prefill_rank(self.uncached(request, replica), s.step_tokens, s.levels)

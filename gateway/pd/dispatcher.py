@@ -100,12 +100,12 @@ class PDDispatcher:
         prefill = pairing.prefill
         if pairing.protocol is PDProtocol.VLLM:
             leg, outcome = await vllm.handoff(
-                ctx.open_leg, ctx.body, prefill.id, pairing.decodes, cfg, first_byte
+                ctx.open_leg, ctx.leg_body, prefill.id, pairing.decodes, cfg, first_byte
             )
         else:
             leg, outcome = await sglang.handoff(
                 ctx.open_leg,
-                ctx.body,
+                ctx.leg_body,
                 prefill.id,
                 sglang.bootstrap_host(prefill.url),
                 pairing.bootstrap_port,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from gateway.errors import GatewayError, UpstreamError
@@ -16,6 +16,8 @@ from gateway.forward import Leg
 from gateway.upstream import RawHeaders, UpstreamResponse
 
 OpenLeg = Callable[[Any, bytes, "list[tuple[bytes, bytes]] | None"], Awaitable[Leg]]
+# (replica, whether the leg prefills) -> the body that replica must see.
+LegBody = Callable[[Any, bool], Mapping[str, Any]]
 
 
 class PeekedResponse:

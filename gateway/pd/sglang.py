@@ -18,7 +18,7 @@ import orjson
 from gateway.errors import GatewayError, UpstreamError
 from gateway.forward import Leg
 from gateway.pd.config import ModelPDSettings
-from gateway.pd.legs import OpenLeg, cancel_task, commit_first_chunk
+from gateway.pd.legs import LegBody, OpenLeg, cancel_task, commit_first_chunk
 from gateway.types import ReplicaId
 
 MAX_ROOM = 2**63 - 1
@@ -89,7 +89,7 @@ async def _open_decode(
 
 async def handoff(
     open_leg: OpenLeg,
-    body: Mapping[str, Any],
+    leg_body: LegBody,
     prefill_replica: ReplicaId,
     prefill_host: str,
     bootstrap_port: int,
@@ -103,12 +103,20 @@ async def handoff(
     The decode leg cannot move to another replica (the prefill engine waits for this one
     in the room), so any failure before the first byte cancels both and falls back.
     """
-    payload = orjson.dumps(with_bootstrap(body, prefill_host, bootstrap_port, new_room(rng)))
+    room = new_room(rng)
+    prefill_body = leg_body(prefill_replica, True)
+    decode_body = leg_body(decode_replica, False)
+    payload = orjson.dumps(with_bootstrap(prefill_body, prefill_host, bootstrap_port, room))
+    decode_payload = (
+        payload
+        if decode_body is prefill_body
+        else orjson.dumps(with_bootstrap(decode_body, prefill_host, bootstrap_port, room))
+    )
     prefill = asyncio.create_task(
         _prefill(open_leg, prefill_replica, payload, cfg.prefill_timeout_s)
     )
     try:
-        leg = await _open_decode(open_leg, decode_replica, payload, prefill)
+        leg = await _open_decode(open_leg, decode_replica, decode_payload, prefill)
         if leg.response.status >= 500:
             await leg.aclose()
             raise UpstreamError(f"decode replica {decode_replica} answered {leg.response.status}")

@@ -17,7 +17,7 @@ import orjson
 from gateway.errors import GatewayError
 from gateway.forward import Leg
 from gateway.pd.config import ModelPDSettings
-from gateway.pd.legs import OpenLeg, commit_first_chunk
+from gateway.pd.legs import LegBody, OpenLeg, commit_first_chunk
 from gateway.types import ReplicaId
 
 # Asks the prefill engine to keep the blocks for a remote decoder.
@@ -80,20 +80,22 @@ async def prefill(
 
 async def handoff(
     open_leg: OpenLeg,
-    body: Mapping[str, Any],
+    leg_body: LegBody,
     prefill_replica: ReplicaId,
     decode_replicas: Sequence[ReplicaId],
     cfg: ModelPDSettings,
     first_byte_timeout_s: float | None,
 ) -> tuple[Leg | None, str]:
     """Prefill, then decode with failover; (the committed decode leg or None, outcome)."""
-    params = await prefill(open_leg, prefill_replica, body, cfg.prefill_timeout_s)
+    params = await prefill(
+        open_leg, prefill_replica, leg_body(prefill_replica, True), cfg.prefill_timeout_s
+    )
     if params is None:
         return None, "prefill_failed"
     # The prefill engine keeps the blocks until a decoder pulls them, so a decoder that
     # failed before answering can be replaced by another with the same params.
-    payload = orjson.dumps(decode_body(body, params))
     for attempt, replica in enumerate(decode_replicas[: cfg.decode_attempts]):
+        payload = orjson.dumps(decode_body(leg_body(replica, False), params))
         try:
             leg = await open_leg(replica, payload, None)
             if leg.response.status >= 500:

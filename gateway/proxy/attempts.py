@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay
 from tenacity.wait import wait_fixed, wait_none
@@ -120,6 +122,9 @@ class Attempts:
                 peek=False,
             )
 
+        def leg_body(replica: ReplicaId, prefills: bool) -> Mapping[str, Any]:
+            return body if shape is None else shape.body(request, body, replica, prefills=prefills)
+
         def placed_now(replica: ReplicaId) -> None:
             # Placed as the attempt is sent, not once the first byte is back: a request
             # sharing this prompt that arrives during its prefill (seconds at 100K tokens)
@@ -162,7 +167,9 @@ class Attempts:
                         cluster, state.client, state.health, replica, path, headers, upload
                     )
                 if state.dispatcher is not None:
-                    ctx = ForwardContext(request, body, raw, path, headers, choice, view, open_to)
+                    ctx = ForwardContext(
+                        request, body, raw, path, headers, choice, view, open_to, leg_body
+                    )
                     leg = await state.dispatcher.dispatch(ctx)
                     if leg is not None:
                         return leg
@@ -185,7 +192,9 @@ class Attempts:
             hdrs = span.headers(headers)
             try:
                 if state.dispatcher is not None:
-                    ctx = ForwardContext(request, body, raw, path, hdrs, choice, view, open_to)
+                    ctx = ForwardContext(
+                        request, body, raw, path, hdrs, choice, view, open_to, leg_body
+                    )
                     leg = await state.dispatcher.dispatch(ctx)
                     if leg is not None:
                         span.end(leg.response.status)

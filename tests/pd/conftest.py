@@ -86,6 +86,7 @@ async def pd_rig(
     faults: dict[int, FaultConfig] | None = None,
     bootstrap_timeout_s: float = 5.0,
     time_scale: float = 10.0,
+    priority: bool = False,
     **model_pd: Any,
 ) -> AsyncIterator[Rig]:
     sim = SimCluster(
@@ -94,6 +95,7 @@ async def pd_rig(
         roles=list(roles),
         time_scale=time_scale,
         bootstrap_timeout_s=bootstrap_timeout_s,
+        priority_scheduling=priority,
     )
     async with sim:
         for index, fault in (faults or {}).items():
@@ -110,7 +112,13 @@ async def pd_rig(
         }
         settings = KvgateSettings(
             replicas=[
-                {"id": rid, "url": url, "role": role.value, "models": [MODEL]}
+                {
+                    "id": rid,
+                    "url": url,
+                    "role": role.value,
+                    "models": [MODEL],
+                    "priority_scheduling": priority,
+                }
                 for rid, url, role in zip(ids, sim.urls, roles, strict=True)
             ],
             routing={"policy": "prefix_affinity"},

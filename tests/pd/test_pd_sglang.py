@@ -168,3 +168,16 @@ async def test_the_decode_stream_reaches_the_client_whole_and_once(rig_factory: 
         assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
         assert len({c.id for c in chunks}) == 1
         await rig.settle()
+
+
+async def test_each_leg_gets_its_own_engine_priority(rig_factory: Any) -> None:
+    """The two legs share the room but not the priority: the decode leg has no prefill."""
+    async with rig_factory([B, P, D], protocol="sglang", priority=True) as rig:
+        resp = await rig.chat("x " * 20_000)
+        assert resp.status_code == 200, resp.text
+        await rig.settle()
+        (pre,) = rig.records("p0")
+        (dec,) = rig.records("d0")
+        assert (pre.pd, pre.priority) == ("prefill", 2)
+        assert (dec.pd, dec.priority) == ("decode", 0)
+        assert rig.metric("kvgate_pd_handoffs_total", protocol="sglang", outcome="served") == 1

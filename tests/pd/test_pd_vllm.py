@@ -169,3 +169,17 @@ async def test_client_disconnect_during_prefill_cancels_it(rig_factory: Any) -> 
                 break
             await asyncio.sleep(0.01)
         assert rig.engine("p0").aborted == 1
+
+
+async def test_each_leg_gets_its_own_engine_priority(rig_factory: Any) -> None:
+    """With priority-scheduling engines the prefill leg ranks by the prompt it must compute
+    and the decode leg, which receives the prompt as KV, ranks as nothing to prefill."""
+    async with rig_factory([B, P, D], priority=True) as rig:
+        resp = await rig.chat("x " * 20_000)  # about 10K uncached tokens
+        assert resp.status_code == 200, resp.text
+        assert resp.headers["x-kvgate-replica"] == "d0"
+        await rig.settle()
+        (pre,) = rig.records("p0")
+        (dec,) = rig.records("d0")
+        assert (pre.pd, pre.priority) == ("prefill", 2)
+        assert (dec.pd, dec.priority) == ("decode", 0)
