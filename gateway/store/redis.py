@@ -392,7 +392,7 @@ class RedisStore:
                     raise ConnectionError(self._reason or "degraded")
         finally:
             with contextlib.suppress(*_FAILURES, RuntimeError):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis-py 8 on
 
     def encode_event(self, kind: str, **fields: Any) -> bytes:
         return encode_event(self.instance_id, kind, **fields)
