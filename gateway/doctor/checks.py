@@ -58,6 +58,8 @@ class Hints:
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
     expected_hit_rate: float | None = None
+    # The engines run priority scheduling (vLLM does not report it; SGLang's server_info does).
+    priority_scheduling: bool = False
     stale_after_s: float = STALE_AFTER_S
     # The replica's planned budget (--model/--card): activation arithmetic in GiB.
     budget: Budget | None = None
@@ -135,6 +137,7 @@ def check_engine(url: str, samples: Sequence[EngineSnapshot], hints: Hints) -> l
     out += _kv_starved(url, facts, last)
     out += _preempting(url, ok, facts)
     out += _queue_growing(url, ok, facts)
+    out += _queue_first_come(url, ok, hints)
     out += _mnbt_too_big(url, facts, hints.budget)
     out += _frozen(url, ok)
     return out
@@ -235,6 +238,47 @@ def _queue_growing(url: str, samples: Sequence[EngineSnapshot], f: EngineFacts) 
             ),
             "more KV per replica (see kv_starved / max_num_batched_tokens) or more replicas;"
             " lowering max_num_seqs will not help while KV is the limit",
+        )
+    ]
+
+
+def _queue_first_come(url: str, samples: Sequence[EngineSnapshot], hints: Hints) -> list[Finding]:
+    """Requests wait with KV to spare: compute (prefill) is the queue's limit, and in a
+    first-come queue a turn whose history is cached waits behind every new long context."""
+    if len(samples) < 2 or hints.priority_scheduling:
+        return []
+    args = samples[-1].server_args
+    if args.get("enable_priority_scheduling") is True:
+        return []
+    waits = [s.reading.waiting for s in samples if s.reading is not None]
+    queued = sum(1 for w in waits if w >= 1)
+    usage = _max_usage(samples)
+    if queued * 2 < len(waits) or usage >= KV_FULL:
+        return []
+    if "enable_priority_scheduling" in args:
+        how = "server_info: enable_priority_scheduling false (first come)"
+    else:
+        how = (
+            "vLLM does not report its scheduling policy: first come unless started with "
+            "--scheduling-policy priority (then pass --priority-scheduling)"
+        )
+    return [
+        Finding(
+            "queue_first_come",
+            "warning",
+            url,
+            "requests queue for compute, not memory, in arrival order",
+            (
+                (
+                    f"waiting {' -> '.join(f'{w:.0f}' for w in waits)}: queued in {queued} "
+                    f"of {len(waits)} reads, KV usage at most {usage:.0%}"
+                ),
+                how,
+            ),
+            "start the engine with --scheduling-policy priority (SGLang: "
+            "--enable-priority-scheduling) and flag the replica `priority_scheduling: true`: "
+            "kvgate then sends the shortest uncached prefill first (engine_priority, "
+            "docs/admission.md); more replicas if the queue keeps growing",
         )
     ]
 

@@ -36,6 +36,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     cfg.add_argument("--max-num-batched-tokens", type=int)
     cfg.add_argument("--max-model-len", type=int, help="overrides /v1/models")
     cfg.add_argument("--expected-hit-rate", type=float, help="e.g. from kvgate plan --trace")
+    cfg.add_argument(
+        "--priority-scheduling",
+        action="store_true",
+        help="the engines run --scheduling-policy priority (vLLM does not report it)",
+    )
     cfg.add_argument("--stale-after", type=float, default=STALE_AFTER_S)
     plan = p.add_argument_group("what the engines run (activation arithmetic, optional)")
     plan.add_argument("--model", help="built-in model name or config.json path")
@@ -95,12 +100,13 @@ def _hints(args: argparse.Namespace) -> Hints:
     if args.expected_hit_rate is not None and not 0 <= args.expected_hit_rate <= 1:
         raise ValueError("--expected-hit-rate is a fraction in [0, 1]")
     return Hints(
-        args.max_num_seqs,
-        args.max_num_batched_tokens,
-        args.max_model_len,
-        args.expected_hit_rate,
-        args.stale_after,
-        budget,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        expected_hit_rate=args.expected_hit_rate,
+        priority_scheduling=args.priority_scheduling,
+        stale_after_s=args.stale_after,
+        budget=budget,
     )
 
 

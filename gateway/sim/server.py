@@ -535,6 +535,8 @@ class SimEngine:
                 "max_total_num_tokens": p.kv_capacity_tokens,
                 "page_size": p.block_size,
                 "mem_fraction_static": p.gpu_memory_utilization,
+                "enable_priority_scheduling": self.priority_scheduling,
+                "schedule_low_priority_values_first": False,
                 "version": "sim",
             },
             request,

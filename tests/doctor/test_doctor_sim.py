@@ -128,6 +128,34 @@ async def test_waiting_queue_growing_while_kv_full() -> None:
         assert "->" in grow[0].evidence[0] and "KV, not max_num_seqs" in grow[0].evidence[1]
 
 
+@pytest.mark.parametrize("flavor", ["vllm", "sglang"])
+async def test_queue_for_compute_in_arrival_order(flavor: str) -> None:
+    """Long prompts queue with the KV nearly empty: prefill is the limit, and the engine
+    takes them first come. Said as such unless the engine runs priority scheduling."""
+    busy = get_profile("h200-sparse").scaled(max_num_seqs=2)
+    for priority in (False, True):
+        async with (
+            SimCluster(1, busy, time_scale=0.2, flavor=flavor, priority_scheduling=priority) as sim,
+            load(sim.urls[0], 12, "z" * 8000, 50, every_s=0.02),
+        ):
+            await asyncio.sleep(0.3)
+            d = await doctor(sim.urls, samples=3, interval=0.2)
+            told = await doctor(sim.urls, Hints(priority_scheduling=True), samples=2)
+        found = [f for f in d.findings if f.code == "queue_first_come"]
+        assert "queue_first_come" not in codes(told)
+        if priority and flavor == "sglang":
+            assert not found, found  # SGLang's server_info says it schedules by priority
+            continue
+        assert found, d.findings
+        assert "queued in 3 of 3 reads" in found[0].evidence[0]
+        assert "--scheduling-policy priority" in found[0].suggestion
+        how = found[0].evidence[1]
+        if flavor == "sglang":
+            assert "enable_priority_scheduling false" in how
+        else:
+            assert "vLLM does not report" in how
+
+
 async def test_max_num_batched_tokens_from_sglang_server_info() -> None:
     big = TINY.scaled(max_num_batched_tokens=1024, max_model_len=512)
     async with SimCluster(1, big, flavor="sglang") as sim:
