@@ -13,7 +13,8 @@ from typing import Any
 import httpx
 import orjson
 
-from gateway.doctor.checks import STALE_AFTER_S, Diagnosis, Hints, diagnose
+from gateway.doctor.checks import Diagnosis, diagnose
+from gateway.doctor.findings import STALE_AFTER_S, Hints
 from gateway.doctor.probe import EngineSnapshot, GatewaySnapshot, probe_engine, probe_gateway
 from gateway.errors import GatewayError
 

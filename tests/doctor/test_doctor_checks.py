@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from gateway.doctor.checks import Hints, diagnose
+from gateway.doctor.checks import diagnose
+from gateway.doctor.findings import Hints
 from gateway.doctor.probe import EngineSnapshot, parse_engine, parse_gateway
 
 VLLM = """\

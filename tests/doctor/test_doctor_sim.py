@@ -13,8 +13,9 @@ import orjson
 import pytest
 
 from gateway.app import build_app
-from gateway.doctor.checks import Diagnosis, Hints, diagnose
+from gateway.doctor.checks import Diagnosis, diagnose
 from gateway.doctor.cli import collect
+from gateway.doctor.findings import Hints
 from gateway.plan.cards import get_card
 from gateway.plan.catalogue import get_model
 from gateway.plan.memory import EngineSettings, budget
