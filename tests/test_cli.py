@@ -1,11 +1,6 @@
 from __future__ import annotations
 
 import http.client
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -13,6 +8,7 @@ import httpx
 import pytest
 
 from gateway.cli import build_parser, main
+from gateway.testing.process import kvgate_serve
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,38 +39,9 @@ def test_serve_refuses_bad_config_and_multi_worker_sim(
     assert main(["serve", "--workers", "2"]) == 2
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_kvgate_serve_without_arguments_answers_openai_requests() -> None:
-    port = free_port()
-    env = {
-        **os.environ,
-        "KVGATE_SIM__PROFILE": "instant",
-        "KVGATE_SIM__REPLICAS": "2",
-        "KVGATE_SERVER__PORT": str(port),
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/ready").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
-            assert time.monotonic() < deadline, "kvgate serve did not become ready"
-            time.sleep(0.1)
+    embedded = {"KVGATE_SIM__PROFILE": "instant", "KVGATE_SIM__REPLICAS": "2"}
+    with kvgate_serve(env=embedded, cwd=ROOT) as (_, port):
         r = httpx.post(
             f"http://127.0.0.1:{port}/v1/chat/completions",
             json={
@@ -97,12 +64,3 @@ def test_kvgate_serve_without_arguments_answers_openai_requests() -> None:
             assert conn.getresponse().status == 200 and conn.sock is sock
         finally:
             conn.close()
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout:
-            proc.stdout.close()

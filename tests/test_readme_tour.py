@@ -8,15 +8,9 @@ import ast
 import contextlib
 import io
 import re
-import signal
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
+from gateway.testing.process import kvgate_serve
 
 ROOT = Path(__file__).resolve().parents[1]
 TOUR_URL = "http://127.0.0.1:8000"
@@ -29,40 +23,6 @@ def tour_blocks(readme: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", readme[start:end], flags=re.DOTALL)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def _kvgate_serve(port: int) -> Iterator[None]:
-    # The README's command as it is; only the port differs, so that tests can run side by side.
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"http://127.0.0.1:{port}/ready").status_code == 200:
-                    break
-            assert proc.poll() is None, "kvgate serve exited"
-            assert time.monotonic() < deadline, "kvgate serve did not become ready"
-            time.sleep(0.05)
-        yield
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def test_the_tour_has_the_blocks_this_test_reads() -> None:
     blocks = tour_blocks((ROOT / "README.md").read_text())
     assert len(blocks) == 3, blocks  # the first request, stickiness, streaming
@@ -73,10 +33,10 @@ def test_the_tour_has_the_blocks_this_test_reads() -> None:
 
 def test_the_tour_runs_and_keeps_its_promises() -> None:
     blocks = tour_blocks((ROOT / "README.md").read_text())
-    port = _free_port()
     namespace: dict[str, object] = {"__name__": "tour"}
     printed: list[list[str]] = []
-    with _kvgate_serve(port):
+    # The README's command as it is; only the port differs, so tests can run side by side.
+    with kvgate_serve(cwd=ROOT) as (_, port):
         for block in blocks:
             out = io.StringIO()
             with contextlib.redirect_stdout(out):
