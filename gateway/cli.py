@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import importlib.metadata
 import logging
 import os
 import sys
@@ -156,8 +157,16 @@ def _check_config(args: argparse.Namespace) -> int:
     return 1
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("kvgate")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvgate", description="KV-cache-aware LLM gateway")
+    parser.add_argument("--version", action="version", version=f"kvgate {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the gateway (simulated engines if no replicas)")

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import http.client
+import importlib.metadata
 import time
 from pathlib import Path
 
@@ -27,6 +28,13 @@ def test_parser_lists_feature_subcommands() -> None:
     parser = build_parser()
     help_text = parser.format_help()
     assert "serve" in help_text and "check-config" in help_text
+
+
+def test_version_is_the_installed_distribution(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"kvgate {importlib.metadata.version('kvgate')}"
 
 
 def test_serve_refuses_bad_config_and_multi_worker_sim(
