@@ -70,6 +70,14 @@ def _delta(samples: Sequence[EngineSnapshot], key: str) -> float | None:
     return last - first if last >= first else last  # an engine restart resets counters
 
 
+def _waiting(samples: Sequence[EngineSnapshot]) -> list[float]:
+    return [s.reading.waiting for s in samples if s.reading is not None]
+
+
+def _series(values: Sequence[float]) -> str:
+    return " -> ".join(f"{v:.0f}" for v in values)
+
+
 def _max_usage(samples: Sequence[EngineSnapshot]) -> float:
     return max((s.reading.kv_usage or 0.0) for s in samples if s.reading is not None)
 
@@ -173,7 +181,7 @@ def _preempting(url: str, samples: Sequence[EngineSnapshot], f: EngineFacts) -> 
 def _queue_growing(url: str, samples: Sequence[EngineSnapshot], f: EngineFacts) -> list[Finding]:
     if len(samples) < 2:
         return []
-    waits = [s.reading.waiting for s in samples if s.reading is not None]
+    waits = _waiting(samples)
     usage = _max_usage(samples)  # usage swings as sequences finish: full at any sample counts
     if waits[-1] <= waits[0] or waits[-1] < 1 or usage < KV_FULL:
         return []
@@ -186,7 +194,7 @@ def _queue_growing(url: str, samples: Sequence[EngineSnapshot], f: EngineFacts) 
             url,
             "waiting queue grows while the KV cache is full",
             (
-                f"waiting {' -> '.join(f'{w:.0f}' for w in waits)} over {window:.1f} s",
+                f"waiting {_series(waits)} over {window:.1f} s",
                 (
                     f"KV usage up to {usage:.0%}, {running:.0f} running of max_num_seqs {f.max_num_seqs}"
                     f" ({f.seqs_source}): KV, not max_num_seqs, limits the batch"
@@ -206,7 +214,7 @@ def _queue_first_come(url: str, samples: Sequence[EngineSnapshot], hints: Hints)
     args = samples[-1].server_args
     if args.get("enable_priority_scheduling") is True:
         return []
-    waits = [s.reading.waiting for s in samples if s.reading is not None]
+    waits = _waiting(samples)
     queued = sum(1 for w in waits if w >= 1)
     usage = _max_usage(samples)
     if queued * 2 < len(waits) or usage >= KV_FULL:
@@ -226,7 +234,7 @@ def _queue_first_come(url: str, samples: Sequence[EngineSnapshot], hints: Hints)
             "requests queue for compute, not memory, in arrival order",
             (
                 (
-                    f"waiting {' -> '.join(f'{w:.0f}' for w in waits)}: queued in {queued} "
+                    f"waiting {_series(waits)}: queued in {queued} "
                     f"of {len(waits)} reads, KV usage at most {usage:.0%}"
                 ),
                 how,
