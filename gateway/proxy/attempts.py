@@ -157,70 +157,69 @@ class Attempts:
                 state.router_prefill.dispatched(request, replica)
             for observe in state.dispatch_observers:
                 observe(request, replica, body)
-            if trace is not None:
-                return await traced_attempt(replica, trace.upstream(replica, len(tried)))
+            span = trace.upstream(replica, len(tried)) if trace is not None else None
+            return await send(replica, span)
+
+        async def send(replica: ReplicaId, span: AttemptSpan | None) -> Leg:
+            # One procedure, traced or not: the span (when tracing is on) only adds its
+            # context to the headers and marks when the response headers arrived.
+            nonlocal last_error
+            hdrs = headers if span is None else span.headers(headers)
+            on_headers = None if span is None else span.mark_headers
             try:
                 if upload is not None:
                     # Forwarded as it is (no priority field to set in a form, nothing for PD).
                     placed_now(replica)
-                    return await open_leg(
-                        cluster, state.client, state.health, replica, path, headers, upload
+                    leg = await open_leg(
+                        cluster,
+                        state.client,
+                        state.health,
+                        replica,
+                        path,
+                        hdrs,
+                        upload,
+                        on_headers=on_headers,
                     )
-                if state.dispatcher is not None:
-                    ctx = ForwardContext(
-                        request, body, raw, path, headers, choice, view, open_to, leg_body
-                    )
-                    leg = await state.dispatcher.dispatch(ctx)
-                    if leg is not None:
-                        return leg
-                payload = raw if shape is None else shape(request, body, raw, replica)
-                placed_now(replica)
-                # Straight to open_leg, not through open_to: one coroutine less per request.
-                return await open_leg(
-                    cluster, state.client, state.health, replica, path, headers, payload
-                )
+                else:
+                    dispatched = None
+                    if state.dispatcher is not None:
+                        ctx = ForwardContext(
+                            request, body, raw, path, hdrs, choice, view, open_to, leg_body
+                        )
+                        dispatched = await state.dispatcher.dispatch(ctx)
+                    if dispatched is not None:
+                        leg = dispatched
+                    else:
+                        payload = raw if shape is None else shape(request, body, raw, replica)
+                        placed_now(replica)
+                        # Straight to open_leg, not through open_to: one coroutine less.
+                        leg = await open_leg(
+                            cluster,
+                            state.client,
+                            state.health,
+                            replica,
+                            path,
+                            hdrs,
+                            payload,
+                            on_headers=on_headers,
+                        )
+                if span is not None:
+                    span.end(leg.response.status)
+                return leg
             except GatewayError as err:
                 if upload is not None and upload.failure is err:
+                    if span is not None:
+                        span.end(None, err.code or "error", err.message)
                     raise  # the client's side of the upload, not the replica's
                 last_error = err
                 state.metrics.upstream_failure(replica, err.code or "error")
-                raise
-
-        async def traced_attempt(replica: ReplicaId, span: AttemptSpan) -> Leg:
-            # attempt() with the attempt's span: the engine sees it as its parent.
-            nonlocal last_error
-            hdrs = span.headers(headers)
-            try:
-                if state.dispatcher is not None:
-                    ctx = ForwardContext(
-                        request, body, raw, path, hdrs, choice, view, open_to, leg_body
-                    )
-                    leg = await state.dispatcher.dispatch(ctx)
-                    if leg is not None:
-                        span.end(leg.response.status)
-                        return leg
-                payload = raw if shape is None else shape(request, body, raw, replica)
-                placed_now(replica)
-                leg = await open_leg(
-                    cluster,
-                    state.client,
-                    state.health,
-                    replica,
-                    path,
-                    hdrs,
-                    payload,
-                    on_headers=span.mark_headers,
-                )
-                span.end(leg.response.status)
-            except GatewayError as err:
-                last_error = err
-                state.metrics.upstream_failure(replica, err.code or "error")
-                status = err.upstream_status if isinstance(err, UpstreamStatusError) else None
-                span.end(status, err.code or "error", err.message)
+                if span is not None:
+                    status = err.upstream_status if isinstance(err, UpstreamStatusError) else None
+                    span.end(status, err.code or "error", err.message)
                 raise
             finally:
-                span.end()  # cancelled: the span still ends (a no-op after the others)
-            return leg
+                if span is not None:
+                    span.end()  # cancelled: the span still ends (a no-op after the others)
 
         try:
             try:
@@ -242,12 +241,14 @@ class Attempts:
                 )
             async for retry in retrying:
                 with retry:
-                    leg = await attempt()
-                    ex.retries = len(tried) - 1
-                    return leg
+                    return await attempt()
         except _Exhausted:
             assert last_error is not None
             raise last_error from None
+        finally:
+            # Set however the attempts ended: a request that failed on every replica
+            # reports its retries too.
+            ex.retries = max(len(tried) - 1, 0)
         raise AssertionError("unreachable: tenacity either returns or raises")
 
     async def _traced_wait(

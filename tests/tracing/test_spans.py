@@ -198,3 +198,39 @@ def test_exporters_build_from_settings_and_the_otel_environment(
     assert provider.resource.attributes["service.name"] == "kvgate"
     named = make_provider(TracingSettings(enabled=True, exporter="none", service_name="edge"))
     assert named.resource.attributes["service.name"] == "edge"
+
+
+async def test_a_request_that_failed_on_every_attempt_reports_its_retries() -> None:
+    """Three attempts, all 503: the outcome and the request span say 2 retries, not 0."""
+    seen: list[int] = []
+    async with sim_engines(3, "instant") as engines:
+        for engine in engines:
+            await engine.set_faults(FaultConfig(error=503))
+        async with traced_gateway(engines, health={"passive": False}) as (gw, exporter):
+            gw.state.observers.append(lambda outcome: seen.append(outcome.retries))
+            async with client(gw) as c:
+                with pytest.raises(openai.APIStatusError) as failed:
+                    await c.chat.completions.create(
+                        model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=2
+                    )
+            spans = exporter.get_finished_spans()
+    assert failed.value.status_code in (502, 503)
+    [request] = [s for s in spans if s.name == "kvgate.request"]
+    assert request.attributes["kvgate.retries"] == 2
+    assert seen == [2]
+
+
+async def test_a_traced_upload_reaches_the_engine_whole() -> None:
+    """With tracing on, a multipart upload is forwarded as the client sent it (it once took
+    the traced branch, which built the payload from the empty JSON body)."""
+    audio = bytes(range(256)) * 4096
+    async with sim_engines(1, "instant") as engines, traced_gateway(engines) as (gw, exporter):
+        async with client(gw) as c:
+            raw = await c.audio.transcriptions.with_raw_response.create(
+                model=MODEL, file=("talk.wav", audio, "audio/wav")
+            )
+        assert raw.parse().text == f"simulated transcript of {len(audio)} bytes"
+        assert [size for _, size in engines[0].uploads] == [len(audio)]
+        spans = by_name(exporter.get_finished_spans())
+    [upstream] = spans["kvgate.upstream"]
+    assert upstream.attributes["http.response.status_code"] == 200
