@@ -153,7 +153,12 @@ def render(r: PlanReport) -> str:
                 f" {fix.budget.sequences_at(t.target.context):,} sequence(s) fit ({fix.why})"
             )
         if not t.met and not r.suggestions:
-            lines.append("  no single change fits it: more cards per replica or a smaller target")
+            more = (
+                "a larger slice or a whole card (it cannot span cards: max_tp 1)"
+                if r.budget.card.max_tp < 2
+                else "more cards per replica"
+            )
+            lines.append(f"  no single change fits it: {more} or a smaller target")
     if r.handoffs:
         lines += [
             "",
