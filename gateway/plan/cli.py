@@ -97,6 +97,20 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     pd.add_argument("--link", default="100gbe", help="10gbe, 100gbe, 400g-ib, nvlink or Gbit/s")
     pd.add_argument("--cached", type=int, default=0, help="prompt tokens already cached")
+    pd.add_argument(
+        "--kv-bytes-per-token",
+        type=int,
+        help="KV bytes a prompt token moves, for a compressed KV format"
+        " (default: the model's at --kv-dtype)",
+    )
+    pd.add_argument(
+        "--prefill-interference",
+        type=float,
+        default=1.0,
+        help="share of a colocated prefill's time that stalls decoding: 1 for dense attention,"
+        " near 0 where sparse attention or a compressed KV leaves decode unaffected (then a"
+        " split saves ~nothing)",
+    )
     tr = p.add_argument_group("from a trace (runs kvgate simulate)")
     tr.add_argument("--trace", help="kvgate, Mooncake (JSONL) or Azure (CSV) trace")
     tr.add_argument("--ttft", type=float, default=2.0, help="target TTFT, seconds")
@@ -209,6 +223,8 @@ def run(args: argparse.Namespace) -> int:
             prompts=args.prompt,
             link_gbps=link_gbps(args.link),
             cached_tokens=args.cached,
+            kv_bytes_per_token=args.kv_bytes_per_token,
+            interference=args.prefill_interference,
         )
         out: dict[str, Any] = {"plan": as_dict(report)}
         text = render(report)

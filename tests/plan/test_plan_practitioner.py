@@ -68,3 +68,30 @@ def test_fp4_weights_keep_the_quantisation_block_split_check(
         assert "IMPOSSIBLE (tp_split): moe_intermediate_size 1536 / tp 8 = 192" in out, weights
     main([*argv, "--weights", "bf16"])  # 16-bit weights have no blocks: tp 8 splits
     assert "tp_split" not in capsys.readouterr().out
+
+
+def test_a_compressed_or_sparse_kv_can_make_the_split_save_nothing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import orjson
+
+    def handoffs(*extra: str) -> list[dict[str, object]]:
+        argv = ["plan", "llama-3.1-70b", "--card", "h100", "--tp", "4", "--prompt", "32000"]
+        assert main([*argv, "--link", "100gbe", "--json", *extra]) == 0
+        rows: list[dict[str, object]] = orjson.loads(capsys.readouterr().out)["plan"]["handoffs"]
+        return rows
+
+    # Dense KV over 100 GbE: 32,000 x 327,680 B take ~0.84 s to move, past pd.auto's budget.
+    (dense,) = handoffs()
+    assert (dense["disaggregate"], dense["reason"]) == (False, "transfer_over_budget")
+    # A compressed KV format moving 4 KiB a token: the transfer is cheap, and the split pays
+    # for the decode stall a colocated 32,000-token prefill would cause.
+    (compressed,) = handoffs("--kv-bytes-per-token", "4096")
+    assert compressed["kv_bytes"] == 32000 * 4096 and compressed["disaggregate"]
+    assert compressed["benefit_s"] > compressed["transfer_s"]  # type: ignore[operator]
+    # Where sparse attention leaves decode unaffected by prefill, it saves ~nothing: colocated.
+    (sparse,) = handoffs("--kv-bytes-per-token", "4096", "--prefill-interference", "0.001")
+    assert (sparse["disaggregate"], sparse["reason"]) == (False, "no_benefit")
+    assert sparse["benefit_s"] <= sparse["transfer_s"]  # type: ignore[operator]
+    assert main(["plan", "llama-3.1-8b", "--prompt", "9000", "--prefill-interference", "2"]) == 2
+    assert "0 to 1" in capsys.readouterr().err
