@@ -182,12 +182,33 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(handler=_serve)
 
     check = sub.add_parser("check-config", help="validate a settings file, explaining every error")
-    check.add_argument("file")
+    check.add_argument("file", help="YAML settings file to check")
     check.set_defaults(handler=_check_config)
 
     for module_name in FEATURE_CLIS:
         importlib.import_module(module_name).register(sub)
+    _show_defaults(parser)
     return parser
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends `(default: X)` to an option's help, unless the default is None or a flag's
+    False (nothing worth saying) or the help already names it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
+def _show_defaults(parser: argparse.ArgumentParser) -> None:
+    """The formatter on every parser and subparser, however deep a feature registered it."""
+    parser.formatter_class = _HelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _show_defaults(child)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -184,7 +184,9 @@ class EmbeddedSimSettings(Section):
 
     replicas: int = Field(4, ge=1, le=64)
     profile: str = Field("h200-sparse", description="gateway.sim hardware profile name")
-    time_scale: float = Field(1.0, gt=0, description="multiplier on simulated durations")
+    time_scale: float = Field(
+        1.0, gt=0, description="simulated time runs this many times faster than real time"
+    )
     model: str = Field("kvgate-sim", description="model name the simulated engines serve")
 
 

@@ -43,6 +43,8 @@ class Card(BaseModel):
     interconnect: str = "pcie"
     interconnect_gbs: float = Field(32.0, gt=0, description="card-to-card within a node, GB/s")
     price_per_hour: float | None = Field(None, ge=0)
+    # 1 for a MIG slice: vLLM cannot run tensor parallelism across slices of a card.
+    max_tp: int = Field(16, ge=1, description="cards one replica may span")
     note: str = ""
 
     def supports(self, capability: str) -> Support:

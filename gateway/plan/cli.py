@@ -39,7 +39,14 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--card", default="h100", help="card type (default h100)")
     p.add_argument("--cards-file", help="YAML adding or overriding card types")
     p.add_argument("--list-cards", action="store_true", help="print the card table and exit")
-    p.add_argument("--tp", "--tensor-parallel-size", type=int, default=1, dest="tp")
+    p.add_argument(
+        "--tp",
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        dest="tp",
+        help="tensor-parallel cards per replica",
+    )
     p.add_argument(
         "--weights",
         "--quantization",
@@ -48,19 +55,35 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="weight dtype (default: the model's)",
     )
     p.add_argument(
-        "--kv-dtype", "--kv-cache-dtype", dest="kv_dtype", default="bf16", choices=KV_DTYPES
+        "--kv-dtype",
+        "--kv-cache-dtype",
+        dest="kv_dtype",
+        default="bf16",
+        choices=KV_DTYPES,
+        help="KV cache element type",
     )
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument("--max-model-len", type=int)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument(
+        "--gpu-memory-utilization", type=float, default=0.9, help="share of card memory vLLM takes"
+    )
+    p.add_argument(
+        "--max-model-len", type=int, help="engine's max_model_len (default: the model's)"
+    )
+    p.add_argument("--max-num-seqs", type=int, default=256, help="engine's batch cap")
+    p.add_argument(
+        "--max-num-batched-tokens", type=int, default=8192, help="engine's tokens per step"
+    )
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     p.add_argument("--enforce-eager", action="store_true", help="CUDA graphs off")
-    p.add_argument("--enable-expert-parallel", action="store_true", dest="expert_parallel")
+    p.add_argument(
+        "--enable-expert-parallel",
+        action="store_true",
+        dest="expert_parallel",
+        help="MoE experts split over the cards instead of sharded",
+    )
     measured = p.add_argument_group("measured figures per card (vLLM's start-up log), GiB")
-    measured.add_argument("--weights-gib", type=float)
-    measured.add_argument("--activation-gib", type=float)
-    measured.add_argument("--cuda-graph-gib", type=float)
+    measured.add_argument("--weights-gib", type=float, help="model weights loaded")
+    measured.add_argument("--activation-gib", type=float, help="peak activation memory")
+    measured.add_argument("--cuda-graph-gib", type=float, help="CUDA graph capture")
     target = p.add_argument_group("target")
     target.add_argument("--context", type=int, help="tokens per sequence to fit")
     target.add_argument("--concurrency", type=int, default=1, help="sequences at once")
@@ -74,10 +97,29 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     pd.add_argument("--link", default="100gbe", help="10gbe, 100gbe, 400g-ib, nvlink or Gbit/s")
     pd.add_argument("--cached", type=int, default=0, help="prompt tokens already cached")
+    pd.add_argument(
+        "--kv-bytes-per-token",
+        type=int,
+        help="KV bytes a prompt token moves, for a compressed KV format"
+        " (default: the model's at --kv-dtype)",
+    )
+    pd.add_argument(
+        "--prefill-interference",
+        type=float,
+        default=1.0,
+        help="share of a colocated prefill's time that stalls decoding: 1 for dense attention,"
+        " near 0 where sparse attention or a compressed KV leaves decode unaffected (then a"
+        " split saves ~nothing)",
+    )
     tr = p.add_argument_group("from a trace (runs kvgate simulate)")
     tr.add_argument("--trace", help="kvgate, Mooncake (JSONL) or Azure (CSV) trace")
     tr.add_argument("--ttft", type=float, default=2.0, help="target TTFT, seconds")
-    tr.add_argument("--percentile", default="p90", choices=("p50", "p90", "p99", "mean"))
+    tr.add_argument(
+        "--percentile",
+        default="p90",
+        choices=("p50", "p90", "p99", "mean"),
+        help="TTFT statistic held to --ttft",
+    )
     tr.add_argument("--price", type=float, help="price per card-hour of --card")
     tr.add_argument(
         "--compare",
@@ -86,13 +128,13 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         metavar="POOL",
         help="another pool, e.g. card=ascend-910b,tp=8,price=1.2 (repeatable)",
     )
-    tr.add_argument("--max-replicas", type=int, default=64)
+    tr.add_argument("--max-replicas", type=int, default=64, help="largest fleet to try")
     tr.add_argument("--policy", default=None, help="routing policy (default: the gateway's)")
-    tr.add_argument("--speedup", type=float, default=1.0)
-    tr.add_argument("--start", type=int, default=0)
-    tr.add_argument("--limit", type=int)
+    tr.add_argument("--speedup", type=float, default=1.0, help="arrival-time compression")
+    tr.add_argument("--start", type=int, default=0, help="first request index to use")
+    tr.add_argument("--limit", type=int, help="number of requests to use")
     p.add_argument("--plot", help="write a PNG (memory bar per card; TTFT/cost vs replicas)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(handler=run)
     return p
 
@@ -181,6 +223,8 @@ def run(args: argparse.Namespace) -> int:
             prompts=args.prompt,
             link_gbps=link_gbps(args.link),
             cached_tokens=args.cached,
+            kv_bytes_per_token=args.kv_bytes_per_token,
+            interference=args.prefill_interference,
         )
         out: dict[str, Any] = {"plan": as_dict(report)}
         text = render(report)

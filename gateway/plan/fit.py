@@ -3,7 +3,9 @@
 Each candidate is one changed engine argument (or the card count), re-budgeted with the
 same arithmetic; the ones that fit are offered, cheapest first: free changes (a smaller
 `max_num_batched_tokens`, a higher `gpu_memory_utilization`, an fp8 KV cache) before more
-cards, and CUDA graphs off only as the last resort since eager decode is much slower.
+cards, and CUDA graphs off only as the last resort since eager decode is much slower,
+unless the weights fill the card, where capture is what fails first. A card that cannot
+span replicas (a MIG slice, `max_tp: 1`) is never offered more tensor parallelism.
 """
 
 from __future__ import annotations
@@ -117,7 +119,7 @@ def suggest(
                 )
             )
     for tp in TP_STEPS:
-        if tp <= settings.tp:
+        if tp <= settings.tp or tp > card.max_tp:
             continue
         b = budget(model, card, base_settings.with_(tp=tp, weights_gib=_scaled(settings, tp)))
         if _meets(b, target):
@@ -142,6 +144,9 @@ def suggest(
                     " launch-bound without graphs (see the decode estimate)",
                 )
             )
+    if any(i.kind == "cuda_graphs" for i in base.issues):
+        # Weights fill the card: graphs are the first thing to give up, not the last.
+        out.sort(key=lambda f: f.setting != "enforce_eager")
     return out
 
 

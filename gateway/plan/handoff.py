@@ -50,6 +50,9 @@ def link_gbps(spec: str) -> float:
     return value
 
 
+NO_BENEFIT = "no_benefit"
+
+
 @dataclass(frozen=True, slots=True)
 class Handoff:
     prompt_tokens: int
@@ -58,10 +61,24 @@ class Handoff:
     kv_bytes: int
     transfer_s: float
     decision: PDDecision
+    # What the split saves: the decode stall a colocated prefill of the uncached prompt would
+    # cause (its prefill time x the share of it that stalls decoding). None: not weighed.
+    benefit_s: float | None = None
+
+    @property
+    def outweighed(self) -> bool:
+        """The gateway would split, but the stall it saves is no more than the transfer."""
+        return self.benefit_s is not None and self.benefit_s <= self.transfer_s
 
     @property
     def pays(self) -> bool:
-        return self.decision.disaggregate
+        return self.decision.disaggregate and not self.outweighed
+
+    @property
+    def reason(self) -> str:
+        return (
+            NO_BENEFIT if self.decision.disaggregate and self.outweighed else self.decision.reason
+        )
 
 
 def handoff(
@@ -72,12 +89,25 @@ def handoff(
     kv_dtype: str = "bf16",
     cached_tokens: int = 0,
     pd: ModelPDSettings | None = None,
+    kv_bytes_per_token: int | None = None,
+    prefill_tokens_per_s: float | None = None,
+    interference: float = 1.0,
 ) -> Handoff:
-    """`pd` supplies the auto thresholds (the gateway's defaults when None)."""
+    """`pd` supplies the auto thresholds (the gateway's defaults when None).
+
+    `kv_bytes_per_token` replaces the model's figure (a compressed KV format moves fewer
+    bytes). With `prefill_tokens_per_s`, the split must also save more decode stall than
+    the transfer costs: `interference` of the uncached prompt's prefill time (1 for dense
+    attention; near 0 where sparse attention or a compressed KV leaves decode unaffected).
+    """
     if prompt_tokens < 1:
         raise ShapeError("prompt length must be at least 1 token")
+    if not 0 <= interference <= 1:
+        raise ShapeError(f"prefill interference is a share, 0 to 1: {interference!r}")
+    if kv_bytes_per_token is not None and kv_bytes_per_token < 1:
+        raise ShapeError("KV bytes per token must be at least 1")
     whole = model.kv_bytes_per_sequence(prompt_tokens, kv_dtype)
-    per_token = max(1, math.ceil(whole / prompt_tokens))
+    per_token = kv_bytes_per_token or max(1, math.ceil(whole / prompt_tokens))
     base = pd or ModelPDSettings()
     cfg = base.model_copy(
         update={
@@ -104,6 +134,9 @@ def handoff(
     decision = decide(
         cfg, request, ClusterView(replicas=replicas), lambda r: cached if r == "colocated" else 0
     )
+    benefit = None
+    if prefill_tokens_per_s:
+        benefit = interference * (prompt_tokens - cached) / prefill_tokens_per_s
     return Handoff(
         prompt_tokens,
         cached,
@@ -111,6 +144,7 @@ def handoff(
         prompt_tokens * per_token,
         cfg.transfer_seconds(prompt_tokens),
         decision,
+        benefit,
     )
 
 

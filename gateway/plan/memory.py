@@ -33,6 +33,10 @@ MOE_CHUNK_TOKENS: Final = 32768  # vLLM's VLLM_FUSED_MOE_CHUNK_SIZE default
 GRAPH_BYTES_PER_LAYER: Final = 512 * 1024
 RUNTIME_GIB: Final = 1.0
 MAX_CAPTURE_SIZE: Final = 512
+# Weights past this share of the usable memory leave CUDA graph capture too little room to
+# count on (a practitioner's FP4 model at 106 of 126 usable GiB had to run eager).
+GRAPHS_TIGHT_SHARE: Final = 0.8
+UNQUANTISED: Final = frozenset({"bf16", "fp16", "fp32"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +165,9 @@ def split_issues(
 ) -> list[Issue]:
     """Tensor-parallel splits that cannot be made: not divisible, or not in whole blocks."""
     issues: list[Issue] = []
-    block = model.quant_block if weight_dtype == model.weight_dtype else 0
+    # Quantised kernels keep the checkpoint's block-wide scale tiles whatever the format
+    # (an fp8 model re-quantised to fp4 still splits in 128-wide blocks); 16-bit has none.
+    block = model.quant_block if weight_dtype not in UNQUANTISED else 0
     for name, dim in model.sharded_dims().items():
         if expert_parallel and name == "moe_intermediate_size":
             continue  # experts are placed whole, never cut
@@ -181,6 +187,37 @@ def split_issues(
     if model.kv_heads < tp and tp % model.kv_heads and not model.is_mla:
         issues.append(Issue("tp_split", f"tp {tp} is not a multiple of kv heads {model.kv_heads}"))
     return issues
+
+
+def card_issues(card: Card, tp: int) -> list[Issue]:
+    if tp <= card.max_tp:
+        return []
+    why = f" ({card.note})" if card.note else ""
+    return [
+        Issue(
+            "tp_split",
+            f"{card.name}{why} runs at most tp {card.max_tp}: a replica cannot span {tp} of them",
+        )
+    ]
+
+
+def graph_issues(b: Budget) -> list[Issue]:
+    """CUDA graphs where the weights leave little room: where engines fail at capture."""
+    if not b.settings.cuda_graphs or b.usable_gib <= 0:
+        return []
+    share = b.weights_gib / b.usable_gib
+    if not GRAPHS_TIGHT_SHARE <= share < 1:
+        return []  # room enough, or the weights alone do not fit (said as such)
+    return [
+        Issue(
+            "cuda_graphs",
+            f"weights take {share:.0%} of the {b.usable_gib:.1f} usable GiB: CUDA graph capture"
+            f" (estimated {b.cuda_graph_gib:.1f} GiB here, a coarse figure that grows with the"
+            " capture sizes and the MoE kernels' workspaces) has little room; expect to run"
+            " enforce_eager (decode launch-bound, slower) unless a test start captures",
+            severe=False,
+        )
+    ]
 
 
 def capability_issues(card: Card, weight_dtype: str, kv_dtype: str) -> list[Issue]:
@@ -235,6 +272,7 @@ def budget(model: ModelShape, card: Card, settings: EngineSettings) -> Budget:
     blocks = max(0, math.floor(kv * 2**30 / (per_token * s.block_size))) if per_token else 0
     issues = capability_issues(card, wdtype, s.kv_dtype)
     issues += split_issues(model, s.tp, wdtype, s.expert_parallel)
+    issues += card_issues(card, s.tp)
     result = Budget(
         model,
         card,
@@ -251,6 +289,7 @@ def budget(model: ModelShape, card: Card, settings: EngineSettings) -> Budget:
         blocks,
     )
     issues += fit_issues(result)
+    issues += graph_issues(result)
     return replace(result, issues=tuple(issues))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from gateway.plan.fromtrace import PoolPlan
 from gateway.plan.memory import Budget
@@ -20,6 +21,19 @@ _PARTS = (
 
 def write_plot(path: str | Path, budgets: Sequence[Budget], plans: Sequence[PoolPlan] = ()) -> Path:
     plt = _pyplot()
+    fig = figure(budgets, plans)
+    out = Path(path)
+    fig.savefig(out, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return out
+
+
+def figure(budgets: Sequence[Budget], plans: Sequence[PoolPlan] = ()) -> Any:
+    """The matplotlib Figure: legends below their axes (never over the bars), replica axes
+    in whole replicas."""
+    plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
     cols = 3 if plans else 1
     fig, axes = plt.subplots(1, cols, figsize=(5.5 * cols, 4.2), squeeze=False)
     ax = axes[0][0]
@@ -32,11 +46,25 @@ def write_plot(path: str | Path, budgets: Sequence[Budget], plans: Sequence[Pool
     kv = [max(0.0, b.kv_gib) for b in budgets]
     ax.bar(labels, kv, bottom=bottoms, label="KV cache", color="#55a868")
     for i, b in enumerate(budgets):
-        ax.hlines(b.usable_gib, i - 0.4, i + 0.4, colors="black", linestyles="dashed")
-        ax.hlines(b.card.memory_gib, i - 0.4, i + 0.4, colors="grey")
-    ax.set_ylabel("GiB per card (dashed: gpu_memory_utilization)")
+        first = i == 0
+        ax.hlines(
+            b.usable_gib,
+            i - 0.4,
+            i + 0.4,
+            colors="black",
+            linestyles="dashed",
+            label="gpu_memory_utilization" if first else None,
+        )
+        ax.hlines(
+            b.card.memory_gib,
+            i - 0.4,
+            i + 0.4,
+            colors="grey",
+            label="card memory" if first else None,
+        )
+    ax.set_ylabel("GiB per card")
     ax.set_title("memory budget per card")
-    ax.legend(fontsize="small")
+    _legend_below(ax)
     if plans:
         for plan in plans:
             xs = [p.replicas for p in plan.points]
@@ -49,16 +77,19 @@ def write_plot(path: str | Path, budgets: Sequence[Budget], plans: Sequence[Pool
                     marker="o",
                     label=plan.pool.label,
                 )
-        axes[0][1].axhline(plans[0].target_ttft_s, color="grey", linestyle="dashed")
+        target = plans[0].target_ttft_s
+        axes[0][1].axhline(target, color="grey", linestyle="dashed", label=f"target {target:g} s")
         axes[0][1].set_yscale("log")
-        axes[0][1].set_xlabel("replicas")
         axes[0][1].set_ylabel(f"TTFT {plans[0].percentile}, s")
-        axes[0][1].legend(fontsize="small")
-        axes[0][2].set_xlabel("replicas")
         axes[0][2].set_ylabel("$ per million total tokens")
-        axes[0][2].legend(fontsize="small")
+        for replicas in (axes[0][1], axes[0][2]):
+            replicas.set_xlabel("replicas")
+            replicas.xaxis.set_major_locator(MaxNLocator(integer=True))
+            _legend_below(replicas)
     fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return fig
+
+
+def _legend_below(ax: Any) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)

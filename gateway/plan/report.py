@@ -36,6 +36,8 @@ def make_plan(
     link_gbps: float = 100.0,
     cached_tokens: int = 0,
     decode_context: int = 4096,
+    kv_bytes_per_token: int | None = None,
+    interference: float = 1.0,
 ) -> PlanReport:
     from gateway.plan.memory import budget as rebudget
 
@@ -55,12 +57,19 @@ def make_plan(
             link_gbps,
             kv_dtype=budget.settings.kv_dtype,
             cached_tokens=cached_tokens,
+            kv_bytes_per_token=kv_bytes_per_token,
+            prefill_tokens_per_s=speed(budget).prefill_tokens_per_s,
+            interference=interference,
         )
         for p in prompts
     )
     return PlanReport(
         budget, speed(budget), speed(other), checked, tuple(fixes), hands, decode_context
     )
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}s"
 
 
 def _decode(s: Speed, context: int, batch: int) -> str:
@@ -153,20 +162,25 @@ def render(r: PlanReport) -> str:
                 f" {fix.budget.sequences_at(t.target.context):,} sequence(s) fit ({fix.why})"
             )
         if not t.met and not r.suggestions:
-            lines.append("  no single change fits it: more cards per replica or a smaller target")
+            more = (
+                "a larger slice or a whole card (it cannot span cards: max_tp 1)"
+                if r.budget.card.max_tp < 2
+                else "more cards per replica"
+            )
+            lines.append(f"  no single change fits it: {more} or a smaller target")
     if r.handoffs:
         lines += [
             "",
             (
                 f"{'PD hand-off':12} {'prompt':>9} {'cached':>9} {'KV moved':>10}"
-                f" {'link':>8} {'transfer':>9}  verdict (pd.auto)"
+                f" {'link':>8} {'transfer':>9} {'saves':>8}  verdict (pd.auto)"
             ),
         ]
         for h in r.handoffs:
             lines.append(
                 f"{'':12} {h.prompt_tokens:>9,} {h.cached_tokens:>9,}"
                 f" {h.kv_bytes / 1e9:>8.2f}GB {h.link_gbps:>6g}Gb {h.transfer_s:>8.3f}s"
-                f"  {'split' if h.pays else 'colocated'}: {h.decision.reason}"
+                f" {_seconds(h.benefit_s):>8}  {'split' if h.pays else 'colocated'}: {h.reason}"
             )
     return "\n".join(lines)
 
@@ -228,8 +242,9 @@ def as_dict(r: PlanReport) -> dict[str, Any]:
                 "kv_bytes": h.kv_bytes,
                 "link_gbps": h.link_gbps,
                 "transfer_s": h.transfer_s,
+                "benefit_s": h.benefit_s,
                 "disaggregate": h.pays,
-                "reason": h.decision.reason,
+                "reason": h.reason,
             }
             for h in r.handoffs
         ],

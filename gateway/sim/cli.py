@@ -30,9 +30,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=int, default=1, help="number of engines (default 1)")
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default="127.0.0.1", help="address the engines listen on")
     parser.add_argument("--port", type=int, default=8100, help="port of the first engine")
-    parser.add_argument("--profile", default="h200-sparse", choices=sorted(PROFILES))
+    parser.add_argument(
+        "--profile", default="h200-sparse", choices=sorted(PROFILES), help="hardware profile"
+    )
     parser.add_argument("--model", default="kvgate-sim", help="served model name")
     parser.add_argument(
         "--flavor",
@@ -46,7 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1.0,
         help="run simulated time this many times faster than real time",
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the output text and the fault dice"
+    )
     parser.add_argument(
         "--role",
         action="append",
@@ -78,14 +82,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     engine = parser.add_argument_group("engine arguments (override the profile's)")
     for flag, kind in _ENGINE_ARGS.items():
-        engine.add_argument(f"--{flag.replace('_', '-')}", dest=flag, type=kind, default=None)
+        engine.add_argument(
+            f"--{flag.replace('_', '-')}",
+            dest=flag,
+            type=kind,
+            default=None,
+            help=f"vLLM's --{flag.replace('_', '-')} (default: the profile's)",
+        )
     faults = parser.add_argument_group("fault injection (also: POST /admin/faults)")
-    faults.add_argument("--fault-slow", type=float, default=0.0, metavar="SECONDS")
-    faults.add_argument("--fault-error", type=int, default=None, metavar="STATUS")
-    faults.add_argument("--fault-error-rate", type=float, default=1.0)
-    faults.add_argument("--fault-stall", type=int, default=None, metavar="TOKENS")
-    faults.add_argument("--fault-refuse-for", type=float, default=None, metavar="SECONDS")
-    faults.add_argument("--fault-unhealthy", action="store_true")
+    faults.add_argument(
+        "--fault-slow",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="extra delay before each response",
+    )
+    faults.add_argument(
+        "--fault-error",
+        type=int,
+        default=None,
+        metavar="STATUS",
+        help="answer with this HTTP status",
+    )
+    faults.add_argument(
+        "--fault-error-rate", type=float, default=1.0, help="share of requests --fault-error hits"
+    )
+    faults.add_argument(
+        "--fault-stall",
+        type=int,
+        default=None,
+        metavar="TOKENS",
+        help="streams stop (hang) after this many tokens",
+    )
+    faults.add_argument(
+        "--fault-refuse-for",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="close the listening socket (connections refused), re-open after this long",
+    )
+    faults.add_argument("--fault-unhealthy", action="store_true", help="GET /health answers 503")
     faults.add_argument(
         "--fault-replica",
         type=int,

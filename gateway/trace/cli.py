@@ -50,7 +50,9 @@ def _add_capture(sub: Any) -> None:
         help="secret salt (created if missing, mode 0600);"
         " default $KVGATE_TRACE_SALT, else a random salt for this run only",
     )
-    p.add_argument("--block-tokens", type=int, default=DEFAULT_BLOCK_TOKENS)
+    p.add_argument(
+        "--block-tokens", type=int, default=DEFAULT_BLOCK_TOKENS, help="tokens per hashed block"
+    )
     p.add_argument(
         "--tokenizer",
         type=Path,
@@ -75,9 +77,11 @@ def _add_stats(sub: Any) -> None:
         action="store_true",
         help="route as for clients that send no session id (lineage keys them)",
     )
-    p.add_argument("--price-per-card-hour", type=float)
+    p.add_argument(
+        "--price-per-card-hour", type=float, help="card price, for a cost per million tokens"
+    )
     p.add_argument("--throughput", type=float, help="measured total tokens/s of --cards cards")
-    p.add_argument("--cards", type=int, default=1)
+    p.add_argument("--cards", type=int, default=1, help="cards that measured --throughput")
     p.add_argument("--plots", type=Path, help="write PNG plots here (needs kvgate[plots])")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(handler=cmd_stats)
@@ -85,9 +89,9 @@ def _add_stats(sub: Any) -> None:
 
 def _add_convert(sub: Any) -> None:
     p = sub.add_parser("convert", help="convert between kvgate and Mooncake trace formats")
-    p.add_argument("input", type=Path)
-    p.add_argument("-o", "--output", type=Path, required=True)
-    p.add_argument("--to", choices=("kvgate", "mooncake"), required=True)
+    p.add_argument("input", type=Path, help="trace to read (kvgate, Mooncake or Azure CSV)")
+    p.add_argument("-o", "--output", type=Path, required=True, help="trace file to write")
+    p.add_argument("--to", choices=("kvgate", "mooncake"), required=True, help="output format")
     p.set_defaults(handler=cmd_convert)
 
 
@@ -98,14 +102,19 @@ def _add_window(p: argparse.ArgumentParser) -> None:
 
 def _add_replay(sub: Any) -> None:
     p = sub.add_parser("replay", help="replay a trace against an OpenAI-compatible endpoint")
-    p.add_argument("trace", type=Path)
+    p.add_argument("trace", type=Path, help="trace to replay")
     p.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8000")
-    p.add_argument("--model", default="kvgate-sim")
+    p.add_argument("--model", default="kvgate-sim", help="model name sent in each request")
     p.add_argument("--speedup", type=float, default=1.0, help="arrival-time compression")
     p.add_argument("--concurrency", type=int, help="ignore arrivals; keep N requests in flight")
-    p.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
-    p.add_argument("--api-key", default=None)
-    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument(
+        "--endpoint",
+        choices=("chat", "completions"),
+        default="chat",
+        help="/v1/chat/completions or /v1/completions",
+    )
+    p.add_argument("--api-key", default=None, help="bearer key sent with each request")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     p.add_argument(
         "--no-ignore-eos",
         action="store_true",
@@ -125,7 +134,7 @@ def _add_replay(sub: Any) -> None:
         help="send no session (default: x-session-id and x-smg-routing-key, inferred from"
         " the prefixes when the trace has none)",
     )
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_window(p)
     p.set_defaults(handler=cmd_replay)
@@ -143,8 +152,8 @@ def _add_generate(sub: Any) -> None:
         " starts and think time between turns.",
     )
     p.add_argument("-o", "--out", type=Path, required=True, help="kvgate trace file to write")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--sessions", type=int, default=d.sessions)
+    p.add_argument("--seed", type=int, default=d.seed, help="same seed, same trace")
+    p.add_argument("--sessions", type=int, default=d.sessions, help="agent sessions to write")
     when = p.add_mutually_exclusive_group()
     when.add_argument(
         "--duration",
@@ -153,7 +162,9 @@ def _add_generate(sub: Any) -> None:
         help="seconds over which sessions start (Poisson)",
     )
     when.add_argument("--rate", type=float, help="session starts per second")
-    p.add_argument("--block-tokens", type=int, default=d.block_tokens)
+    p.add_argument(
+        "--block-tokens", type=int, default=d.block_tokens, help="tokens per hashed block"
+    )
     p.add_argument(
         "--context-scale",
         type=float,
@@ -167,9 +178,9 @@ def _add_generate(sub: Any) -> None:
 
 def _add_simulate(sub: Any) -> None:
     p = sub.add_parser("simulate", help="offline discrete-event simulation of a trace on N engines")
-    p.add_argument("trace", type=Path)
-    p.add_argument("--replicas", type=int, default=4)
-    p.add_argument("--policy", default=DEFAULT_POLICY)
+    p.add_argument("trace", type=Path, help="trace to simulate")
+    p.add_argument("--replicas", type=int, default=4, help="simulated engines")
+    p.add_argument("--policy", default=DEFAULT_POLICY, help="routing policy by name")
     p.add_argument("--policy-config", default="{}", help="JSON config for the policy")
     p.add_argument(
         "--no-session-ids",
@@ -184,15 +195,15 @@ def _add_simulate(sub: Any) -> None:
         metavar="N",
         help="KV blocks per engine instead of the profile's (finite KV, as `kvgate sim` runs)",
     )
-    p.add_argument("--speedup", type=float, default=1.0)
-    p.add_argument("--max-output-tokens", type=int)
+    p.add_argument("--speedup", type=float, default=1.0, help="arrival-time compression")
+    p.add_argument("--max-output-tokens", type=int, help="cap each request's output tokens")
     p.add_argument(
         "--engine-priority",
         action="store_true",
         help="engines run vLLM's priority scheduling and get the gateway's `priority` "
         "(shortest uncached prefill first, the `engine_priority:` defaults)",
     )
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
     _add_window(p)
     p.set_defaults(handler=cmd_simulate)
 

@@ -7,6 +7,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -131,8 +132,10 @@ async def test_two_gateways_sharing_redis_enforce_one_budget(
 
 
 async def test_a_key_revoked_in_redis_is_refused_by_another_gateway_within_a_second(
-    engines: list[SimEngine], redis_server: RedisServer, key_prefix: str
+    engines: list[SimEngine], redis_server: RedisServer, key_prefix: str, tmp_path: Path
 ) -> None:
+    carol_key = tmp_path / "carol.key"
+    carol_key.write_text("sk-carol\n")
     redis_args = ["--redis", redis_server.url, "--prefix", key_prefix]
     # One static admin key turns keys on; the shared one is added and revoked with the CLI.
     keys = [{"name": "ops", "key_sha256": hash_key("sk-ops"), "admin": True}]
@@ -147,8 +150,8 @@ async def test_a_key_revoked_in_redis_is_refused_by_another_gateway_within_a_sec
                     *redis_args,
                     "--name",
                     "carol",
-                    "--key",
-                    "sk-carol",
+                    "--key-file",
+                    str(carol_key),
                     "--tenant",
                     "t1",
                 ]

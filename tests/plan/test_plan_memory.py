@@ -38,12 +38,25 @@ def test_fp4_on_h200_cuda_graphs_take_the_room_of_a_second_long_sequence() -> No
     assert check(with_graphs, target).need_gib == pytest.approx(need)
     assert not check(with_graphs, target).met and with_graphs.sequences_at(131072) == 1
     assert check(eager, target).met and eager.sequences_at(131072) == 2
-    # The planner says so, and names enforce_eager among the fixes.
-    fixes = {f.setting: f for f in suggest(model, card, with_graphs.settings, target)}
-    assert fixes["enforce_eager"].budget.sequences_at(131072) == 2
+    # The practitioner's case: 106 of 126 usable GiB are weights, and graph capture did not
+    # fit; the planner warns of it and offers enforce_eager first, not last.
+    fixes = suggest(model, card, with_graphs.settings, target)
+    assert fixes[0].setting == "enforce_eager"
+    assert fixes[0].budget.sequences_at(131072) == 2
     assert with_graphs.fits  # the placement itself works; fp4 is only dequantised
-    assert [i.kind for i in with_graphs.issues] == ["capability"]
-    assert not with_graphs.issues[0].severe
+    assert [i.kind for i in with_graphs.issues] == ["capability", "cuda_graphs"]
+    assert not any(i.severe for i in with_graphs.issues)
+    assert "weights take 84% of the 126.4 usable GiB" in with_graphs.issues[1].message
+    assert not [i for i in eager.issues if i.kind == "cuda_graphs"]
+
+
+def test_fp8_weights_leave_room_for_cuda_graphs() -> None:
+    model, card = get_model("qwen3-235b-a22b-fp8"), get_card("h200")
+    b = budget(model, card, EngineSettings(tp=4, max_model_len=32768))
+    assert b.weights_gib / b.usable_gib < 0.8
+    assert b.fits and not [i for i in b.issues if i.kind == "cuda_graphs"]
+    fixes = suggest(model, card, b.settings, Target(context=32768, concurrency=64))
+    assert fixes and fixes[0].setting != "enforce_eager"
 
 
 def test_max_num_batched_tokens_decides_whether_a_long_context_fits() -> None:
@@ -81,6 +94,11 @@ def test_block_quantised_weights_cannot_be_split_192_ways() -> None:
     assert not [i for i in tp4.issues if i.kind == "tp_split"]
     ep = budget(model, card, EngineSettings(tp=8, expert_parallel=True, max_model_len=32768))
     assert ep.fits
+    # Re-quantised to fp4, the kernels still split in the checkpoint's 128-wide blocks.
+    fp4 = budget(model, card, EngineSettings(tp=8, weight_dtype="fp4", max_model_len=32768))
+    fp4_split = [i for i in fp4.issues if i.kind == "tp_split"]
+    assert len(fp4_split) == 1 and "= 192 per rank" in fp4_split[0].message
+    assert "the fp4 weights cannot be split" in fp4_split[0].message
     # The same weights in bf16 have no blocks: tp 8 splits fine.
     bf16 = budget(model, card, EngineSettings(tp=8, weight_dtype="bf16", max_model_len=32768))
     assert not [i for i in bf16.issues if i.kind == "tp_split"]
