@@ -163,7 +163,12 @@ class RouteRequest:
 
 @dataclass(frozen=True, slots=True)
 class EngineLoad:
-    """One scrape of one replica's engine metrics. `None` fields were not exposed."""
+    """One scrape of one replica's engine metrics. `None` fields were not exposed.
+
+    `engine` False: the engine exposes no load (SGLang without `--enable-metrics` answers
+    `/metrics` 404); the load is then empty and the gateway's own in-flight and prompt-token
+    counts stand in for it (fresh at each scrape, so the replica is not "unknown").
+    """
 
     waiting: float
     running: float
@@ -171,6 +176,7 @@ class EngineLoad:
     prefix_hit_rate: float | None = None
     kv_capacity_tokens: int | None = None
     scraped_at: float = 0.0
+    engine: bool = True
 
 
 @dataclass(frozen=True, slots=True)
