@@ -22,7 +22,7 @@ from gateway.body import (
 )
 from gateway.errors import BadRequest, Forbidden, ModelNotFound
 from gateway.keys import route_request, session_key
-from gateway.pd.decision import without_client_pd_fields
+from gateway.pd.decision import CLIENT_PD_HEADERS, without_client_pd_fields
 from gateway.proxy.continuation import continuing
 from gateway.proxy.exchange import Exchange, Scope
 from gateway.state import GatewayState
@@ -218,6 +218,8 @@ class Inbound:
         if propagate and self._state.tracer is None:
             # With spans on, the request's span id goes instead (gateway.proxy.endpoint).
             headers.append((TRACEPARENT, child(ex.traceparent)))
+        if self._strip_pd:
+            headers = [h for h in headers if h[0] not in CLIENT_PD_HEADERS]
         if self._engine_auth is not None:
             # The client's credentials are for the gateway; the engine gets its own.
             headers = [h for h in headers if h[0] != b"authorization"]
