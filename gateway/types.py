@@ -121,6 +121,10 @@ EXTRA_PATHS: Mapping[str, Endpoint] = MappingProxyType(
     }
 )
 
+# Client paths forwarded to another engine path: vLLM 0.33 serves classification only at
+# `/classify` (SGLang serves both), so `/v1/classify` goes there too.
+UPSTREAM_PATHS: Mapping[str, str] = MappingProxyType({"/v1/classify": "/classify"})
+
 _ANTHROPIC_PATHS = frozenset(s.path for s in ROUTE_SPECS.values() if s.errors == "anthropic")
 
 

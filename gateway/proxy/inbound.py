@@ -28,7 +28,7 @@ from gateway.proxy.exchange import Exchange, Scope
 from gateway.state import GatewayState
 from gateway.stream_usage import inject_usage
 from gateway.tracing.context import TRACEPARENT, child
-from gateway.types import ROUTE_SPECS, Endpoint, RouteRequest, SessionKey
+from gateway.types import ROUTE_SPECS, UPSTREAM_PATHS, Endpoint, RouteRequest, SessionKey
 from gateway.upload import open_upload
 from gateway.upstream import request_headers
 
@@ -65,7 +65,7 @@ class Inbound:
     def __init__(self, state: GatewayState, endpoint: Endpoint, path: str) -> None:
         self._state = state
         self._endpoint = endpoint
-        self._path = path
+        self._path = UPSTREAM_PATHS.get(path, path)  # the engine's path for this route
         s = state.settings
         self._session_header = s.session.header.lower().encode("latin-1")
         self._priority_header = s.session.priority_header.lower().encode("latin-1")
@@ -150,8 +150,13 @@ class Inbound:
         raw = await read_body(ex.receive, limits.max_body_bytes, declared_length(content_length))
         body: dict[str, Any] = parse_json(raw, limits.max_json_depth)
         model = validate(body, self._endpoint)
-        tenant_name = self._authorize(scope, model, tenant.decode("latin-1") if tenant else None)
         rewritten = False
+        if not model:
+            # vLLM serves its one model to a body that names none; so does the gateway.
+            model = self._only_model()
+            body = {**body, "model": model}
+            rewritten = True
+        tenant_name = self._authorize(scope, model, tenant.decode("latin-1") if tenant else None)
         if state.resolve_model is not None and (served := state.resolve_model(model)) != model:
             # An alias: the engines only know the served name.
             body = {**body, "model": served}
@@ -194,6 +199,17 @@ class Inbound:
         ex.body, ex.raw, ex.request = body, raw, request
         ex.named_class = priority is not None or "priority" in body
         self.forward_headers(ex, scope, self._path)
+
+    def _only_model(self) -> str:
+        known = self._state.cluster.known_models()
+        if known is not None and len(known) == 1:
+            return next(iter(known))
+        served = "not known yet" if known is None else f"{len(known)} models"
+        raise BadRequest(
+            f"'model' is required: it may be left out only when the gateway serves exactly "
+            f"one model (it serves {served})",
+            param="model",
+        )
 
     def _authorize(self, scope: Scope, model: str, tenant_name: str | None) -> str | None:
         """The caller's key may use `model` and acts for its own tenant; returns the tenant."""
