@@ -50,6 +50,8 @@ from typing import Any, Self
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The in-process scenarios (poison) import the gateway from this checkout.
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 from bench_overhead import MODEL, Proc, free_port, wait_ready
 
 RSS_FLAT = 1.2  # peak within 20% of the warm RSS
