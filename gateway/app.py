@@ -128,6 +128,7 @@ def build_state(settings: KvgateSettings) -> GatewayState:
     # and eject a replica that is only busy. Same kind and cap (a cap, not a reservation).
     probe_client = make_client(upstream.client, timeouts, upstream.max_connections, cap)
     health = HealthMonitor(cluster, probe_client, settings.health, headers=auth)
+    metrics.watch_health(health)
     models = ModelsCache(cluster, client, settings.models.cache_ttl_s, t.probe_s, headers=auth)
     return GatewayState(
         settings=settings,

@@ -199,19 +199,42 @@ def _check_items(value: Any, field: str) -> None:
     raise BadRequest(f"'{field}' must be a string or a non-empty array of input items", param=field)
 
 
+def _present(value: Any) -> bool:
+    """A score/rerank side vLLM accepts: a non-empty text or list, or a content object."""
+    if isinstance(value, str | list | dict):
+        return bool(value)
+    return False
+
+
+# Score's body forms vLLM 0.33 accepts (`pooling/scoring/protocol.py`), first side leading.
+_SCORE_PAIRS = (
+    ("text_1", "text_2"),
+    ("data_1", "data_2"),
+    ("queries", "documents"),
+    ("queries", "items"),
+)
+
+
 def _check_pair(body: dict[str, Any], endpoint: Endpoint) -> None:
     if endpoint is Endpoint.RERANK:
-        if not isinstance(body.get("query"), str):
-            raise BadRequest("'query' is required and must be a string", param="query")
-        documents = body.get("documents")
-        if not isinstance(documents, list) or not documents:
-            raise BadRequest("'documents' must be a non-empty array", param="documents")
+        # vLLM: `query` is a text or a multimodal content object; `documents` a list or a
+        # single item (a text or a content object).
+        if not _present(body.get("query")):
+            raise BadRequest(
+                "'query' is required and must be a string or a content object", param="query"
+            )
+        if not _present(body.get("documents")):
+            raise BadRequest(
+                "'documents' must be a non-empty array or a single document", param="documents"
+            )
         return
-    for a, b in (("text_1", "text_2"), ("queries", "documents"), ("queries", "items")):
+    for a, b in _SCORE_PAIRS:
         if body.get(a) is not None and body.get(b) is not None:
             return
     raise BadRequest(
-        "'text_1' and 'text_2' (or 'queries' and 'documents') are required", param="text_1"
+        "'text_1' and 'text_2' (or 'data_1' and 'data_2', 'queries' and 'documents', "
+        "'queries' and 'items') are required",
+        param="text_1",
     )
 
 
@@ -250,10 +273,14 @@ def _check_body(body: dict[str, Any], endpoint: Endpoint) -> None:
 
 
 def validate(body: dict[str, Any], endpoint: Endpoint) -> str:
-    """Check the fields the gateway relies on; return the model name."""
+    """Check the fields the gateway relies on; return the model name ("" when the body
+    names none: vLLM then serves its one model, and so does the gateway when it serves one;
+    the caller decides)."""
     model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise BadRequest("'model' is required and must be a non-empty string", param="model")
+    if model is None:
+        model = ""
+    elif not isinstance(model, str) or not model:
+        raise BadRequest("'model' must be a non-empty string", param="model")
     _check_body(body, endpoint)
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):

@@ -65,8 +65,9 @@ async def open_leg(
 
     Raises a `GatewayError` on transport errors (retryable ones: connect errors) and a
     retryable one on 502/503/504 (the response is closed first); any other status is
-    returned for the caller to relay. Only transport errors reach passive health: a status
-    the engine answers is about this request (gateway.health). An upload whose client side
+    returned for the caller to relay. Transport errors reach passive health; a 5xx the engine
+    answers goes to outlier detection, which holds it against the replica only across
+    different requests (gateway.outlier). An upload whose client side
     failed (gone: `ClientGone`; past the body limit: `PayloadTooLarge`) raises that, however
     the upstream client wrapped it, and nothing is held against the replica.
     `on_headers` is called when the response headers arrived (a tracing span's end).
@@ -94,13 +95,15 @@ async def open_leg(
     if on_headers is not None:
         on_headers()
     status = response.status
+    if status >= 500 and isinstance(body, bytes):
+        health.answered_5xx(replica, path, body, status)
     # An upload's bytes are gone: nothing can resend it, so the engine's answer is relayed.
     if status in RETRYABLE_STATUSES and not (isinstance(body, Upload) and body.sent):
         cluster.release(replica)
         await response.aclose()
         raise UpstreamStatusError(f"replica {replica} answered {status}", upstream_status=status)
     if status < 500:
-        health.passive_success(replica)
+        health.passive_success(replica, path)
     leg = Leg(cluster, replica, response)
     if not peek or not _is_stream(response.headers):
         return leg

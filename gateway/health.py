@@ -2,21 +2,28 @@
 
 State machine per replica (a circuit breaker):
 
-* HEALTHY: takes traffic. `failure_threshold` consecutive failures -> EJECTED. Failures
-  are probe failures and, passively, what only a sick replica does to a proxied request:
-  a refused (or timed-out) connect, a connection reset before any response byte. What one
-  request earns by itself (its own response timeout, a 4xx, a 5xx the engine answers for
-  it) is not counted, or one client could eject every replica. Passive evidence never
-  ejects the last replica that takes traffic; probes still can.
+* HEALTHY: takes traffic. `failure_threshold` consecutive probe failures -> EJECTED, and
+  only a probe success resets that count: a `/metrics` scrape or a proxied answer is not a
+  probe (a vLLM whose engine core died answers 503 on `/health` and 200 on `/metrics`).
+  Passively, `failure_threshold` consecutive connect failures (a refused or timed-out
+  connect, a reset before any response byte) of proxied requests or scrapes eject too.
+  What one request earns by itself (its own response timeout, a 4xx) is not counted, or
+  one client could eject every replica. Passive evidence never ejects the last replica
+  that takes traffic; probes still can.
+* Outliers (`gateway.outlier`): a replica whose 5xx answers, over different requests,
+  come 5 in a row or stand far above the rest of the fleet's is ejected for
+  `outlier.base_ejection_s` (longer each time), while at most `outlier.max_ejection_share`
+  of the fleet is outlier-ejected, and never the last replica in service.
 * A stalled replica (its `/health` still answers, its engine does not) is caught by a
   canary: when a proxied request waits out its response-header timeout, the monitor sends
   that replica a one-token request of the same model with a short deadline. A healthy
   engine answers it at once even while it works on an over-long request; one that does not
   is ejected (never the last in service). At most one canary per replica is in flight.
-* EJECTED: no traffic for `cooldown_s`; after that the next probe success -> HALF_OPEN.
+* EJECTED: no traffic for `cooldown_s` (an outlier: its ejection time); after that the
+  next probe success -> HALF_OPEN.
   Without active probing, the cooldown's end alone moves it to HALF_OPEN.
 * HALF_OPEN: takes traffic on trial. One failure -> EJECTED again;
-  `success_threshold` successes -> HEALTHY.
+  `success_threshold` successes (probes or proxied answers, never scrapes) -> HEALTHY.
 
 Only the health of the replica changes; its ring positions stay, so sessions come back when
 it recovers. Probes never block a request: they run in a lifespan task.
@@ -26,7 +33,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -35,6 +44,7 @@ import orjson
 
 from gateway.cluster import Cluster
 from gateway.errors import GatewayError, UpstreamConnectError, UpstreamTimeout
+from gateway.outlier import CONSECUTIVE, OutlierDetector, fingerprint
 from gateway.settings import HealthSettings
 from gateway.types import ReplicaId
 from gateway.upstream import Timeouts, UpstreamClient
@@ -48,12 +58,20 @@ class Health(str, Enum):
     HALF_OPEN = "half_open"
 
 
+# Why a replica was ejected (the `reason` of kvgate_replica_ejections_total).
+PROBE, CONNECT, STALLED = "probe", "connect", "stalled"
+
+
 @dataclass(slots=True)
 class _Tracker:
     state: Health = Health.HEALTHY
-    failures: int = 0
+    probe_failures: int = 0  # reset only by a probe success
+    passive_failures: int = 0  # connect failures of proxied requests and scrapes
     successes: int = 0
     ejected_until: float = 0.0
+    outlier: bool = False  # the current ejection is an outlier ejection
+    outlier_times: int = 0  # grows the next outlier ejection (decays while healthy)
+    healthy_since: float = 0.0
 
 
 class HealthMonitor:
@@ -86,6 +104,8 @@ class HealthMonitor:
         )
         self._canaries: dict[ReplicaId, asyncio.Task[bool]] = {}
         self.canaries_failed = 0
+        self.outliers = OutlierDetector(settings.outlier, self.clock)
+        self.ejections: Counter[tuple[ReplicaId, str]] = Counter()
 
     def state(self, replica: ReplicaId) -> Health:
         return self._tracker(replica).state
@@ -96,33 +116,66 @@ class HealthMonitor:
             tracker = self._trackers[replica] = _Tracker()
         return tracker
 
+    def ejected_for(self, replica: ReplicaId) -> float:
+        """Seconds left of the replica's current ejection (0 when it is not ejected)."""
+        tracker = self._trackers.get(replica)
+        if tracker is None or tracker.state is not Health.EJECTED:
+            return 0.0
+        return max(0.0, tracker.ejected_until - self.clock())
+
+    def outlier_ejected(self, replica: ReplicaId) -> bool:
+        tracker = self._trackers.get(replica)
+        return tracker is not None and tracker.state is Health.EJECTED and tracker.outlier
+
     def _set(
         self, replica: ReplicaId, tracker: _Tracker, state: Health, evidence: str = ""
     ) -> None:
         if tracker.state is state:
             return
-        failures = tracker.failures
+        failures = max(tracker.probe_failures, tracker.passive_failures)
         tracker.state = state
-        tracker.failures = tracker.successes = 0
+        tracker.probe_failures = tracker.passive_failures = tracker.successes = 0
         self.cluster.set_healthy(replica, state is not Health.EJECTED)
         if state is Health.EJECTED:
             why = f"after {failures} consecutive failure(s); last: " if failures else ""
             log.warning(
                 "replica %s ejected for %.1f s %s%s",
                 replica,
-                self.settings.cooldown_s,
+                max(0.0, tracker.ejected_until - self.clock()),
                 why,
                 evidence or "unknown",
             )
+            self.outliers.reset(replica)
         else:
+            if state is Health.HEALTHY:
+                tracker.healthy_since = self.clock()
+                tracker.outlier = False
             log.info("replica %s is now %s", replica, state.value)
         if self.on_change is not None:
             self.on_change(replica, state)
 
+    def _eject(
+        self,
+        replica: ReplicaId,
+        tracker: _Tracker,
+        reason: str,
+        evidence: str,
+        seconds: float | None = None,
+    ) -> None:
+        tracker.ejected_until = self.clock() + (
+            self.settings.cooldown_s if seconds is None else seconds
+        )
+        tracker.outlier = seconds is not None
+        self.ejections[(replica, reason)] += 1
+        self._set(replica, tracker, Health.EJECTED, evidence)
+
     def record_success(self, replica: ReplicaId, *, probe: bool = False) -> None:
         tracker = self._tracker(replica)
         if tracker.state is Health.HEALTHY:
-            tracker.failures = 0
+            if probe:
+                tracker.probe_failures = 0
+            else:
+                tracker.passive_failures = 0
             return
         if tracker.state is Health.EJECTED:
             if probe and self.clock() >= tracker.ejected_until:
@@ -136,16 +189,21 @@ class HealthMonitor:
     def record_failure(
         self, replica: ReplicaId, *, passive: bool = False, evidence: str = ""
     ) -> None:
-        """One failure of `replica`; `evidence` says what happened (logged on ejection)."""
+        """One failure of `replica` (a probe's, or a connect failure when `passive`);
+        `evidence` says what happened (logged on ejection)."""
         tracker = self._tracker(replica)
         if tracker.state is Health.EJECTED:
             return
-        tracker.failures += 1
-        if tracker.state is Health.HALF_OPEN or tracker.failures >= self.settings.failure_threshold:
+        if passive:
+            tracker.passive_failures += 1
+            count = tracker.passive_failures
+        else:
+            tracker.probe_failures += 1
+            count = tracker.probe_failures
+        if tracker.state is Health.HALF_OPEN or count >= self.settings.failure_threshold:
             if passive and self._last_in_service(replica):
                 return
-            self._set(replica, tracker, Health.EJECTED, evidence)
-            tracker.ejected_until = self.clock() + self.settings.cooldown_s
+            self._eject(replica, tracker, CONNECT if passive else PROBE, evidence)
 
     def _last_in_service(self, replica: ReplicaId) -> bool:
         cluster = self.cluster
@@ -161,6 +219,48 @@ class HealthMonitor:
         """
         if self.settings.passive and isinstance(error, UpstreamConnectError):
             self.record_failure(replica, passive=True, evidence=f"proxied request: {error.message}")
+
+    def answered_5xx(self, replica: ReplicaId, path: str, body: bytes, status: int) -> None:
+        """`replica` answered `status` (>= 500) to the request `body` sent to `path`: books
+        it for outlier detection, and ejects the replica if it now stands out."""
+        if not self.settings.passive or replica not in self.cluster.members:
+            return
+        tracker = self._tracker(replica)
+        if tracker.state is Health.EJECTED:
+            return
+        others = [r for r in self.cluster.members if r != replica]
+        reason = self.outliers.failed(replica, path, fingerprint(path, body), status, others)
+        if reason is None:
+            return
+        share = self.outliers.share(replica)
+        if self._last_in_service(replica):
+            log.warning("replica %s is an outlier (%s) but is the last in service", replica, reason)
+            return
+        if not self._may_outlier_eject():
+            log.warning(
+                "replica %s is an outlier (%s) but outlier.max_ejection_share is reached",
+                replica,
+                reason,
+            )
+            return
+        o = self.settings.outlier
+        now = self.clock()
+        if tracker.outlier_times and tracker.healthy_since:
+            healthy_for = now - tracker.healthy_since
+            tracker.outlier_times = max(0, tracker.outlier_times - int(healthy_for / o.interval_s))
+        tracker.outlier_times += 1
+        seconds = min(o.base_ejection_s * tracker.outlier_times, o.max_ejection_s)
+        what = (
+            f"{o.consecutive_5xx} consecutive 5xx answers to different requests"
+            if reason == CONSECUTIVE
+            else f"a 5xx share of {share:.0%} over different requests, far above the fleet's"
+        )
+        self._eject(replica, tracker, reason, f"outlier: {what} (last {status})", seconds)
+
+    def _may_outlier_eject(self) -> bool:
+        members = self.cluster.members
+        allowed = max(1, math.floor(self.settings.outlier.max_ejection_share * len(members)))
+        return sum(1 for r in members if self.outlier_ejected(r)) < allowed
 
     async def stalled(self, replica: ReplicaId, body: bytes) -> bool:
         """A request (`body`, which names the model) waited out its response-header timeout
@@ -219,16 +319,24 @@ class HealthMonitor:
                 "replica %s looks stalled (%s) but is the last in service", replica, evidence
             )
             return
-        self._set(replica, tracker, Health.EJECTED, evidence)
-        tracker.ejected_until = self.clock() + self.settings.cooldown_s
+        self._eject(replica, tracker, STALLED, evidence)
 
-    def passive_success(self, replica: ReplicaId) -> None:
-        # Cheap on the hot path: only a non-healthy replica needs bookkeeping.
+    def passive_success(self, replica: ReplicaId, path: str | None = None) -> None:
+        """A proxied request to `path` got an answer below 500."""
         tracker = self._trackers.get(replica)
         if tracker is not None and tracker.state is not Health.HEALTHY:
             self.record_success(replica)
         elif tracker is not None:
-            tracker.failures = 0
+            tracker.passive_failures = 0
+        if path is not None and self.settings.outlier.enabled:
+            self.outliers.succeeded(replica, path)
+
+    def scrape_success(self, replica: ReplicaId) -> None:
+        """A `/metrics` scrape answered: the replica is reachable (its connect failures
+        reset), nothing more; a scrape neither clears a failed probe nor re-admits."""
+        tracker = self._trackers.get(replica)
+        if tracker is not None:
+            tracker.passive_failures = 0
 
     def tick(self) -> None:
         """Move cooled-down ejected replicas to half-open when nothing probes them."""

@@ -283,7 +283,7 @@ def _system_pieces(system: Any) -> list[list[bytes]]:
 def _pair_pieces(body: Mapping[str, Any]) -> list[list[bytes]]:
     # The query (or first text) leads: it is what repeats across a reranking session.
     out: list[list[bytes]] = []
-    for field in ("query", "text_1", "queries", "documents", "text_2", "items"):
+    for field in ("query", "text_1", "data_1", "queries", "documents", "text_2", "data_2", "items"):
         value = body.get(field)
         if value is not None:
             out.append([_MSG_SEP, _prompt_bytes(value)])

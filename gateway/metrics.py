@@ -16,6 +16,8 @@ request path never touches a gauge for them.
 | kvgate_upstream_failures_total | counter | replica, kind |
 | kvgate_in_flight | gauge | replica |
 | kvgate_replica_healthy | gauge | replica |
+| kvgate_replica_ejected | gauge | replica |
+| kvgate_replica_ejections_total | counter | replica, reason |
 | kvgate_lineage_blocks | gauge | |
 | kvgate_lineage_capacity_blocks | gauge | |
 | kvgate_lineages | gauge | |
@@ -41,11 +43,12 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import ClassVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from gateway.cluster import Cluster
+from gateway.health import HealthMonitor
 from gateway.lineage import LineageIndex
 from gateway.token_timing import StreamTimer
 from gateway.workers.snapshot import MergeMode
@@ -155,6 +158,36 @@ class _ClusterCollector(Collector):
             healthy.add_metric([rid], 1.0 if cluster.is_healthy(rid) else 0.0)
         yield inflight
         yield healthy
+
+
+class _HealthCollector(Collector):
+    merge_modes: ClassVar[Mapping[str, MergeMode]] = {"kvgate_replica_ejected": "max"}
+
+    def __init__(self, health: HealthMonitor) -> None:
+        self._health = health
+
+    def collect(self) -> Iterator[Metric]:
+        health = self._health
+        ejected = GaugeMetricFamily(
+            "kvgate_replica_ejected",
+            "1 while the replica is ejected as an outlier (its answers fail far more often)",
+            labels=["replica"],
+        )
+        for rid in health.cluster.members:
+            ejected.add_metric([rid], 1.0 if health.outlier_ejected(rid) else 0.0)
+        ejections = CounterMetricFamily(
+            "kvgate_replica_ejections",
+            "Ejections of a replica from service, by reason (probe, connect, stalled, "
+            "consecutive_5xx, failure_share)",
+            labels=["replica", "reason"],
+        )
+        for (rid, reason), count in sorted(health.ejections.items()):
+            ejections.add_metric([rid, reason], float(count))
+        yield ejected
+        yield ejections
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
 
 
 class _LineageCollector(Collector):
@@ -361,6 +394,10 @@ class GatewayMetrics:
 
     def upstream_failure(self, replica: str, kind: str) -> None:
         self._child(self.upstream_failures, "inc", replica, kind)()
+
+    def watch_health(self, health: HealthMonitor) -> None:
+        """Export outlier ejections, read at scrape time (nothing on the request path)."""
+        self.registry.register(_HealthCollector(health))
 
     def watch_lineage(self, index: LineageIndex) -> None:
         """Export the lineage index's size, read at scrape time (nothing on the request path)."""

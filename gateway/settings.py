@@ -261,6 +261,49 @@ class ResponsesSettings(Section):
     )
 
 
+class OutlierSettings(Section):
+    """Ejection of replicas that answer but fail requests (Envoy's outlier detection).
+
+    Envoy's defaults where they fit kvgate's small fleets: 5 consecutive 5xx, a 10 s window,
+    30 s base ejection growing with each ejection up to 300 s, at most 10% of the replicas
+    ejected (always at least one may be, never the last in service). Envoy's success-rate
+    check needs 5 hosts and 100 requests each; kvgate fleets are often 2-4 replicas, so the
+    share check compares a replica with the rest of the fleet from 20 requests on.
+    """
+
+    enabled: bool = Field(True, description="eject replicas whose answers fail far more often")
+    consecutive_5xx: int = Field(
+        5, ge=2, description="5xx answers in a row, each to a different request, that eject"
+    )
+    interval_s: float = Field(10.0, gt=0, description="window the 5xx shares are taken over")
+    request_volume: int = Field(
+        20,
+        ge=1,
+        description="different requests a replica (and the rest of the fleet) must have "
+        "answered in the window before its share is judged",
+    )
+    min_failure_share: float = Field(
+        0.2, gt=0, le=1, description="a 5xx share below this never ejects"
+    )
+    failure_share_factor: float = Field(
+        2.0,
+        ge=1,
+        description="eject when the replica's 5xx share is at least this many times the "
+        "share of the rest of the fleet (a fleet-wide failure ejects nobody)",
+    )
+    base_ejection_s: float = Field(
+        30.0, gt=0, description="first ejection's length; each further one adds as much"
+    )
+    max_ejection_s: float = Field(300.0, gt=0, description="longest ejection")
+    max_ejection_share: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="most replicas outlier-ejected at once, as a share of the fleet "
+        "(at least one may always be)",
+    )
+
+
 class HealthSettings(Section):
     enabled: bool = Field(True, description="actively probe each replica")
     path: str = Field("/health", description="probe path")
@@ -280,6 +323,7 @@ class HealthSettings(Section):
         "replica a one-token request; no answer within canary_timeout_s ejects it (stalled)",
     )
     canary_timeout_s: float = Field(5.0, gt=0, description="deadline of the stall canary")
+    outlier: OutlierSettings = Field(default_factory=OutlierSettings)
 
 
 class RetrySettings(Section):

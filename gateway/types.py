@@ -121,6 +121,10 @@ EXTRA_PATHS: Mapping[str, Endpoint] = MappingProxyType(
     }
 )
 
+# Client paths forwarded to another engine path: vLLM 0.33 serves classification only at
+# `/classify` (SGLang serves both), so `/v1/classify` goes there too.
+UPSTREAM_PATHS: Mapping[str, str] = MappingProxyType({"/v1/classify": "/classify"})
+
 _ANTHROPIC_PATHS = frozenset(s.path for s in ROUTE_SPECS.values() if s.errors == "anthropic")
 
 
@@ -163,7 +167,12 @@ class RouteRequest:
 
 @dataclass(frozen=True, slots=True)
 class EngineLoad:
-    """One scrape of one replica's engine metrics. `None` fields were not exposed."""
+    """One scrape of one replica's engine metrics. `None` fields were not exposed.
+
+    `engine` False: the engine exposes no load (SGLang without `--enable-metrics` answers
+    `/metrics` 404); the load is then empty and the gateway's own in-flight and prompt-token
+    counts stand in for it (fresh at each scrape, so the replica is not "unknown").
+    """
 
     waiting: float
     running: float
@@ -171,6 +180,7 @@ class EngineLoad:
     prefix_hit_rate: float | None = None
     kv_capacity_tokens: int | None = None
     scraped_at: float = 0.0
+    engine: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -234,10 +234,12 @@ def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 # -- orchestration ----------------------------------------------------------------------
 class Proc:
-    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, args: list[str], env: dict[str, str] | None = None, cwd: Path | str = ROOT
+    ) -> None:
         self.p = subprocess.Popen(
             args,
-            cwd=ROOT,
+            cwd=cwd,
             env={**os.environ, **(env or {})},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

@@ -10,6 +10,7 @@ answer says where it went.
     python loadtests/chaos.py                      # every scenario, a few minutes
     python loadtests/chaos.py --only kill,stall --duration 4
     python loadtests/chaos.py --list
+    python loadtests/chaos.py --only unhealthy70 --gateway-src /tmp/kvgate-before
 
 Columns: requests sent; fail<1B: well-formed requests that got no answer (a transport error
 before the response headers, or a non-2xx the gateway made itself; 429s from admission are in
@@ -49,6 +50,8 @@ from typing import Any, Self
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The in-process scenarios (poison) import the gateway from this checkout.
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 from bench_overhead import MODEL, Proc, free_port, wait_ready
 
 RSS_FLAT = 1.2  # peak within 20% of the warm RSS
@@ -94,6 +97,7 @@ class Tally:
     errors: Counter[str] = field(default_factory=Counter)
     sessions: dict[str, list[str]] = field(default_factory=dict)
     wrong_answers: int = 0
+    answered: Counter[tuple[str, int]] = field(default_factory=Counter)  # (replica, status)
 
     def status(self, code: int, relayed: bool) -> None:
         self.statuses[code] += 1
@@ -217,9 +221,12 @@ def gateway_config(port: int, urls: Sequence[str], sections: dict[str, Any]) -> 
 class Gateway:
     """One `kvgate serve -c FILE` process (the file is JSON, which YAML reads)."""
 
-    def __init__(self, urls: Sequence[str], sections: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, urls: Sequence[str], sections: dict[str, Any] | None = None, src: str | None = None
+    ) -> None:
         self.port = free_port()
         self.config = gateway_config(self.port, urls, sections or {})
+        self.src = src  # another kvgate source tree to run (a before/after comparison)
         self.proc: Proc | None = None
         self.log: deque[str] = deque(maxlen=2000)
 
@@ -235,7 +242,8 @@ class Gateway:
     def start(self) -> None:
         path = Path(tempfile.mkdtemp(prefix="chaos-")) / "gateway.yaml"
         path.write_text(json.dumps(self.config))
-        self.proc = Proc([sys.executable, "-m", "gateway.cli", "serve", "-c", str(path)])
+        argv = [sys.executable, "-m", "gateway.cli", "serve", "-c", str(path)]
+        self.proc = Proc(argv) if self.src is None else Proc(argv, cwd=self.src)
         _drain(self.proc, self.log)
         wait_ready(self.url + "/ready")
 
@@ -307,9 +315,14 @@ def rss_mb(pid: int) -> float | None:
 
 
 _SERIES = re.compile(
-    r"^(kvgate_replica_healthy|kvgate_in_flight|kvgate_admission_queue_depth)"
+    r"^(kvgate_replica_healthy|kvgate_replica_ejected|kvgate_in_flight|kvgate_admission_queue_depth)"
     r'\{[a-z_]+="([^"]*)"\} (\S+)$',
     re.MULTILINE,
+)
+
+
+_EJECTIONS = re.compile(
+    r'^kvgate_replica_ejections_total\{reason="([^"]*)",replica="([^"]*)"\} (\S+)$', re.MULTILINE
 )
 
 
@@ -317,6 +330,8 @@ def parse_metrics(text: str) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for name, label, value in _SERIES.findall(text):
         out.setdefault(name, {})[label] = float(value)
+    for reason, replica, value in _EJECTIONS.findall(text):
+        out.setdefault("kvgate_replica_ejections_total", {})[f"{replica}/{reason}"] = float(value)
     return out
 
 
@@ -406,10 +421,12 @@ async def rig(
     sections: dict[str, Any] | None = None,
     profile: str = "h200-sparse",
     urls: Sequence[str] = (),
+    src: str | None = None,
 ) -> AsyncIterator[tuple[list[Engine], Gateway]]:
-    """`engines` sim processes (plus `urls` of engines served elsewhere) behind one gateway."""
+    """`engines` sim processes (plus `urls` of engines served elsewhere) behind one gateway
+    (run from the kvgate tree `src` when given)."""
     procs = [Engine(profile) for _ in range(engines)]
-    gw = Gateway([*(e.url for e in procs), *urls], sections)
+    gw = Gateway([*(e.url for e in procs), *urls], sections, src)
     try:
         await started(*procs)
         await started(gw)
@@ -428,8 +445,13 @@ def finish(row: Row, gw: Gateway) -> None:
 
 
 # -- load -----------------------------------------------------------------------------
-def request_body(kind: str, sid: str, stream: bool, max_tokens: int) -> tuple[str, dict[str, Any]]:
+def request_body(
+    kind: str, sid: str, stream: bool, max_tokens: int, n: int | None = None
+) -> tuple[str, dict[str, Any]]:
+    """A session's request; with `n`, its n-th, a different request each time."""
     text = f"session {sid}: explain why a prefix cache wants sticky routing, briefly."
+    if n is not None:
+        text += f" (turn {n})"
     if kind == "completions":
         return "/v1/completions", {
             "model": MODEL,
@@ -455,14 +477,16 @@ async def one_request(
     kind: str = "chat",
     max_tokens: int = 32,
     check_echo: bool = False,
+    turn: int | None = None,
 ) -> None:
-    path, body = request_body(kind, sid, stream, max_tokens)
+    path, body = request_body(kind, sid, stream, max_tokens, turn)
     tally.requests += 1
     try:
         async with client.stream(
             "POST", base + path, json=body, headers={"x-session-id": sid}
         ) as resp:
             replica = resp.headers.get(REPLICA)
+            tally.answered[(replica or "-", resp.status_code)] += 1
             if resp.status_code != 200:
                 await resp.aread()
                 tally.status(resp.status_code, replica is not None)
@@ -496,10 +520,12 @@ async def run_load(
     max_tokens: int = 32,
     check_echo: bool = False,
     stream_every: int | None = 2,
+    distinct: bool = False,
 ) -> None:
     """`workers` sessions for `seconds`; worker i streams when i % stream_every == 0 (never
     when None) and sends
-    kinds[i % len(kinds)]; successive requests of one session alternate over `bases`."""
+    kinds[i % len(kinds)]; successive requests of one session alternate over `bases`.
+    A session repeats one request, unless `distinct` (each turn is then a new request)."""
     deadline = time.monotonic() + seconds
     limits = httpx.Limits(max_connections=workers * 2, max_keepalive_connections=workers * 2)
     timeout = httpx.Timeout(30.0, connect=5.0)
@@ -519,6 +545,7 @@ async def run_load(
                     kind=kinds[i % len(kinds)],
                     max_tokens=max_tokens,
                     check_echo=check_echo,
+                    turn=n if distinct else None,
                 )
 
         await asyncio.gather(*(worker(i) for i in range(workers)))
@@ -679,6 +706,9 @@ class Options:
     duration: float = 6.0
     workers: int = 16
     examples: int = 300
+    src: str | None = (
+        None  # run the gateway from this kvgate tree (core_dead, error30, unhealthy70)
+    )
 
 
 async def scenario_kill(o: Options) -> list[Row]:
@@ -785,6 +815,119 @@ async def scenario_poison(o: Options) -> list[Row]:
             finish(row, gw)
     finally:
         await poisoned.stop()
+    return [row]
+
+
+# The gateway's own health defaults (issue 44: the new rows must pass with them).
+DEFAULT_HEALTH: dict[str, Any] = {
+    "health": {
+        "interval_s": 2.0,
+        "timeout_s": 1.0,
+        "failure_threshold": 3,
+        "success_threshold": 2,
+        "cooldown_s": 5.0,
+    }
+}
+
+
+def _share(tally: Tally, replica: str) -> tuple[int, int]:
+    """(answers from `replica`, of which failed)."""
+    got = {k: v for k, v in tally.answered.items() if k[0] == replica}
+    return sum(got.values()), sum(v for (_, code), v in got.items() if code >= 500)
+
+
+async def scenario_core_dead(o: Options) -> list[Row]:
+    """e0 keeps serving /metrics but its core died: /health 503, every request 500."""
+    row = Row("e0 core dead (/health 503)")
+    async with rig(2, DEFAULT_HEALTH, src=o.src) as (engines, gw):
+        tally = Tally()
+        async with Watch(gw) as watch:
+            t0 = time.monotonic()
+            load = asyncio.ensure_future(
+                run_load([gw.url], tally, o.duration, o.workers, distinct=True)
+            )
+            died = await at(
+                t0,
+                o.duration * 0.2,
+                lambda: _set_faults(engines[0].url, {"unhealthy": True, "error": 500}),
+            )
+            await load
+            row.eject_s = watch.first("e0", 0.0, died)
+            row.inflight_end = await watch.settle()
+            row.rss_peak_mb, row.rss_end_mb, _ = watch.rss_figures(t0)
+            ejections = watch.last.get("kvgate_replica_ejections_total", {})
+        tally.into(row)
+        late = Tally()  # once it is out, nothing fails
+        await run_load([gw.url], late, 1.5, o.workers, distinct=True, prefix="late")
+        row.requests += late.requests
+        n, _ = _share(late, "e0")
+        row.notes.append(
+            f"ejections {ejections}; after ejection: {late.requests} requests, {n} to e0, "
+            f"{sum(v for (_, c), v in late.answered.items() if c != 200)} not 200"
+        )
+        row.checks["ejected"] = row.eject_s is not None
+        row.checks["out_after"] = n == 0 and late.statuses.get(200, 0) == late.requests
+        row.checks["no_gw5xx"] = row.gw5xx == 0
+        row.checks["inflight_0"] = row.inflight_end == 0
+        finish(row, gw)
+    return [row]
+
+
+async def scenario_error30(o: Options) -> list[Row]:
+    """e0 answers 500 to 30% of requests; its /health stays 200 (outlier detection)."""
+    row = Row("e0 500 on 30% of requests")
+    # A fast engine: the 5xx share is judged over 20 different requests in 10 s.
+    async with rig(2, DEFAULT_HEALTH, profile="instant", src=o.src) as (engines, gw):
+        await _set_faults(engines[0].url, {"error": 500, "error_rate": 0.3})
+        tally = Tally()
+        async with Watch(gw) as watch:
+            t0 = time.monotonic()
+            await run_load([gw.url], tally, o.duration, o.workers, distinct=True)
+            row.eject_s = watch.first("e0", 0.0, t0)
+            row.inflight_end = await watch.settle()
+            row.rss_peak_mb, row.rss_end_mb, _ = watch.rss_figures(t0)
+            outlier = watch.last.get("kvgate_replica_ejected", {})
+            healthy = watch.last.get("kvgate_replica_healthy", {})
+        tally.into(row)
+        n, bad = _share(tally, "e0")
+        row.notes.append(
+            f"e0 answered {n} ({bad} 5xx); kvgate_replica_ejected {outlier}; "
+            f"eject s = from the start of the load"
+        )
+        row.checks["ejected"] = row.eject_s is not None and outlier.get("e0") == 1.0
+        row.checks["e1_kept"] = healthy.get("e1") == 1.0
+        row.checks["no_gw5xx"] = row.gw5xx == 0
+        row.checks["inflight_0"] = row.inflight_end == 0
+        finish(row, gw)
+    return [row]
+
+
+async def scenario_unhealthy70(o: Options) -> list[Row]:
+    """Issue 44's experiment: e0 unhealthy and failing 70%; 60 requests 12 s later."""
+    row = Row("issue 44: e0 unhealthy, 70% 500")
+    async with rig(2, DEFAULT_HEALTH, src=o.src) as (engines, gw):
+        await _set_faults(engines[0].url, {"unhealthy": True, "error": 500, "error_rate": 0.7})
+        async with Watch(gw) as watch:
+            t0 = time.monotonic()
+            await asyncio.sleep(12.0)
+            tally = Tally()
+            async with httpx.AsyncClient(timeout=30.0) as client:
+                for i in range(60):
+                    await one_request(client, gw.url, tally, f"x{i}", stream=False, turn=i)
+            row.eject_s = watch.first("e0", 0.0, t0)
+            row.inflight_end = await watch.settle()
+            healthy = watch.last.get("kvgate_replica_healthy", {})
+        tally.into(row)
+        n, bad = _share(tally, "e0")
+        failed = sum(v for (_, c), v in tally.answered.items() if c != 200)
+        row.notes.append(
+            f"60 requests 12 s after the fault: {failed} failed, {n} went to e0 ({bad} 5xx); "
+            f"kvgate_replica_healthy {healthy}"
+        )
+        row.checks["no_failed"] = failed == 0
+        row.checks["ejected"] = row.eject_s is not None
+        row.checks["inflight_0"] = row.inflight_end == 0
+        finish(row, gw)
     return [row]
 
 
@@ -1280,6 +1423,9 @@ SCENARIOS: dict[str, Callable[[Options], Awaitable[list[Row]]]] = {
     "kill": scenario_kill,
     "stall": scenario_stall,
     "poison": scenario_poison,
+    "core_dead": scenario_core_dead,
+    "error30": scenario_error30,
+    "unhealthy70": scenario_unhealthy70,
     "disconnects": scenario_disconnects,
     "overload": scenario_overload_both,
     "unsolicited": scenario_unsolicited,
@@ -1338,6 +1484,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--examples", type=int, default=300, help="hypothesis examples of the fuzzer"
     )
+    parser.add_argument(
+        "--gateway-src",
+        default=None,
+        help="run the gateway of the health scenarios from this kvgate source tree "
+        "(e.g. an exported older commit, for a before/after comparison)",
+    )
     parser.add_argument("--list", action="store_true", help="name the scenarios and exit")
     args = parser.parse_args(argv)
     if args.list:
@@ -1349,7 +1501,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown scenario(s) {unknown}; known: {', '.join(SCENARIOS)}")
     t0 = time.monotonic()
-    rows = asyncio.run(run(names, Options(args.duration, args.workers, args.examples)))
+    rows = asyncio.run(
+        run(names, Options(args.duration, args.workers, args.examples, args.gateway_src))
+    )
     print(table(rows))
     print(
         f"{len(rows)} rows in {time.monotonic() - t0:.0f} s; "

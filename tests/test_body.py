@@ -118,7 +118,6 @@ GOOD_CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"messages": [{"role": "user", "content": "hi"}]}, "model"),
         ({"model": 3, "messages": []}, "model"),
         ({"model": "", "messages": []}, "model"),
         ({"model": "m"}, "messages"),
@@ -159,6 +158,53 @@ def test_validate_prompt_errors(prompt: Any) -> None:
 
 def test_validate_ok() -> None:
     assert validate({**GOOD_CHAT, "stream": True, "max_tokens": 5}, Endpoint.CHAT) == "m"
+
+
+def test_a_body_without_model_is_valid_and_names_none() -> None:
+    """vLLM serves its one model to such a body; the proxy fills it in (issue 44)."""
+    assert validate({"messages": [{"role": "user", "content": "hi"}]}, Endpoint.CHAT) == ""
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body"),
+    [
+        (Endpoint.SCORE, {"data_1": "a", "data_2": ["b", "c"]}),
+        (Endpoint.SCORE, {"text_1": "a", "text_2": "b"}),
+        (Endpoint.SCORE, {"queries": "a", "items": ["b"]}),
+        (Endpoint.SCORE, {"queries": ["a"], "documents": ["b"]}),
+        (Endpoint.RERANK, {"query": "a", "documents": "just one"}),
+        (
+            Endpoint.RERANK,
+            {"query": "a", "documents": {"content": [{"type": "text", "text": "b"}]}},
+        ),
+        (
+            Endpoint.RERANK,
+            {
+                "query": {"content": [{"type": "image_url", "image_url": {"url": "x"}}]},
+                "documents": ["b"],
+            },
+        ),
+    ],
+)
+def test_score_and_rerank_accept_vllms_forms(endpoint: Endpoint, body: dict[str, Any]) -> None:
+    assert validate({"model": "m", **body}, endpoint) == "m"
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body", "param"),
+    [
+        (Endpoint.SCORE, {"data_1": "a"}, "text_1"),
+        (Endpoint.RERANK, {"query": "", "documents": ["b"]}, "query"),
+        (Endpoint.RERANK, {"query": "a", "documents": []}, "documents"),
+        (Endpoint.RERANK, {"query": 3, "documents": ["b"]}, "query"),
+    ],
+)
+def test_score_and_rerank_still_refuse_what_vllm_refuses(
+    endpoint: Endpoint, body: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(BadRequest) as info:
+        validate({"model": "m", **body}, endpoint)
+    assert info.value.param == param
 
 
 def test_new_routes_validate_their_own_fields() -> None:

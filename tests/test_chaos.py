@@ -40,6 +40,9 @@ def test_chaos_answers_help_and_lists_every_scenario() -> None:
         "kill",
         "stall",
         "poison",
+        "core_dead",
+        "error30",
+        "unhealthy70",
         "disconnects",
         "overload",
         "unsolicited",
@@ -84,6 +87,17 @@ async def test_a_replica_failing_one_request_kind_is_not_ejected() -> None:
     [row] = await chaos.scenario_poison(chaos.Options(duration=1.5, workers=8))
     _assert_targets(row, "no_unstarted_fail", "no_gw5xx", "no_healthy_ejected", "inflight_0")
     assert row.relayed5xx > 0  # the poisoned completions were relayed, not hidden
+
+
+async def test_an_engine_whose_core_died_is_taken_out_with_default_health_settings() -> None:
+    """/health 503 and every request 500 while /metrics still answers (issue 44)."""
+    [row] = await chaos.scenario_core_dead(chaos.Options(duration=3.0, workers=8))
+    _assert_targets(row, "ejected", "out_after", "no_gw5xx", "inflight_0", "no_traceback")
+
+
+async def test_an_engine_answering_500_to_30_percent_is_ejected_with_default_settings() -> None:
+    [row] = await chaos.scenario_error30(chaos.Options(duration=3.0, workers=8))
+    _assert_targets(row, "ejected", "e1_kept", "no_gw5xx", "inflight_0", "no_traceback")
 
 
 async def test_fuzzed_bodies_and_headers_get_no_5xx_from_the_gateway() -> None:

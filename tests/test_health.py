@@ -30,7 +30,7 @@ def test_ejection_after_threshold_and_half_open_readmission() -> None:
     m = monitor(clock)
     m.record_failure(R)
     m.record_failure(R)
-    m.record_success(R)  # a success resets the count
+    m.record_success(R, probe=True)  # a probe success resets the count
     m.record_failure(R)
     m.record_failure(R)
     assert m.state(R) is Health.HEALTHY and m.cluster.is_healthy(R)

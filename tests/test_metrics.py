@@ -4,8 +4,11 @@ from prometheus_client import Counter
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.cluster import Cluster
+from gateway.health import HealthMonitor
 from gateway.metrics import GatewayMetrics
+from gateway.settings import HealthSettings
 from gateway.types import ReplicaId, ReplicaState
+from gateway.upstream import Timeouts, make_client
 
 
 def samples(metrics: GatewayMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -74,6 +77,9 @@ def test_reference_table_matches_the_registry() -> None:
     }
     cluster = Cluster([ReplicaState(ReplicaId("a"), "http://a")])
     m = GatewayMetrics(cluster)
+    health = HealthMonitor(cluster, make_client("h1", Timeouts(1, 1, 1)), HealthSettings())
+    health.ejections[(ReplicaId("a"), "probe")] += 1
+    m.watch_health(health)
     m.request_done("chat", "a", 200, False, 0.1, 0.1)
     m.error("x")
     m.retry("x")

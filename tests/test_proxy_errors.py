@@ -68,7 +68,7 @@ async def test_malformed_bodies(http: httpx.AsyncClient, content: bytes, code: s
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"messages": [{"role": "user", "content": "x"}]}, "model"),
+        ({"model": "", "messages": [{"role": "user", "content": "x"}]}, "model"),
         ({"model": 7, "messages": [{"role": "user", "content": "x"}]}, "model"),
         ({"model": MODEL}, "messages"),
         ({"model": MODEL, "messages": {"role": "user"}}, "messages"),

@@ -254,7 +254,8 @@ class AdmissionGate:
         inflight = view.inflight(replica)
         load = view.load_of(state)
         at_scrape = inflight
-        if load is not None:
+        # No engine load (its /metrics is absent): only the gateway's own counts judge it.
+        if load is not None and load.engine:
             mark = self._marks.get(replica)
             if mark is None or mark[0] != load.scraped_at:
                 self._marks[replica] = (load.scraped_at, inflight)

@@ -11,6 +11,11 @@ it. An idle replica always admits one request, so a replica whose metrics are mi
 served one request at a time instead of being starved or flooded. Set `max_inflight` to
 judge such replicas by the in-flight count alone.
 
+No engine load at all (the engine serves no `/metrics`, e.g. SGLang without
+`--enable-metrics`): the scraper publishes an empty load marked `engine=False` at each scrape
+(issue 44), so the replica is not unknown; only the gateway's own counts (`max_inflight`,
+`max_prompt_tokens`, `max_prefill_tokens`) hold requests back, and requests run concurrently.
+
 `max_prompt_tokens` counts the prompt tokens of the gateway's own requests in flight. An
 engine that schedules running requests first lets a few long prefills take its whole
 step budget; bounding them keeps room for short and high-class requests. One request

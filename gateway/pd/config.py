@@ -36,6 +36,7 @@ class PDMode(str, Enum):
 class PDProtocol(str, Enum):
     VLLM = "vllm"  # kv_transfer_params relay, prefill then decode
     SGLANG = "sglang"  # bootstrap room, both legs at once
+    VLLM_MOONCAKE = "vllm-mooncake"  # router-minted transfer_id, decode pulls from bootstrap
 
 
 class _Frozen(BaseModel):
@@ -135,12 +136,19 @@ class PDSettings(_Frozen):
     decode_policy: str = Field(
         "least_load", description="policy ranking decode replicas (prefill uses the router)"
     )
+    engine_ids: dict[str, str] = Field(
+        default_factory=dict,
+        description="vllm-mooncake: the kv_transfer_config engine_id of each prefill replica "
+        "(by replica id); unlisted, the replica id is sent, so name the engine after it",
+    )
     seed: int | None = Field(None, description="seed of the bootstrap-room generator (tests)")
     allow_client_fields: bool = Field(
         False,
-        description="forward a client's own kv_transfer_params / bootstrap_host, "
-        "_port, _room (a client doing its own PD); off, they are stripped, since they make "
-        "an engine connect where the client says",
+        description="forward a client's own engine-steering fields (kv_transfer_params, "
+        "ec_transfer_params, bootstrap_host/_port/_room, bootstrap_pair_key, routed_dp_rank, "
+        "data_parallel_rank, disagg_prefill_dp_rank, header X-data-parallel-rank: a client "
+        "doing its own PD); off, they are stripped, since they make an engine connect where "
+        "the client says or pin its DP rank",
     )
 
     def for_model(self, model: str) -> ModelPDSettings | None:
@@ -162,8 +170,9 @@ class PDSettings(_Frozen):
         """
         if replica.role is Role.BOTH:
             return True
-        return replica.role is Role.DECODE and self.for_pool(replica.pool).protocol is (
-            PDProtocol.VLLM
+        return replica.role is Role.DECODE and self.for_pool(replica.pool).protocol in (
+            PDProtocol.VLLM,
+            PDProtocol.VLLM_MOONCAKE,
         )
 
     def bootstrap_port(self, replica: str, pool: str | None) -> int:

@@ -67,22 +67,33 @@ def prompt_tokens_of(request: RouteRequest) -> int:
     return len(request.prefix_hashes) * request.block_tokens
 
 
-# What a client could use to steer the engines' KV hand-off (vLLM's connector params,
-# SGLang's bootstrap address): the gateway's own PD sets them, a client's never reach an
-# engine unless `pd.allow_client_fields` says so.
-CLIENT_PD_FIELDS = ("kv_transfer_params", "bootstrap_host", "bootstrap_port", "bootstrap_room")
+# What a client could use to steer an engine (issue 19 defect 7, issue 44 item 7): vLLM's
+# KV and encoder-cache connector params (an address the engine connects to), SGLang's
+# bootstrap address, pairing key and DP-rank pins (vLLM 0.33 `protocol.py`, SGLang 0.5.23
+# `openai/protocol.py`). The gateway's own PD sets the hand-off ones; a client's never reach
+# an engine unless `pd.allow_client_fields` says so.
+CLIENT_PD_FIELDS = frozenset(
+    {
+        "kv_transfer_params",
+        "ec_transfer_params",
+        "bootstrap_host",
+        "bootstrap_port",
+        "bootstrap_room",
+        "bootstrap_pair_key",
+        "routed_dp_rank",
+        "data_parallel_rank",
+        "disagg_prefill_dp_rank",
+    }
+)
+# vLLM reads the DP rank from this header as well as from the body.
+CLIENT_PD_HEADERS = frozenset({b"x-data-parallel-rank"})
 
 
 def without_client_pd_fields(body: dict[str, Any]) -> dict[str, Any] | None:
-    """`body` without the PD hand-off fields, or None when it has none (the usual case)."""
-    if (
-        "kv_transfer_params" in body
-        or "bootstrap_host" in body
-        or "bootstrap_port" in body
-        or "bootstrap_room" in body
-    ):
-        return {k: v for k, v in body.items() if k not in CLIENT_PD_FIELDS}
-    return None
+    """`body` without the engine-steering fields, or None when it has none (the usual case)."""
+    if CLIENT_PD_FIELDS.isdisjoint(body):
+        return None
+    return {k: v for k, v in body.items() if k not in CLIENT_PD_FIELDS}
 
 
 _SPLITTABLE = frozenset((Endpoint.CHAT, Endpoint.COMPLETIONS))

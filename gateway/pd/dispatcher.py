@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gateway.hooks import ForwardContext, RequestOutcome
-from gateway.pd import sglang, vllm
+from gateway.pd import mooncake, sglang, vllm
 from gateway.pd.config import ModelPDSettings, PDMode, PDProtocol, PDSettings
 from gateway.pd.decision import PDDecision, body_blocker, decide
 from gateway.pd.metrics import PDMetrics
@@ -101,6 +101,17 @@ class PDDispatcher:
         if pairing.protocol is PDProtocol.VLLM:
             leg, outcome = await vllm.handoff(
                 ctx.open_leg, ctx.leg_body, prefill.id, pairing.decodes, cfg, first_byte
+            )
+        elif pairing.protocol is PDProtocol.VLLM_MOONCAKE:
+            leg, outcome = await mooncake.handoff(
+                ctx.open_leg,
+                ctx.leg_body,
+                prefill.id,
+                mooncake.bootstrap_addr(sglang.bootstrap_host(prefill.url), pairing.bootstrap_port),
+                self.settings.engine_ids.get(prefill.id, prefill.id),
+                pairing.decodes,
+                cfg,
+                first_byte,
             )
         else:
             leg, outcome = await sglang.handoff(

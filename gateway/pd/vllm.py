@@ -30,11 +30,11 @@ _PREFILL_PARAMS: dict[str, Any] = {
     "remote_port": None,
 }
 # Prefill engines reject these when they only produce one token.
-_PREFILL_DROPPED = ("stream_options", "min_tokens", "min_completion_tokens")
+PREFILL_DROPPED = ("stream_options", "min_tokens", "min_completion_tokens")
 
 
 def prefill_body(body: Mapping[str, Any]) -> dict[str, Any]:
-    leg = {k: v for k, v in body.items() if k not in _PREFILL_DROPPED}
+    leg = {k: v for k, v in body.items() if k not in PREFILL_DROPPED}
     leg["kv_transfer_params"] = dict(_PREFILL_PARAMS)
     leg["stream"] = False
     leg["max_tokens"] = 1

@@ -22,13 +22,13 @@ from gateway.body import (
 )
 from gateway.errors import BadRequest, Forbidden, ModelNotFound
 from gateway.keys import route_request, session_key
-from gateway.pd.decision import without_client_pd_fields
+from gateway.pd.decision import CLIENT_PD_HEADERS, without_client_pd_fields
 from gateway.proxy.continuation import continuing
 from gateway.proxy.exchange import Exchange, Scope
 from gateway.state import GatewayState
 from gateway.stream_usage import inject_usage
 from gateway.tracing.context import TRACEPARENT, child
-from gateway.types import ROUTE_SPECS, Endpoint, RouteRequest, SessionKey
+from gateway.types import ROUTE_SPECS, UPSTREAM_PATHS, Endpoint, RouteRequest, SessionKey
 from gateway.upload import open_upload
 from gateway.upstream import request_headers
 
@@ -65,7 +65,7 @@ class Inbound:
     def __init__(self, state: GatewayState, endpoint: Endpoint, path: str) -> None:
         self._state = state
         self._endpoint = endpoint
-        self._path = path
+        self._path = UPSTREAM_PATHS.get(path, path)  # the engine's path for this route
         s = state.settings
         self._session_header = s.session.header.lower().encode("latin-1")
         self._priority_header = s.session.priority_header.lower().encode("latin-1")
@@ -150,8 +150,13 @@ class Inbound:
         raw = await read_body(ex.receive, limits.max_body_bytes, declared_length(content_length))
         body: dict[str, Any] = parse_json(raw, limits.max_json_depth)
         model = validate(body, self._endpoint)
-        tenant_name = self._authorize(scope, model, tenant.decode("latin-1") if tenant else None)
         rewritten = False
+        if not model:
+            # vLLM serves its one model to a body that names none; so does the gateway.
+            model = self._only_model()
+            body = {**body, "model": model}
+            rewritten = True
+        tenant_name = self._authorize(scope, model, tenant.decode("latin-1") if tenant else None)
         if state.resolve_model is not None and (served := state.resolve_model(model)) != model:
             # An alias: the engines only know the served name.
             body = {**body, "model": served}
@@ -195,6 +200,17 @@ class Inbound:
         ex.named_class = priority is not None or "priority" in body
         self.forward_headers(ex, scope, self._path)
 
+    def _only_model(self) -> str:
+        known = self._state.cluster.known_models()
+        if known is not None and len(known) == 1:
+            return next(iter(known))
+        served = "not known yet" if known is None else f"{len(known)} models"
+        raise BadRequest(
+            f"'model' is required: it may be left out only when the gateway serves exactly "
+            f"one model (it serves {served})",
+            param="model",
+        )
+
     def _authorize(self, scope: Scope, model: str, tenant_name: str | None) -> str | None:
         """The caller's key may use `model` and acts for its own tenant; returns the tenant."""
         principal: Principal | None = scope.get(PRINCIPAL_KEY)
@@ -218,6 +234,8 @@ class Inbound:
         if propagate and self._state.tracer is None:
             # With spans on, the request's span id goes instead (gateway.proxy.endpoint).
             headers.append((TRACEPARENT, child(ex.traceparent)))
+        if self._strip_pd:
+            headers = [h for h in headers if h[0] not in CLIENT_PD_HEADERS]
         if self._engine_auth is not None:
             # The client's credentials are for the gateway; the engine gets its own.
             headers = [h for h in headers if h[0] != b"authorization"]

@@ -9,7 +9,9 @@ from gateway.state import GatewayState
 from gateway.types import ReplicaId
 
 # Only an unreachable replica says something about its health; a slow or unreadable
-# /metrics (busy engine, metrics disabled) does not, and must not eject it.
+# /metrics (busy engine, metrics disabled) does not, and must not eject it. A scrape is
+# not a probe: its success never clears a failed `/health` probe (a vLLM whose engine core
+# died still serves /metrics).
 HEALTH_REASONS = frozenset({"connect"})
 
 
@@ -20,11 +22,11 @@ class ScrapeHealth:
         self._health = health
 
     def scrape_succeeded(self, replica: ReplicaId) -> None:
-        self._health.passive_success(replica)
+        self._health.scrape_success(replica)
 
     def scrape_failed(self, replica: ReplicaId, reason: str) -> None:
         if reason in HEALTH_REASONS:
-            self._health.record_failure(replica)
+            self._health.record_failure(replica, passive=True, evidence=f"metrics scrape: {reason}")
 
 
 def scrape_settings(state: GatewayState) -> ScrapeSettings:

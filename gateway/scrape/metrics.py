@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import ClassVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -23,13 +23,18 @@ class _SnapshotCollector(Collector):
         "kvgate_scrape_kv_usage": "latest",
         "kvgate_scrape_prefix_hit_rate": "latest",
         "kvgate_scrape_age_seconds": "min",
+        "kvgate_replica_engine_load_missing": "max",
     }
 
     def __init__(
-        self, loads: Callable[[], Mapping[ReplicaId, EngineLoad]], clock: Callable[[], float]
+        self,
+        loads: Callable[[], Mapping[ReplicaId, EngineLoad]],
+        clock: Callable[[], float],
+        missing: Callable[[], Collection[ReplicaId]] = frozenset,
     ) -> None:
         self._loads = loads
         self._clock = clock
+        self._missing = missing
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         now = self._clock()
@@ -56,7 +61,19 @@ class _SnapshotCollector(Collector):
                 labels=["replica"],
             ),
         }
-        for replica, load in sorted(self._loads().items()):
+        loads = self._loads()
+        missing = GaugeMetricFamily(
+            "kvgate_replica_engine_load_missing",
+            "1 while the replica's engine serves no load (/metrics 404) and the gateway's "
+            "own in-flight and token counts stand in",
+            labels=["replica"],
+        )
+        absent = self._missing()
+        for replica in sorted(loads):
+            missing.add_metric([replica], 1.0 if replica in absent else 0.0)
+        for replica, load in sorted(loads.items()):
+            if not load.engine:
+                continue  # no engine reading to show
             fams["waiting"].add_metric([replica], load.waiting)
             fams["running"].add_metric([replica], load.running)
             if load.kv_usage is not None:
@@ -65,6 +82,7 @@ class _SnapshotCollector(Collector):
                 fams["prefix_hit_rate"].add_metric([replica], load.prefix_hit_rate)
             fams["age"].add_metric([replica], max(0.0, now - load.scraped_at))
         yield from fams.values()
+        yield missing
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         # Empty describe: the registry must not call collect() at registration time.
@@ -79,6 +97,7 @@ class ScrapeMetrics:
         registry: CollectorRegistry,
         loads: Callable[[], Mapping[ReplicaId, EngineLoad]],
         clock: Callable[[], float],
+        missing: Callable[[], Collection[ReplicaId]] = frozenset,
     ) -> None:
         self.errors = Counter(
             "kvgate_scrape_errors", "Failed scrapes", ["replica", "reason"], registry=registry
@@ -92,7 +111,7 @@ class ScrapeMetrics:
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
             registry=registry,
         )
-        self._collector = _SnapshotCollector(loads, clock)
+        self._collector = _SnapshotCollector(loads, clock, missing)
         registry.register(self._collector)
         self._registry = registry
 

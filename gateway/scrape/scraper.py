@@ -51,6 +51,9 @@ class ScrapeHealthSink(Protocol):
 
 LoadListener = Callable[[ReplicaId, EngineLoad], None]
 
+# Statuses that mean "this engine serves no metrics" (not "the engine is unwell").
+METRICS_ABSENT = frozenset({404})
+
 # Scraped loads reach the listener within a quarter of an interval.
 FLUSHES_PER_INTERVAL = 4
 
@@ -85,10 +88,13 @@ class MetricsScraper:
         self.kinds: Mapping[ReplicaId, EngineKind] = MappingProxyType(self._kinds)
         self._counters: dict[ReplicaId, CounterState | None] = {}
         self._pending: dict[ReplicaId, EngineLoad] = {}
+        self._missing: set[ReplicaId] = set()  # warned once each; gauge while missing
         self._tasks: dict[ReplicaId, asyncio.Task[None]] = {}
         self._supervisor: asyncio.Task[None] | None = None
         self.metrics = (
-            ScrapeMetrics(registry, lambda: self._loads_view, clock) if registry else None
+            ScrapeMetrics(registry, lambda: self._loads_view, clock, lambda: self._missing)
+            if registry
+            else None
         )
 
     @property
@@ -141,6 +147,9 @@ class MetricsScraper:
                     payload = await response.read()  # drained, so the connection is reused
                 finally:
                     await response.aclose()
+            if response.status in METRICS_ABSENT:
+                self._failed(target.id, f"status_{response.status}")
+                return self._own_counts(target.id, publish)
             if response.status != 200:
                 self._failed(target.id, f"status_{response.status}")
                 return None
@@ -168,6 +177,9 @@ class MetricsScraper:
             kv_capacity_tokens=reading.kv_capacity_tokens,
             scraped_at=now,
         )
+        if target.id in self._missing:
+            self._missing.discard(target.id)
+            log.info("replica %s exposes its engine load again", target.id)
         self._counters[target.id] = reading.counters
         self._kinds[target.id] = reading.kind
         self._loads[target.id] = load
@@ -180,6 +192,31 @@ class MetricsScraper:
         if publish:
             self.flush()
         return load
+
+    def _own_counts(self, replica: ReplicaId, publish: bool) -> EngineLoad:
+        """The engine serves no `/metrics`: publish an empty load marked `engine=False`, so
+        routing and admission judge the replica by the gateway's own in-flight and token
+        counts instead of holding it to one request at a time (unknown load)."""
+        if replica not in self._missing:
+            self._missing.add(replica)
+            log.warning(
+                "replica %s exposes no engine load (/metrics answered 404; SGLang needs "
+                "--enable-metrics): its load is judged by this gateway's own in-flight and "
+                "prompt-token counts; bound them with admission.saturation.max_inflight or "
+                "max_prompt_tokens",
+                replica,
+            )
+        load = EngineLoad(waiting=0.0, running=0.0, scraped_at=self._clock(), engine=False)
+        self._loads[replica] = load
+        self._pending[replica] = load
+        if publish:
+            self.flush()
+        return load
+
+    @property
+    def engine_load_missing(self) -> frozenset[ReplicaId]:
+        """Replicas whose engine serves no load (their `/metrics` is absent)."""
+        return frozenset(self._missing)
 
     def flush(self) -> None:
         """Hand the loads scraped since the last flush to the listener, in one burst.

@@ -102,9 +102,12 @@ def detokenize(raw: bytes) -> dict[str, Any]:
 def rerank(raw: bytes, model: str) -> dict[str, Any]:
     body = _body(raw)
     query = body.get("query")
+    if isinstance(query, dict):  # vLLM: a multimodal content object
+        query = orjson.dumps(query).decode()
     if not isinstance(query, str):
-        raise WireError(400, "'query' must be a string", "query")
-    documents = _texts(body.get("documents"), "documents")
+        raise WireError(400, "'query' must be a string or a content object", "query")
+    documents = body.get("documents")
+    documents = _texts([documents] if isinstance(documents, dict) else documents, "documents")
     top_n = body.get("top_n") or len(documents)
     results = sorted(
         (
@@ -124,8 +127,9 @@ def rerank(raw: bytes, model: str) -> dict[str, Any]:
 
 def score(raw: bytes, model: str) -> dict[str, Any]:
     body = _body(raw)
-    first = body.get("text_1", body.get("queries"))
-    second = body.get("text_2", body.get("documents", body.get("items")))
+    # vLLM 0.33's four forms: text_1/text_2, data_1/data_2, queries + documents or items.
+    first = body.get("text_1", body.get("data_1", body.get("queries")))
+    second = body.get("text_2", body.get("data_2", body.get("documents", body.get("items"))))
     a, b = _texts(first, "text_1"), _texts(second, "text_2")
     if len(a) == 1:
         a = a * len(b)

@@ -179,11 +179,18 @@ class Generation(Response):
         tokens, hashes = engine.model.prompt_from_text(p.text, p.cache_salt)
         seed = xxhash.xxh64_intdigest(p.text.encode("utf-8", "surrogatepass"))
         kv = p.kv_transfer_params or {}
+        if self.record is not None:
+            self.record.kv_transfer_params = dict(kv) if kv else None
         max_tokens = p.max_tokens
         remote_kv = hold = False
         pd: str | None = None
         kv_out: dict[str, Any] | None = None
-        if kv.get("do_remote_decode"):
+        transfer_id = kv.get("transfer_id")
+        if kv.get("do_remote_decode") and isinstance(transfer_id, str):
+            # vLLM's Mooncake connector: the router named the transfer; no params back.
+            pd, hold, max_tokens = "prefill", True, 1
+            engine.transfers[transfer_id] = self.rid
+        elif kv.get("do_remote_decode"):
             pd, hold, max_tokens = "prefill", True, 1
             kv_out = {
                 "do_remote_prefill": True,
@@ -224,11 +231,16 @@ class Generation(Response):
         engine = self.engine
         host, port = kv.get("remote_host"), kv.get("remote_port")
         remote_rid = kv.get("remote_request_id") or self.rid
-        if not isinstance(host, str) or not isinstance(port, int) or engine.http is None:
+        addr, transfer_id = kv.get("remote_bootstrap_addr"), kv.get("transfer_id")
+        if isinstance(addr, str) and isinstance(transfer_id, str) and engine.http is not None:
+            url = f"{addr}/sim/kv/{transfer_id}"  # Mooncake: from the prefill's bootstrap
+        elif not isinstance(host, str) or not isinstance(port, int) or engine.http is None:
             engine.kv_pull_failures += 1
             return False
+        else:
+            url = f"http://{host}:{port}/sim/kv/{remote_rid}"
         try:
-            resp = await engine.http.get(f"http://{host}:{port}/sim/kv/{remote_rid}")
+            resp = await engine.http.get(url)
         except httpx.HTTPError as exc:
             log.warning("KV pull from %s:%s failed: %s; recomputing", host, port, exc)
             engine.kv_pull_failures += 1

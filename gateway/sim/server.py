@@ -83,6 +83,8 @@ class RequestRecord:
     preemptions: int = 0
     transfer_bytes: int = 0
     query: str = ""  # the request's query string, as received
+    # What the request carried that steers the engine (tests read what reached it).
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +164,8 @@ class SimEngine:
         )
         self.kv_pull_failures = 0
         self.rooms: dict[int, str] = {}
+        # Mooncake: router-minted transfer id -> the prefill request holding its KV.
+        self.transfers: dict[str, str] = {}
         self.closing = asyncio.Event()
         self.http: httpx.AsyncClient | None = None
         self.server: RunningServer | None = None
@@ -594,7 +598,8 @@ class SimEngine:
         )
 
     async def _kv_pull(self, request: Request) -> Response:
-        released = self.runner.release_held(request.path_params["request_id"])
+        wanted = request.path_params["request_id"]
+        released = self.runner.release_held(self.transfers.pop(wanted, wanted))
         if released is None:
             return _error(404, "no KV held for that request id")
         tokens, blocks = released

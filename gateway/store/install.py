@@ -78,7 +78,8 @@ class StoreService:
         task.add_done_callback(self._pending.discard)
 
     def health_changed(self, replica: ReplicaId, health: Health) -> None:
-        cooldown = self.state.settings.health.cooldown_s
+        # An outlier's ejection lasts longer than the probes' cooldown: share its own length.
+        cooldown = self.state.health.ejected_for(replica) or self.state.settings.health.cooldown_s
         if health is Health.EJECTED:
             self.spawn(self.store.eject_replica(replica, cooldown, "health"))
         elif health is Health.HEALTHY:

@@ -89,7 +89,7 @@ async def test_bad_bodies_are_openai_errors(client: openai.AsyncOpenAI) -> None:
         ("/rerank", {"model": MODEL, "documents": ["a"]}, "query"),
         ("/score", {"model": MODEL, "text_1": "a"}, "text_1"),
         ("/classify", {"model": MODEL}, "input"),
-        ("/rerank", {"query": "q", "documents": ["a"]}, "model"),
+        ("/rerank", {"model": "", "query": "q", "documents": ["a"]}, "model"),
     ]
     for path, body, param in cases:
         with pytest.raises(openai.BadRequestError) as info:

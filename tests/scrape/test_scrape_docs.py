@@ -23,5 +23,11 @@ def test_metric_table_matches_the_code() -> None:
     for family in registry.collect():
         name = family.name + ("_total" if family.type == "counter" else "")
         names.add(name)
-    documented = set(re.findall(r"^\| `(kvgate_scrape\w*)` \|", DOC.read_text(), re.MULTILINE))
+    documented = set(
+        re.findall(
+            r"^\| `(kvgate_scrape\w*|kvgate_replica_engine_load_missing)` \|",
+            DOC.read_text(),
+            re.MULTILINE,
+        )
+    )
     assert names == documented
