@@ -101,7 +101,16 @@ class KVEventsSettings(_Section):
     sources: tuple[EventSource, ...] = Field((), description="one publisher per replica")
     block_size: int = Field(16, ge=1, le=1024, description="the engines' KV block size (tokens)")
     medium_weights: dict[str, float] = Field(
-        default_factory=lambda: {"GPU": 1.0, "CPU": 0.5, "CPU_PINNED": 0.5, "DISK": 0.25},
+        # vLLM's STORAGE and SGLang's EXTERNAL are fetched over a network or from an
+        # offloading store: worth about as much as a local disk.
+        default_factory=lambda: {
+            "GPU": 1.0,
+            "CPU": 0.5,
+            "CPU_PINNED": 0.5,
+            "DISK": 0.25,
+            "STORAGE": 0.25,
+            "EXTERNAL": 0.25,
+        },
         description="worth of a cached block by where it lives, against recomputing it (0)",
     )
     warmup_s: float = Field(

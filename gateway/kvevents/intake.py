@@ -14,7 +14,8 @@ Resynchronisation, per replica (see gateway.kvevents.sequence for the verdicts):
 * first batch or a reset numbered 0: the cache was empty at that point: clear, synced;
 * a gap, a first batch above 0, a reset above 0, a reconnect: ask the replay endpoint for
   the missing batches (vLLM's ROUTER protocol: send the start number, receive
-  ``[seq, payload]`` frames until seq -1; a history from 0 is folded first, see
+  ``[topic, seq, payload]`` frames (or, from older publishers, ``[seq, payload]``) until
+  seq -1; a history from 0 is folded first, see
   gateway.kvevents.fold). Complete coverage keeps the replica synced;
   otherwise (no replay endpoint, buffer rolled over, timeout) the replica's index is
   cleared and marked warming, and routing uses the approximate index for it meanwhile.
@@ -303,8 +304,12 @@ class EventIntake:
             timeout_ms = int(self.replay_timeout_s * 1000)
             while sock.poll(timeout_ms):
                 frames = sock.recv_multipart()
-                if len(frames) != 3:
-                    raise WireError("a replay frame is [empty, seq, payload]")
+                # vLLM 0.33 and SGLang 0.5.23 answer [empty, topic, seq, payload] (end:
+                # [empty, empty, -1, empty]); older publishers left the topic out.
+                if len(frames) == 4:
+                    frames = [frames[0], frames[2], frames[3]]
+                elif len(frames) != 3:
+                    raise WireError("a replay frame is [empty, topic?, seq, payload]")
                 seq = decode_seq(frames[1])
                 if seq == -1:
                     if start == 0:
