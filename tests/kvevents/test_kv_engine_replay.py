@@ -195,3 +195,16 @@ async def test_hybrid_models_index_the_full_attention_group() -> None:
     assert blocks is not None and blocks.group == 1
     # The sliding-window group's removal does not take the full-attention block away.
     assert index.matched(R, _plain(16)[:1], {1: 1.0})[0] == 1
+
+
+async def test_a_salted_prompt_matches_the_blocks_of_its_own_salt_only() -> None:
+    from gateway.kvevents.stage import salt_namespace
+    from gateway.kvevents.tokenkeys import in_namespace
+
+    index = await _indexed(scenario(SGLANG, "salted"))
+    own = salt_namespace({"cache_salt": "tenant-a"})
+    other = salt_namespace({"cache_salt": "tenant-b"})
+    assert own is not None and other is not None
+    assert index.matched(R, in_namespace(_plain(16)[:1], own), {1: 1.0})[0] == 1
+    assert index.matched(R, in_namespace(_plain(16)[:1], other), {1: 1.0})[0] == 0
+    assert salt_namespace({"prompt": "x"}) is None
