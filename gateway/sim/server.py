@@ -93,7 +93,7 @@ class KVEventsOptions:
     topic: str = "kv-events"
     replay: bool = True
     buffer_steps: int = 10_000
-    layout: Layout = "array"
+    layout: Layout = "mixed"  # what vLLM 0.33 and SGLang 0.5.23 send
     host: str = "127.0.0.1"
 
 
