@@ -69,3 +69,73 @@ def test_sim_batches_have_the_engines_shape() -> None:
     # Every field the twin sends, the engine sends under the same name and type.
     assert set(sim) <= set(real)
     assert all(type(sim[k]) is type(real[k]) for k in sim if real[k] is not None)
+
+
+async def test_vllm_flavor_serves_kv_event_sources_as_vllm_does() -> None:
+    import httpx
+
+    from gateway.sim.server import KVEventsOptions
+    from gateway.testing.servers import sim_engines
+    from tests.kvevents.engine_fixtures import load
+
+    real = load(VLLM, "http.json")["kv_event_sources"]["0"]
+    async with (
+        sim_engines(1, kv_events=KVEventsOptions()) as (engine,),
+        httpx.AsyncClient() as client,
+    ):
+        body = (await client.get(engine.url + "/kv_event_sources")).json()
+    assert set(body) == {"0"}
+    assert set(body["0"]) == set(real)
+    assert {k: type(v) for k, v in body["0"].items()} == {k: type(v) for k, v in real.items()}
+
+
+async def test_sglang_flavor_keeps_metrics_off_unless_enabled_and_describes_its_events() -> None:
+    import httpx
+
+    from gateway.sim.server import KVEventsOptions
+    from gateway.testing.servers import sim_engines
+    from tests.kvevents.engine_fixtures import SGLANG, load
+
+    defaults = load(SGLANG, "metrics.json")["server_args_defaults"]
+    async with (
+        sim_engines(
+            1,
+            flavor="sglang",
+            metrics_enabled=defaults["enable_metrics"],
+            kv_events=KVEventsOptions(),
+        ) as (engine,),
+        httpx.AsyncClient() as client,
+    ):
+        metrics = await client.get(engine.url + "/metrics")
+        info = (await client.get(engine.url + "/server_info")).json()
+    assert metrics.status_code == 404
+    assert info["enable_metrics"] is False
+    assert info["schedule_low_priority_values_first"] is False
+    kv = info["kv_events"]
+    # The descriptor's keys, as SGLang 0.5.23's describe_kv_events_publisher writes them.
+    assert set(kv) == {
+        "publisher",
+        "endpoint_host",
+        "endpoint_port_base",
+        "topic",
+        "block_size",
+        "dp_size",
+        "replay_endpoint_port_base",
+    }
+    assert engine.kv_publisher is not None
+    assert engine.kv_publisher.endpoint.endswith(f":{kv['endpoint_port_base']}")
+
+
+def test_cli_flavors_map_to_the_releases() -> None:
+    import argparse
+
+    from gateway.sim.cli import add_arguments, cluster_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    off = cluster_from_args(parser.parse_args(["--flavor", "sglang-0.5.23"]))
+    on = cluster_from_args(parser.parse_args(["--flavor", "sglang-0.5.23", "--enable-metrics"]))
+    v = cluster_from_args(parser.parse_args(["--flavor", "vllm-0.33"]))
+    assert (off.engines[0].flavor, off.engines[0].metrics_enabled) == ("sglang", False)
+    assert on.engines[0].metrics_enabled
+    assert (v.engines[0].flavor, v.engines[0].metrics_enabled) == ("vllm", True)
