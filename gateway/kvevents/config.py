@@ -99,6 +99,12 @@ class KVEventsSettings(_Section):
 
     enabled: bool = Field(False, description="subscribe to the sources below")
     sources: tuple[EventSource, ...] = Field((), description="one publisher per replica")
+    discover: bool = Field(
+        True,
+        description="ask each replica not listed in `sources` for its publisher (vLLM "
+        "GET /kv_event_sources, SGLang /server_info kv_events) until it answers "
+        "(intake: thread only)",
+    )
     block_size: int = Field(16, ge=1, le=1024, description="the engines' KV block size (tokens)")
     medium_weights: dict[str, float] = Field(
         # vLLM's STORAGE and SGLang's EXTERNAL are fetched over a network or from an

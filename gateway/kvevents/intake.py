@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -108,8 +109,12 @@ class EventIntake:
         *,
         replay_timeout_s: float = 1.0,
         hwm: int = 100_000,
+        dynamic: bool = False,
     ) -> None:
         self.sources = sources
+        # Sources found later (gateway.kvevents.discover): the thread subscribes to them.
+        self.dynamic = dynamic
+        self._added: queue.SimpleQueue[Source] = queue.SimpleQueue()
         self.sink = sink
         self.replay_timeout_s = replay_timeout_s
         self.hwm = hwm
@@ -118,7 +123,7 @@ class EventIntake:
         self._inbox: LoopInbox | None = None
 
     async def start(self) -> None:
-        if self._thread is not None or not self.sources:
+        if self._thread is not None or not (self.sources or self.dynamic):
             return
         self._inbox = LoopInbox(asyncio.get_running_loop())
         self._stop.clear()
@@ -132,6 +137,10 @@ class EventIntake:
         self._stop.set()
         await asyncio.to_thread(thread.join, 5.0)
 
+    def add(self, source: Source) -> None:
+        """Subscribe to one more publisher (any thread; taken up within `POLL_MS`)."""
+        self._added.put(source)
+
     # -- thread side --------------------------------------------------------------------
     def _post(self, fn: Callable[..., None], *args: object) -> None:
         if self._inbox is not None:
@@ -142,21 +151,27 @@ class EventIntake:
         subs: dict[zmq.Socket[bytes], _Sub] = {}
         monitors: dict[zmq.Socket[bytes], _Sub] = {}
         poller = zmq.Poller()
+
+        def subscribe(source: Source) -> None:
+            sock = ctx.socket(zmq.SUB)
+            sock.setsockopt(zmq.RCVHWM, self.hwm)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RECONNECT_IVL, 100)
+            sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+            sock.setsockopt(zmq.SUBSCRIBE, source.topic.encode())
+            monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | _UP_EVENT)
+            sock.connect(source.endpoint)
+            sub = _Sub(source, sock, monitor)
+            subs[sock], monitors[monitor] = sub, sub
+            poller.register(sock, zmq.POLLIN)
+            poller.register(monitor, zmq.POLLIN)
+
         try:
             for source in self.sources:
-                sock = ctx.socket(zmq.SUB)
-                sock.setsockopt(zmq.RCVHWM, self.hwm)
-                sock.setsockopt(zmq.LINGER, 0)
-                sock.setsockopt(zmq.RECONNECT_IVL, 100)
-                sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
-                sock.setsockopt(zmq.SUBSCRIBE, source.topic.encode())
-                monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | _UP_EVENT)
-                sock.connect(source.endpoint)
-                sub = _Sub(source, sock, monitor)
-                subs[sock], monitors[monitor] = sub, sub
-                poller.register(sock, zmq.POLLIN)
-                poller.register(monitor, zmq.POLLIN)
+                subscribe(source)
             while not self._stop.is_set():
+                while not self._added.empty():
+                    subscribe(self._added.get())
                 for sock, _ in poller.poll(POLL_MS):
                     if sock in monitors:
                         self._on_monitor(ctx, monitors[sock])
