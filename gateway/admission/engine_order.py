@@ -29,7 +29,7 @@ class name is never engine input). The body is re-serialised only when it must c
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -85,10 +85,18 @@ class EnginePayload:
         higher_first: frozenset[ReplicaId] = frozenset(),
         classes: ClassMap | None = None,
         cache: object | None = None,
+        detected: frozenset[ReplicaId] = frozenset(),
+        runs_higher_first: Callable[[ReplicaId], bool | None] | None = None,
     ) -> None:
         self._settings = settings
         self._replicas = priority_replicas
         self._negate = higher_first & priority_replicas
+        # Replicas whose direction is read from the engine (`engine: auto`, no
+        # `priority_order`): `runs_higher_first` says it, or None while unknown, and then
+        # no priority is sent at all (a lower-first value on a larger-first engine would
+        # invert every class).
+        self._detected = detected & priority_replicas
+        self._direction = runs_higher_first
         self._classes = classes
         # Only policies with a prefix index can say what the chosen replica holds.
         self._cache = cache if isinstance(cache, EstimatesCachedTokens) else None
@@ -131,9 +139,15 @@ class EnginePayload:
             if isinstance(given, bool) or not isinstance(given, int):
                 return KEEP  # not ours to interpret: the engine answers it
             base = given
+        negate = replica in self._negate
+        if replica in self._detected:
+            found = self._direction(replica) if self._direction is not None else None
+            if found is None:
+                return None
+            negate = found
         settings = self._settings
         if not settings.shortest_prefill_first:
-            if classes is None and replica not in self._negate:
+            if classes is None and not negate:
                 return KEEP
             value = base
         else:
@@ -142,7 +156,7 @@ class EnginePayload:
             value = base * settings.levels + prefill_rank(
                 uncached, settings.step_tokens, settings.levels
             )
-        return -value if replica in self._negate else value
+        return -value if negate else value
 
     def uncached(self, request: RouteRequest, replica: ReplicaId) -> int:
         cached = self._cache.cached_tokens(request, replica) if self._cache is not None else 0

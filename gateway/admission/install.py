@@ -29,6 +29,15 @@ class _GateService:
         self._gate.close()
 
 
+def detected_direction(state: GatewayState, replica: ReplicaId) -> bool | None:
+    """Whether the replica runs larger priorities first, by the engine kind its metrics
+    show (SGLang's default is larger first, vLLM's lower first); None while unknown."""
+    scraper = state.extras.get("scrape")
+    kind = getattr(scraper, "kinds", {}).get(replica)
+    value = getattr(kind, "value", None)
+    return {"sglang": True, "vllm": False}.get(value) if isinstance(value, str) else None
+
+
 def install(state: GatewayState) -> None:
     settings = state.settings.admission
     classes = ClassMap.from_settings(settings) if settings.enabled else None
@@ -38,6 +47,11 @@ def install(state: GatewayState) -> None:
     higher_first = frozenset(
         ReplicaId(r.id) for r in state.settings.replicas if r.runs_higher_first()
     )
+    detected = frozenset(
+        ReplicaId(r.id)
+        for r in state.settings.replicas
+        if r.priority_order is None and r.engine.value == "auto"
+    )
     if priority_replicas or classes is not None:
         state.payload = EnginePayload(
             state.settings.engine_priority,
@@ -45,6 +59,8 @@ def install(state: GatewayState) -> None:
             higher_first=higher_first,
             classes=classes,
             cache=state.router,
+            detected=detected,
+            runs_higher_first=lambda replica: detected_direction(state, replica),
         )
     if not settings.enabled:
         return

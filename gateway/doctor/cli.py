@@ -43,6 +43,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="the engines run --scheduling-policy priority (vLLM does not report it)",
     )
     cfg.add_argument("--stale-after", type=float, default=STALE_AFTER_S)
+    cfg.add_argument(
+        "--kv-block-size",
+        type=int,
+        help="kvgate's kv_events.block_size: flags engines that publish at another size",
+    )
     plan = p.add_argument_group("what the engines run (activation arithmetic, optional)")
     plan.add_argument("--model", help="built-in model name or config.json path")
     plan.add_argument("--card", help="card type, with --model")
@@ -107,6 +112,7 @@ def _hints(args: argparse.Namespace) -> Hints:
         expected_hit_rate=args.expected_hit_rate,
         priority_scheduling=args.priority_scheduling,
         stale_after_s=args.stale_after,
+        kv_block_size=args.kv_block_size,
         budget=budget,
     )
 

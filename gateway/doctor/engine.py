@@ -17,6 +17,7 @@ from gateway.doctor.findings import (
     Finding,
     Hints,
 )
+from gateway.doctor.flags import flag_findings, metrics_missing
 from gateway.doctor.probe import EngineSnapshot
 from gateway.plan.memory import Budget
 
@@ -84,6 +85,9 @@ def _max_usage(samples: Sequence[EngineSnapshot]) -> float:
 
 def check_engine(url: str, samples: Sequence[EngineSnapshot], hints: Hints) -> list[Finding]:
     last = samples[-1]
+    missing = metrics_missing(url, last)
+    if missing is not None:
+        return [missing]
     if last.error is not None or last.reading is None:
         return [
             Finding(
@@ -104,6 +108,7 @@ def check_engine(url: str, samples: Sequence[EngineSnapshot], hints: Hints) -> l
     out += _queue_first_come(url, ok, hints)
     out += _mnbt_too_big(url, facts, hints.budget)
     out += _frozen(url, ok)
+    out += flag_findings(url, last, hints)
     return out
 
 

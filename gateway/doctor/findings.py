@@ -57,5 +57,7 @@ class Hints:
     # The engines run priority scheduling (vLLM does not report it; SGLang's server_info does).
     priority_scheduling: bool = False
     stale_after_s: float = STALE_AFTER_S
+    # kvgate's kv_events.block_size, to compare with the engines' (None: not checked).
+    kv_block_size: int | None = None
     # The replica's planned budget (--model/--card): activation arithmetic in GiB.
     budget: Budget | None = None

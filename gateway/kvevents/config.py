@@ -99,9 +99,24 @@ class KVEventsSettings(_Section):
 
     enabled: bool = Field(False, description="subscribe to the sources below")
     sources: tuple[EventSource, ...] = Field((), description="one publisher per replica")
+    discover: bool = Field(
+        True,
+        description="ask each replica not listed in `sources` for its publisher (vLLM "
+        "GET /kv_event_sources, SGLang /server_info kv_events) until it answers "
+        "(intake: thread only)",
+    )
     block_size: int = Field(16, ge=1, le=1024, description="the engines' KV block size (tokens)")
     medium_weights: dict[str, float] = Field(
-        default_factory=lambda: {"GPU": 1.0, "CPU": 0.5, "CPU_PINNED": 0.5, "DISK": 0.25},
+        # vLLM's STORAGE and SGLang's EXTERNAL are fetched over a network or from an
+        # offloading store: worth about as much as a local disk.
+        default_factory=lambda: {
+            "GPU": 1.0,
+            "CPU": 0.5,
+            "CPU_PINNED": 0.5,
+            "DISK": 0.25,
+            "STORAGE": 0.25,
+            "EXTERNAL": 0.25,
+        },
         description="worth of a cached block by where it lives, against recomputing it (0)",
     )
     warmup_s: float = Field(

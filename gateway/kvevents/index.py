@@ -26,17 +26,29 @@ from enum import Enum
 from itertools import filterfalse, islice, repeat
 from typing import TYPE_CHECKING, cast
 
-from gateway.kvevents.tokenkeys import chain_keys, root_seed
+from gateway.kvevents.tokenkeys import chain_keys, in_namespace, namespace, root_seed
 from gateway.kvevents.wire import GPU, AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, Event
 from gateway.types import ReplicaId
 
 if TYPE_CHECKING:
     from gateway.kvevents.delta import IndexDelta
 
-# Media names as vLLM and SGLang spell them; anything else shares the last bit.
-MEDIUM_BITS: Mapping[str, int] = {GPU: 1, "CPU": 2, "CPU_PINNED": 2, "DISK": 4}
+# Media names as vLLM and SGLang spell them; anything else shares the last bit. vLLM's
+# STORAGE (an offloading connector's tier) and SGLang's EXTERNAL (a shared pool such as
+# Mooncake's) are the remote tier.
+MEDIUM_BITS: Mapping[str, int] = {
+    GPU: 1,
+    "CPU": 2,
+    "CPU_PINNED": 2,
+    "DISK": 4,
+    "STORAGE": 16,
+    "EXTERNAL": 16,
+}
 _OTHER_BIT = 8
-MEDIUM_NAMES: Mapping[int, str] = {1: "GPU", 2: "CPU", 4: "DISK", 8: "other"}
+MEDIUM_NAMES: Mapping[int, str] = {1: "GPU", 2: "CPU", 4: "DISK", 16: "remote", 8: "other"}
+# KV cache groups whose blocks hold every token of the prefix (vLLM's KVCacheSpecKind
+# values): a sliding-window or Mamba group's blocks do not make a prefix hit on their own.
+FULL_ATTENTION = frozenset(("full_attention", "mla_attention", "sink_full_attention"))
 
 
 class SyncState(str, Enum):
@@ -68,14 +80,20 @@ class ReplicaBlocks:
     orphans: int = 0
     skipped: int = 0
     evicted: int = 0  # entries dropped from the front of `keys` since it was last compacted
+    # The KV cache group indexed: the first full-attention one the events name (None: none
+    # named yet, so group 0, as engines without hybrid groups publish).
+    group: int | None = None
+    # Namespaced key -> its plain chain key (salted or adapter blocks), to chain children.
+    plain: dict[int, int] = field(default_factory=dict)
 
 
 class EventIndex:
     """See the module docstring. `version` grows on every change (lookup memos key on it)."""
 
-    def __init__(self, max_blocks: int = 1 << 21, group: int | None = 0) -> None:
+    def __init__(self, max_blocks: int = 1 << 21, group: int | None = None) -> None:
         self.max_blocks = max_blocks
-        # Only this KV cache group is indexed (hybrid models publish one per attention kind).
+        # Only this KV cache group is indexed (hybrid models publish one per attention
+        # kind); None: each replica's first full-attention group (see ReplicaBlocks.group).
         self.group = group
         self._replicas: dict[ReplicaId, ReplicaBlocks] = {}
         self.version = 0
@@ -107,7 +125,7 @@ class EventIndex:
             elif isinstance(event, BlockRemoved):
                 self._removed(r, event)
             elif isinstance(event, AllBlocksCleared):
-                r = self._replicas[replica] = ReplicaBlocks(r.block_size)
+                r = self._replicas[replica] = ReplicaBlocks(r.block_size, group=r.group)
         self.version += 1
 
     def apply_delta(self, replica: ReplicaId, d: IndexDelta) -> None:
@@ -124,29 +142,41 @@ class EventIndex:
         r.block_size = d.block_size
         self.version += 1
 
-    def _wanted(self, group: int | None) -> bool:
-        return self.group is None or (group or 0) == self.group
+    def _wanted(self, r: ReplicaBlocks, group: int | None, kind: str | None = None) -> bool:
+        if self.group is not None:
+            return (group or 0) == self.group
+        if kind is not None:
+            if kind not in FULL_ATTENTION:
+                return False
+            if r.group is None:
+                r.group = group or 0
+        return (group or 0) == (r.group or 0)
 
     def _stored(self, r: ReplicaBlocks, e: BlockStored) -> None:
-        if not self._wanted(e.group_idx):
+        if not self._wanted(r, e.group_idx, e.spec_kind):
             return
         n = len(e.block_hashes)
         if len(e.token_ids) != n * e.block_size:
             r.skipped += n
             return
+        parent: int | None = None
         if e.parent_block_hash is None:
-            seed = root_seed(e.lora_id)
+            seed = root_seed()
         else:
             parent = r.keys.get(e.parent_block_hash)
             if parent is None:
                 r.orphans += n
                 return
-            seed = parent
+            seed = r.plain.get(parent, parent)
         r.block_size = e.block_size
         bit = medium_bit(e.medium)
         keys = r.keys
-        parent = seed if e.parent_block_hash is not None else None
         chain = chain_keys(e.token_ids, e.block_size, seed, e.extra_keys, e.packed)
+        if e.lora_name is not None or e.cache_salt is not None or e.lora_id is not None:
+            # Keyed apart: a plain prompt never matches them (the engine would not hit).
+            plain = chain
+            chain = in_namespace(plain, namespace(e.lora_name, e.cache_salt, e.lora_id))
+            r.plain.update(zip(chain, plain, strict=True))
         if not self._stored_fresh(r, e.block_hashes, chain, parent, bit):
             self._stored_each(r, e.block_hashes, chain, parent, bit)
         excess = len(keys) - self.max_blocks
@@ -228,7 +258,7 @@ class EventIndex:
             parent = key
 
     def _removed(self, r: ReplicaBlocks, e: BlockRemoved) -> None:
-        if not self._wanted(e.group_idx):
+        if not self._wanted(r, e.group_idx):
             return
         bit = medium_bit(e.medium)
         if len(e.block_hashes) > 1 and self._removed_whole(r, e.block_hashes, bit):
@@ -276,6 +306,8 @@ class EventIndex:
         deque(map(keys.__delitem__, hashes), 0)
         deque(map(parent.pop, found, repeat(None)), 0)
         deque(map(children.pop, found, repeat(None)), 0)
+        if r.plain:
+            deque(map(r.plain.pop, found, repeat(None)), 0)
         r.by_medium[bit] = r.by_medium.get(bit, len(found)) - len(found)
         return True
 
@@ -292,6 +324,8 @@ class EventIndex:
 
     @staticmethod
     def _gone(r: ReplicaBlocks, key: int) -> None:
+        if r.plain:
+            r.plain.pop(key, None)
         parent = r.parent.pop(key, None)
         if parent is not None:
             if parent not in r.media:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
 from gateway.errors import ConfigError
 from gateway.kvevents.bridge import PromptBridge
 from gateway.kvevents.config import KVEventsSettings, TokenizerKind
+from gateway.kvevents.discover import EventDiscovery
 from gateway.kvevents.evidence import EventEvidence
 from gateway.kvevents.feed import EventFeed
 from gateway.kvevents.index import EventIndex
@@ -15,6 +18,8 @@ from gateway.kvevents.stage import TokenStage
 from gateway.kvevents.workers import ProcessJobs, make_cache, make_renderer
 from gateway.state import GatewayState
 from gateway.types import ReplicaId
+
+log = logging.getLogger("kvgate.kvevents")
 
 
 def install(state: GatewayState) -> None:
@@ -49,7 +54,22 @@ def install(state: GatewayState) -> None:
             on_restart=metrics.intake_restarts.inc,
         )
     else:
-        intake = EventIntake(sources, feed, replay_timeout_s=settings.replay_timeout_s)
+        intake = EventIntake(
+            sources, feed, replay_timeout_s=settings.replay_timeout_s, dynamic=settings.discover
+        )
+    listed = {s.replica for s in settings.sources}
+    unlisted = {ReplicaId(r.id): r.url for r in state.settings.replicas if r.id not in listed}
+    discovery = None
+    if settings.discover and unlisted:
+        if isinstance(intake, EventIntake):
+            discovery = EventDiscovery(
+                intake,
+                unlisted,
+                settings.block_size,
+                headers={k.decode(): v.decode() for k, v in state.settings.upstream.auth_headers()},
+            )
+        else:
+            log.warning("kv_events.discover needs intake: thread; list the sources instead")
     tok = settings.tokenizer
     executor = tok.executor
     if executor == "auto":
@@ -84,6 +104,8 @@ def install(state: GatewayState) -> None:
     if tok.route_budget_ms > 0:
         state.pre_route = stage.before_route
     state.services.extend((stage, intake))
+    if discovery is not None:
+        state.services.append(discovery)
     state.dispatch_observers.extend((evidence.dispatched, stage.dispatched))
     state.observers.extend((evidence.finished, stage))
     state.extras["kv_events"] = KVEventsFeature(index, feed, bridge, evidence, intake, stage)

@@ -14,7 +14,8 @@ Resynchronisation, per replica (see gateway.kvevents.sequence for the verdicts):
 * first batch or a reset numbered 0: the cache was empty at that point: clear, synced;
 * a gap, a first batch above 0, a reset above 0, a reconnect: ask the replay endpoint for
   the missing batches (vLLM's ROUTER protocol: send the start number, receive
-  ``[seq, payload]`` frames until seq -1; a history from 0 is folded first, see
+  ``[topic, seq, payload]`` frames (or, from older publishers, ``[seq, payload]``) until
+  seq -1; a history from 0 is folded first, see
   gateway.kvevents.fold). Complete coverage keeps the replica synced;
   otherwise (no replay endpoint, buffer rolled over, timeout) the replica's index is
   cleared and marked warming, and routing uses the approximate index for it meanwhile.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -107,8 +109,12 @@ class EventIntake:
         *,
         replay_timeout_s: float = 1.0,
         hwm: int = 100_000,
+        dynamic: bool = False,
     ) -> None:
         self.sources = sources
+        # Sources found later (gateway.kvevents.discover): the thread subscribes to them.
+        self.dynamic = dynamic
+        self._added: queue.SimpleQueue[Source] = queue.SimpleQueue()
         self.sink = sink
         self.replay_timeout_s = replay_timeout_s
         self.hwm = hwm
@@ -117,7 +123,7 @@ class EventIntake:
         self._inbox: LoopInbox | None = None
 
     async def start(self) -> None:
-        if self._thread is not None or not self.sources:
+        if self._thread is not None or not (self.sources or self.dynamic):
             return
         self._inbox = LoopInbox(asyncio.get_running_loop())
         self._stop.clear()
@@ -131,6 +137,10 @@ class EventIntake:
         self._stop.set()
         await asyncio.to_thread(thread.join, 5.0)
 
+    def add(self, source: Source) -> None:
+        """Subscribe to one more publisher (any thread; taken up within `POLL_MS`)."""
+        self._added.put(source)
+
     # -- thread side --------------------------------------------------------------------
     def _post(self, fn: Callable[..., None], *args: object) -> None:
         if self._inbox is not None:
@@ -141,21 +151,27 @@ class EventIntake:
         subs: dict[zmq.Socket[bytes], _Sub] = {}
         monitors: dict[zmq.Socket[bytes], _Sub] = {}
         poller = zmq.Poller()
+
+        def subscribe(source: Source) -> None:
+            sock = ctx.socket(zmq.SUB)
+            sock.setsockopt(zmq.RCVHWM, self.hwm)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RECONNECT_IVL, 100)
+            sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+            sock.setsockopt(zmq.SUBSCRIBE, source.topic.encode())
+            monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | _UP_EVENT)
+            sock.connect(source.endpoint)
+            sub = _Sub(source, sock, monitor)
+            subs[sock], monitors[monitor] = sub, sub
+            poller.register(sock, zmq.POLLIN)
+            poller.register(monitor, zmq.POLLIN)
+
         try:
             for source in self.sources:
-                sock = ctx.socket(zmq.SUB)
-                sock.setsockopt(zmq.RCVHWM, self.hwm)
-                sock.setsockopt(zmq.LINGER, 0)
-                sock.setsockopt(zmq.RECONNECT_IVL, 100)
-                sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
-                sock.setsockopt(zmq.SUBSCRIBE, source.topic.encode())
-                monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | _UP_EVENT)
-                sock.connect(source.endpoint)
-                sub = _Sub(source, sock, monitor)
-                subs[sock], monitors[monitor] = sub, sub
-                poller.register(sock, zmq.POLLIN)
-                poller.register(monitor, zmq.POLLIN)
+                subscribe(source)
             while not self._stop.is_set():
+                while not self._added.empty():
+                    subscribe(self._added.get())
                 for sock, _ in poller.poll(POLL_MS):
                     if sock in monitors:
                         self._on_monitor(ctx, monitors[sock])
@@ -303,8 +319,12 @@ class EventIntake:
             timeout_ms = int(self.replay_timeout_s * 1000)
             while sock.poll(timeout_ms):
                 frames = sock.recv_multipart()
-                if len(frames) != 3:
-                    raise WireError("a replay frame is [empty, seq, payload]")
+                # vLLM 0.33 and SGLang 0.5.23 answer [empty, topic, seq, payload] (end:
+                # [empty, empty, -1, empty]); older publishers left the topic out.
+                if len(frames) == 4:
+                    frames = [frames[0], frames[2], frames[3]]
+                elif len(frames) != 3:
+                    raise WireError("a replay frame is [empty, topic?, seq, payload]")
                 seq = decode_seq(frames[1])
                 if seq == -1:
                     if start == 0:

@@ -36,6 +36,7 @@ import asyncio
 import logging
 import threading
 import time
+from array import array
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -48,6 +49,7 @@ from gateway.kvevents.learn import opening_key
 from gateway.kvevents.metrics import KVEventMetrics
 from gateway.kvevents.render import Renderer
 from gateway.kvevents.tokcache import TokenCache
+from gateway.kvevents.tokenkeys import in_namespace, namespace
 from gateway.kvevents.workers import JobResult, ProcessJobs, run_job
 from gateway.types import Endpoint, ReplicaId, RouteRequest
 
@@ -64,6 +66,15 @@ NEAR_BLOCKS = 2
 # event loop within a millisecond or so) before tokenizing the rest of the prompt.
 _RESUME_WAIT_S = 0.005
 _FRUITLESS = 1024  # prompts whose job taught nothing, remembered so as not to retry them
+
+
+def salt_namespace(body: Mapping[str, Any]) -> int | None:
+    """A `cache_salt` puts the prompt's blocks in their own namespace at the engine (both
+    engines hash it in): its keys must match only blocks stored under the same salt."""
+    salt = body.get("cache_salt")
+    if salt is None or salt == "":
+        return None
+    return namespace(None, salt if isinstance(salt, str) else repr(salt))
 
 
 class TokenStage:
@@ -105,6 +116,8 @@ class TokenStage:
         self.endpoints = renderer.endpoints & {Endpoint.CHAT, Endpoint.COMPLETIONS}
         self.pending = 0
         self._queued: set[int] = set()  # last prompt hash of each job waiting or running
+        # Queued jobs of salted prompts: their keys go into the salt's namespace.
+        self._ns: dict[int, int] = {}
         self._fruitless: OrderedDict[int, None] = OrderedDict()
         # Routing decisions waiting for a job, by its last prompt hash: (request id, the
         # future that ends the wait with its outcome).
@@ -228,6 +241,9 @@ class TokenStage:
         hashes = request.prefix_hashes
         self.pending += 1
         self._queued.add(last)
+        ns = salt_namespace(body)
+        if ns is not None:
+            self._ns[last] = ns
         if self.processes is not None:
             # One conversation, one worker: its earlier turn is in that worker's cache.
             key = hash_key(request.session_key)
@@ -286,6 +302,9 @@ class TokenStage:
     def _opened(self, last: int, key: int, resumed: threading.Event) -> None:
         """Loop: no synced replica holds the prompt's first block, so its events hold none
         of it, and the rest of its tokens would change nothing: route now."""
+        ns = self._ns.get(last)
+        if ns is not None:
+            key = in_namespace((key,), ns)[0]
         try:
             if last not in self._waiters or self._opening_held is None or self._opening_held(key):
                 return
@@ -310,9 +329,10 @@ class TokenStage:
     def _apply(self, future: Future[JobResult] | asyncio.Future[JobResult], last: int) -> None:
         self.pending -= 1
         self._queued.discard(last)
+        ns = self._ns.pop(last, None)
         try:
             if not future.cancelled():
-                outcome = self._learn(future)
+                outcome = self._learn(future, ns)
                 self._count(outcome)
                 if outcome != "done":
                     self._fruitless[last] = None
@@ -324,7 +344,9 @@ class TokenStage:
                 if not waiter.done():
                     waiter.set_result("in_time")
 
-    def _learn(self, future: Future[JobResult] | asyncio.Future[JobResult]) -> str:
+    def _learn(
+        self, future: Future[JobResult] | asyncio.Future[JobResult], ns: int | None = None
+    ) -> str:
         exc = future.exception()
         if exc is not None:
             log.warning("tokenizer stage failed on a prompt: %r", exc)
@@ -339,6 +361,8 @@ class TokenStage:
         if seconds > self.timeout_s:
             return "slow"
         hashes, keys, counts = learnt
+        if ns is not None:
+            keys = array("Q", in_namespace(keys, ns))
         self.bridge.learn(hashes, keys, counts)
         if self.metrics is not None:
             self.metrics.bridge_entries.set(len(self.bridge))

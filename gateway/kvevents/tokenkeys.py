@@ -27,6 +27,17 @@ def root_seed(lora_id: int | None = None) -> int:
     )
 
 
+def namespace(lora_name: str | None, cache_salt: str | None, lora_id: int | None = None) -> int:
+    """Seed of the namespace an adapter and/or a cache salt put blocks in (the engine
+    hashes them apart from plain prompt blocks, so their keys must never equal those)."""
+    return _xxh3(msgspec.msgpack.encode([lora_name, cache_salt, lora_id]), ROOT_SEED)
+
+
+def in_namespace(keys: Sequence[int], ns: int) -> list[int]:
+    """Plain chain keys moved into namespace `ns` (each stays a function of its chain)."""
+    return [_xxh3(k.to_bytes(8, "little"), ns) for k in keys]
+
+
 def _token_bytes(ids: Sequence[int]) -> bytes:
     try:
         return array("I", ids).tobytes()

@@ -8,7 +8,15 @@ messages ``[topic, seq (8 bytes, big-endian), payload]``; the payload is one msg
   ``events`` and ``data_parallel_rank`` / ``attn_dp_rank``;
 * each event is a tagged array ``["BlockStored", field, ...]`` or a map whose ``type`` is
   the tag; trailing optional fields may be absent (older versions, ``omit_defaults``);
-* block hashes are integers or bytes (sha256-based hashing), kept as they come.
+* block hashes are integers or bytes (sha256-based hashing), kept as they come;
+* SGLang under EAGLE speculative decoding publishes `token_ids` as pairs
+  ``[[t0, t1], [t1, t2], ...]`` (its radix keys are bigrams): the first of each pair is the
+  token the page holds, so the pairs are keyed as those tokens.
+
+Namespaces: vLLM lists the adapter name first in every block's `extra_keys` (and the
+cache salt in the first block's); SGLang sends `cache_salt` and `lora_name` as fields.
+Both end up in `BlockStored.lora_name` / `cache_salt` (the adapter name is taken out of
+vLLM's extra keys, which keep the rest), so the index can key such blocks apart.
 
 So the decoder reads msgpack generically and picks fields by position or name, which
 accepts every layout above and ignores fields it does not know.
@@ -38,6 +46,7 @@ _STORED_FIELDS = (
     "lora_name",
     "extra_keys",
     "group_idx",
+    "kv_cache_spec_kind",
 )
 _REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
 
@@ -57,6 +66,11 @@ class BlockStored:
     # Per block: what besides the tokens entered the engine's hash (images, cache salt...).
     extra_keys: tuple[Any, ...] | None = None
     group_idx: int | None = None
+    # Adapter and cache salt the engine hashed the blocks under (None: plain prompt blocks).
+    lora_name: str | None = None
+    cache_salt: str | None = None
+    # vLLM: the attention kind of the KV cache group (hybrid models publish several).
+    spec_kind: str | None = None
     # `token_ids` as 4-byte integers, when the decoder already packed them (the intake
     # thread, so that keying them on the event loop does not convert them again).
     packed: bytes | None = field(default=None, compare=False, repr=False)
@@ -109,6 +123,26 @@ def _opt_int(value: Any, name: str) -> int | None:
     raise WireError(f"{name} must be an integer or null")
 
 
+def _opt_str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _first_of_pairs(tokens: list[Any]) -> list[Any]:
+    if not all(isinstance(p, list) and len(p) == 2 for p in tokens):
+        raise WireError("token_ids must be a list of integers or of integer pairs")
+    return [p[0] for p in tokens]
+
+
+def _without_adapter(extra: list[Any], name: str) -> list[Any] | None:
+    """vLLM's per-block extra keys with the adapter name (listed first) taken out."""
+    out: list[Any] = []
+    for keys in extra:
+        if isinstance(keys, list) and keys and keys[0] == name:
+            keys = keys[1:] or None
+        out.append(keys)
+    return out if any(k is not None for k in out) else None
+
+
 def _event(raw: Any) -> Event:
     if isinstance(raw, list) and raw and isinstance(raw[0], str):
         tag = raw[0]
@@ -131,6 +165,8 @@ def _event(raw: Any) -> Event:
         tokens = f.get("token_ids")
         if not isinstance(tokens, list):
             raise WireError("token_ids must be a list of integers")
+        if tokens and isinstance(tokens[0], list):
+            tokens = _first_of_pairs(tokens)
         # Packing checks every id in C (a generator over 20K ids took a millisecond).
         packed: bytes | None = None
         try:
@@ -148,6 +184,9 @@ def _event(raw: Any) -> Event:
             raise WireError("parent_block_hash must be an integer, bytes or null")
         extra = f.get("extra_keys")
         medium = f.get("medium")
+        lora_name = _opt_str(f.get("lora_name"))
+        if lora_name is not None and isinstance(extra, list):
+            extra = _without_adapter(extra, lora_name)
         return BlockStored(
             _hashes(f.get("block_hashes")),
             parent,
@@ -157,6 +196,9 @@ def _event(raw: Any) -> Event:
             medium if isinstance(medium, str) else None,
             tuple(extra) if isinstance(extra, list) else None,
             _opt_int(f.get("group_idx"), "group_idx"),
+            lora_name,
+            _opt_str(f.get("cache_salt")),
+            _opt_str(f.get("kv_cache_spec_kind")),
             packed,
         )
     raise WireError(f"unknown event type {tag!r}")

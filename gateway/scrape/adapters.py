@@ -121,6 +121,12 @@ def _vllm_capacity(index: SampleIndex) -> int | None:
     total = 0
     for labels, _ in series:
         try:
+            # vLLM 0.33 labels the group-aware capacity: on hybrid models (sliding-window or
+            # Mamba groups beside full attention) blocks times block size overstates it.
+            sized = labels.get("kv_cache_size_tokens", "None")
+            if sized not in ("None", ""):
+                total += int(sized)
+                continue
             total += int(labels["num_gpu_blocks"]) * int(labels.get("block_size", "16"))
         except (KeyError, ValueError):
             # `num_gpu_blocks` is "None" until the engine profiled memory.

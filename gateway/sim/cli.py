@@ -39,8 +39,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--flavor",
         default="vllm",
-        choices=["vllm", "sglang"],
-        help="metric names to expose, and which priorities run first (sglang: higher)",
+        choices=["vllm", "sglang", "vllm-0.33", "sglang-0.5.23"],
+        help="metric names to expose, and which priorities run first (sglang: higher); "
+        "sglang-0.5.23 also serves /metrics only with --enable-metrics, as that release",
+    )
+    parser.add_argument(
+        "--enable-metrics",
+        action="store_true",
+        help="with --flavor sglang-0.5.23: serve /metrics (SGLang's flag, off by default)",
     )
     parser.add_argument(
         "--time-scale",
@@ -172,8 +178,9 @@ def cluster_from_args(args: argparse.Namespace) -> SimCluster:
         args.replicas,
         profile_from_args(args),
         model=args.model,
-        flavor=args.flavor,
+        flavor="sglang" if args.flavor.startswith("sglang") else "vllm",
         seed=args.seed,
+        metrics_enabled=args.flavor != "sglang-0.5.23" or args.enable_metrics,
         time_scale=args.time_scale,
         roles=args.role,
         priority_scheduling=args.priority_scheduling,

@@ -43,6 +43,7 @@ class SimCluster:
         tokenizer: Tokenizer | None = None,
         api_key: str | None = None,
         kv_events: KVEventsOptions | None = None,
+        metrics_enabled: bool = True,
     ) -> None:
         if replicas < 1:
             raise ValueError("replicas must be at least 1")
@@ -65,6 +66,7 @@ class SimCluster:
                 tokenizer=tokenizer,
                 api_key=api_key,
                 kv_events=kv_events,
+                metrics_enabled=metrics_enabled,
             )
             for i in range(replicas)
         ]

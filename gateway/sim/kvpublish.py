@@ -2,8 +2,11 @@
 
 A thread owns a PUB socket (multipart ``[topic, seq, payload]``, seq from 0, 8 bytes
 big-endian) and optionally a ROUTER replay socket: a request ``[identity, b"", start]`` is
-answered with every buffered ``[seq, payload]`` numbered `start` or later, then
-``[-1, b""]``. `publish` only queues, so the engine's step loop never waits on a socket.
+answered with every buffered ``[topic, seq, payload]`` numbered `start` or later, then
+``[b"", -1, b""]``, as vLLM 0.33 and SGLang 0.5.23 do (``replay_topic=False``: the older
+``[seq, payload]`` / ``[-1, b""]``). Batches are positional with map events by default
+(``layout="mixed"``), as both engines send them (tests/fixtures/engines). `publish` only
+queues, so the engine's step loop never waits on a socket.
 """
 
 from __future__ import annotations
@@ -30,12 +33,14 @@ class KVEventPublisher:
         *,
         topic: str = "kv-events",
         buffer_steps: int = 10_000,
-        layout: Layout = "array",
+        layout: Layout = "mixed",
+        replay_topic: bool = True,
     ) -> None:
         self.endpoint = endpoint
         self.replay_endpoint = replay_endpoint
         self.topic = topic.encode()
         self.layout: Layout = layout
+        self.replay_topic = replay_topic
         self.published = 0
         self.replays_served = 0
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
@@ -116,8 +121,10 @@ class KVEventPublisher:
             return
         identity, _, start_frame = frames
         start = int.from_bytes(start_frame, "big", signed=True)
+        head = (identity, b"", self.topic) if self.replay_topic else (identity, b"")
         for seq, payload in list(self._buffer):
             if seq >= start:
-                sock.send_multipart((identity, b"", encode_seq(seq), payload))
-        sock.send_multipart((identity, b"", encode_seq(-1), b""))
+                sock.send_multipart((*head, encode_seq(seq), payload))
+        end = (identity, b"", b"") if self.replay_topic else (identity, b"")
+        sock.send_multipart((*end, encode_seq(-1), b""))
         self.replays_served += 1

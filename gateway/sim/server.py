@@ -95,7 +95,7 @@ class KVEventsOptions:
     topic: str = "kv-events"
     replay: bool = True
     buffer_steps: int = 10_000
-    layout: Layout = "array"
+    layout: Layout = "mixed"  # what vLLM 0.33 and SGLang 0.5.23 send
     host: str = "127.0.0.1"
 
 
@@ -119,8 +119,11 @@ class SimEngine:
         tokenizer: Tokenizer | None = None,
         api_key: str | None = None,
         kv_events: KVEventsOptions | None = None,
+        metrics_enabled: bool = True,
     ) -> None:
         self.index = index
+        # SGLang 0.5.23 serves /metrics only with --enable-metrics (off by default).
+        self.metrics_enabled = metrics_enabled
         self.api_key = api_key
         self.profile = profile
         self.model_name = model_name
@@ -301,6 +304,7 @@ class SimEngine:
             Route("/v1/models", self._models, methods=["GET"]),
             Route("/v1/models/{model_id:path}", self._model, methods=["GET"]),
             Route("/server_info", self._server_info, methods=["GET"]),
+            Route("/kv_event_sources", self._kv_event_sources, methods=["GET"]),
             Route("/health", self._health, methods=["GET"]),
             Route("/metrics", self._metrics, methods=["GET"]),
             Route("/admin/faults", self._faults, methods=["GET", "POST"]),
@@ -541,6 +545,9 @@ class SimEngine:
                 "mem_fraction_static": p.gpu_memory_utilization,
                 "enable_priority_scheduling": self.priority_scheduling,
                 "schedule_low_priority_values_first": False,
+                "enable_metrics": self.metrics_enabled,
+                "enable_cache_report": True,  # the simulator always reports cached tokens
+                "kv_events": self._kv_events_descriptor(),
                 "version": "sim",
             },
             request,
@@ -552,7 +559,50 @@ class SimEngine:
         return Response(status_code=200)
 
     async def _metrics(self, request: Request) -> Response:
+        if not self.metrics_enabled:
+            return _error(404, "Not Found")
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+
+    def _publisher_config(self) -> dict[str, Any] | None:
+        """The KV event publisher as vLLM 0.33 describes it (its `KVEventsConfig`)."""
+        pub, options = self.kv_publisher, self.kv_events or KVEventsOptions()
+        if pub is None:
+            return None
+        return {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": pub.endpoint,
+            "replay_endpoint": pub.replay_endpoint,
+            "buffer_steps": options.buffer_steps,
+            "hwm": 100_000,
+            "max_queue_size": 100_000,
+            "topic": options.topic,
+        }
+
+    async def _kv_event_sources(self, request: Request) -> Response:
+        """vLLM 0.33's `GET /kv_event_sources`: the publisher config per DP rank."""
+        if self.flavor != "vllm":
+            return _error(404, "Not Found")
+        config = self._publisher_config()
+        return _json({} if config is None else {"0": config}, request)
+
+    def _kv_events_descriptor(self) -> dict[str, Any] | None:
+        """SGLang 0.5.23's `/server_info` `kv_events`: ports per DP rank from a base."""
+        config = self._publisher_config()
+        if config is None:
+            return None
+        host, port = config["endpoint"].removeprefix("tcp://").rsplit(":", 1)
+        out: dict[str, Any] = {
+            "publisher": "zmq",
+            "endpoint_host": host,
+            "endpoint_port_base": int(port),
+            "topic": config["topic"],
+            "block_size": self.profile.block_size,
+            "dp_size": 1,
+        }
+        if config["replay_endpoint"]:
+            out["replay_endpoint_port_base"] = int(config["replay_endpoint"].rsplit(":", 1)[1])
+        return out
 
     async def _faults(self, request: Request) -> Response:
         if request.method == "POST":

@@ -210,3 +210,22 @@ async def test_an_sglang_engine_is_sent_the_order_it_runs_first() -> None:
         assert ranks[0] <= -2 and ranks[1] == 0
     finally:
         await engine.stop()
+
+
+def test_engine_auto_follows_the_detected_kind_and_sends_nothing_while_unknown() -> None:
+    kinds: dict[ReplicaId, bool | None] = {A: None, B: True}
+    shaper = EnginePayload(
+        EnginePrioritySettings(shortest_prefill_first=False),
+        frozenset({A, B}),
+        classes=CLASSES,
+        detected=frozenset({A, B}),
+        runs_higher_first=kinds.get,
+    )
+    body: dict[str, Any] = {"model": MODEL}
+    req = _req(10, "interactive")
+    # Unknown direction: the field is left out rather than risk an inverted order.
+    assert shaper.wanted(req, body, A) is None
+    # SGLang by its metrics (larger first): the interactive class's -10 is sent as 10.
+    assert shaper.wanted(req, body, B) == 10
+    kinds[A] = False  # vLLM: lower first, sent as is
+    assert shaper.wanted(req, body, A) == -10

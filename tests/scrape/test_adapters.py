@@ -222,3 +222,31 @@ def test_non_finite_or_negative_queue_gauges_count_as_missing() -> None:
     for waiting in ("NaN", "+Inf", "-1"):
         with pytest.raises(MetricsFormatError, match="missing"):
             read_engine(f"vllm:num_requests_running 1\nvllm:num_requests_waiting {waiting}\n")
+
+
+def test_vllm_capacity_prefers_the_group_aware_label() -> None:
+    # Every CacheConfig field vLLM 0.33 puts on cache_config_info (recorded from its wheel).
+    from tests.kvevents.engine_fixtures import VLLM, load
+
+    (info,) = [
+        s for s in load(VLLM, "metrics.json")["series"] if s["name"] == "vllm:cache_config_info"
+    ]
+    assert "kv_cache_size_tokens" in info["labels"]
+    values = {k: "None" for k in info["labels"]}
+    values.update(num_gpu_blocks="1000", block_size="16", kv_cache_size_tokens="6000")
+
+    def text(v: dict[str, str]) -> str:
+        labels = ",".join(f'{k}="{x}"' for k, x in {**v, "engine": "0"}.items())
+        return (
+            "# TYPE vllm:num_requests_running gauge\n"
+            'vllm:num_requests_running{engine="0"} 0\n'
+            "# TYPE vllm:num_requests_waiting gauge\n"
+            'vllm:num_requests_waiting{engine="0"} 0\n'
+            "# TYPE vllm:cache_config_info gauge\n"
+            f"vllm:cache_config_info{{{labels}}} 1.0\n"
+        )
+
+    reading = read_engine(text(values))
+    assert reading is not None and reading.kv_capacity_tokens == 6000  # hybrid: not 16000
+    reading = read_engine(text({**values, "kv_cache_size_tokens": "None"}))
+    assert reading is not None and reading.kv_capacity_tokens == 16_000
