@@ -104,6 +104,11 @@ class AuthSettings(_Frozen):
     metrics_need_admin: bool = Field(
         True, description="with keys on, GET /metrics needs an admin key (false: any key)"
     )
+    credential_headers: tuple[str, ...] = Field(
+        (),
+        description="more request headers that carry client credentials (beyond "
+        "Authorization, x-api-key and api-key): never forwarded to the engines",
+    )
     default_output_tokens: int = Field(
         256, ge=1, description="output tokens charged up front for a request without max_tokens"
     )

@@ -31,6 +31,7 @@ from gateway.tracing.context import TRACEPARENT, child
 from gateway.types import ROUTE_SPECS, Endpoint, RouteRequest, SessionKey
 from gateway.upload import open_upload
 from gateway.upstream import request_headers
+from gateway.upstream.headers import CREDENTIAL_HEADERS
 
 
 def declared_length(value: bytes | None) -> int | None:
@@ -48,6 +49,7 @@ class Inbound:
     __slots__ = (
         "_agent_headers",
         "_continues",
+        "_credentials",
         "_endpoint",
         "_engine_auth",
         "_lineage_key",
@@ -79,9 +81,16 @@ class Inbound:
         self._multipart = spec.multipart
         self._lineage_key = state.lineage.key_for if state.lineage is not None else None
         self._strip_pd = not s.pd.allow_client_fields
-        # None: the client's Authorization goes to the engine as it is.
-        self._engine_auth: tuple[tuple[bytes, bytes], ...] | None = None
-        if not s.upstream.passes_client_authorization(s.auth.enabled):
+        # The client's credentials are for the gateway: every header known to carry one is
+        # dropped, and the engine gets the gateway's own key. Only Authorization may go on,
+        # when the operator passes it (engines read no other credential header).
+        self._credentials = CREDENTIAL_HEADERS | {
+            h.lower().encode("latin-1") for h in s.auth.credential_headers
+        }
+        self._engine_auth: tuple[tuple[bytes, bytes], ...] = ()
+        if s.upstream.passes_client_authorization(s.auth.enabled):
+            self._credentials = self._credentials - {b"authorization"}
+        else:
             self._engine_auth = s.upstream.auth_headers()
         # W3C trace context: the engine gets the gateway's child of the caller's trace.
         self._propagate = s.tracing.propagate
@@ -218,10 +227,9 @@ class Inbound:
         if propagate and self._state.tracer is None:
             # With spans on, the request's span id goes instead (gateway.proxy.endpoint).
             headers.append((TRACEPARENT, child(ex.traceparent)))
-        if self._engine_auth is not None:
-            # The client's credentials are for the gateway; the engine gets its own.
-            headers = [h for h in headers if h[0] != b"authorization"]
-            headers.extend(self._engine_auth)
+        credentials = self._credentials
+        headers = [h for h in headers if h[0] not in credentials]
+        headers.extend(self._engine_auth)
         ex.headers = headers
         # The query string goes along unchanged (vLLM ignores it; a proxy must not eat it).
         query: bytes = scope.get("query_string", b"")
