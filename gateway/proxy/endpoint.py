@@ -129,9 +129,13 @@ class ProxyEndpoint:
             if sticky is not None:
                 request = with_sticky(request, sticky)
                 ex.request = request
-        if state.admission is not None:
-            request = ex.request = state.admission.classify(request, ex.body or {}, ex.headers)
         principal = self._identity.principal(ex)
+        if principal is not None:
+            self._identity.check_body_priority(ex, principal)
+        if state.admission is not None:
+            request = ex.request = state.admission.classify(
+                request, ex.body or {}, ex.scope["headers"]
+            )
         if principal is not None:
             request = ex.request = self._identity.narrow(ex, principal, request)
         return request
