@@ -24,8 +24,8 @@ class Limits(_Frozen):
     output_tokens_per_minute: int | None = Field(
         None,
         ge=1,
-        description="completion tokens: max_tokens (or a default) before the "
-        "response, settled from `usage` after it",
+        description="completion tokens: max_tokens (or a default) at dispatch, past it as "
+        "they stream, settled from `usage`; never below what was delivered",
     )
     concurrent_requests: int | None = Field(None, ge=1)
 

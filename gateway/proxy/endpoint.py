@@ -25,6 +25,7 @@ from gateway.body import ClientGone
 from gateway.disconnect import CallState
 from gateway.errors import GatewayError, error_response_parts
 from gateway.hooks import RequestTracer
+from gateway.middleware.rate_limit import TICKET_KEY
 from gateway.middleware.request_id import SCOPE_KEY, RequestIds
 from gateway.proxy.attempts import Attempts
 from gateway.proxy.continuation import response_key
@@ -169,9 +170,9 @@ class ProxyEndpoint:
                 await send_error(ex, err, state.metrics)
                 return
             await self._placed(ex, request, leg.replica)
-            await relay(
-                ex, leg, state.metrics, bool(state.observers), first_byte if prefilling else None
-            )
+            # Usage is read for the observers, and for a quota ticket to settle on.
+            want_usage = bool(state.observers) or TICKET_KEY in ex.scope
+            await relay(ex, leg, state.metrics, want_usage, first_byte if prefilling else None)
             if ex.response_id is not None and state.placements is not None:
                 await state.placements.record(response_key(ex.response_id), leg.replica)
         except OSError:
