@@ -104,6 +104,12 @@ class AuthSettings(_Frozen):
     metrics_need_admin: bool = Field(
         True, description="with keys on, GET /metrics needs an admin key (false: any key)"
     )
+    cache_salt: bool = Field(
+        True,
+        description="give each tenant's chat and completion requests a `cache_salt` of "
+        "its own (vLLM and SGLang key their prefix caches by it), so one tenant's prompts "
+        "never warm another's cache; a client's own salt is kept within its tenant's",
+    )
     credential_headers: tuple[str, ...] = Field(
         (),
         description="more request headers that carry client credentials (beyond "

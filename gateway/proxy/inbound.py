@@ -21,6 +21,7 @@ from gateway.body import (
     validate,
 )
 from gateway.errors import BadRequest, Forbidden, ModelNotFound
+from gateway.hashing import digest_hex
 from gateway.keys import route_request, session_key
 from gateway.pd.decision import without_client_pd_fields
 from gateway.proxy.continuation import continuing
@@ -32,6 +33,11 @@ from gateway.types import ROUTE_SPECS, Endpoint, RouteRequest, SessionKey
 from gateway.upload import open_upload
 from gateway.upstream import request_headers
 from gateway.upstream.headers import CREDENTIAL_HEADERS
+
+
+def tenant_salt(tenant: str) -> str:
+    """A tenant's cache salt: stable, and naming no tenant in the engines' logs."""
+    return "kvgate-" + digest_hex(tenant)[:16]
 
 
 def declared_length(value: bytes | None) -> int | None:
@@ -58,6 +64,7 @@ class Inbound:
         "_path",
         "_priority_header",
         "_propagate",
+        "_salted",
         "_session_header",
         "_state",
         "_strip_pd",
@@ -92,6 +99,11 @@ class Inbound:
             self._credentials = self._credentials - {b"authorization"}
         else:
             self._engine_auth = s.upstream.auth_headers()
+        self._salted = (
+            s.auth.enabled
+            and s.auth.cache_salt
+            and endpoint in (Endpoint.CHAT, Endpoint.COMPLETIONS)
+        )
         # W3C trace context: the engine gets the gateway's child of the caller's trace.
         self._propagate = s.tracing.propagate
         # Only these endpoints stream tokens with an optional usage event.
@@ -166,6 +178,13 @@ class Inbound:
             body = {**body, "model": served}
             rewritten = True
             model = served
+        if self._salted and tenant_name is not None:
+            # Keys on: the tenant's salt (the client's own only partitions within it), so
+            # the engines' prefix caches, and the gateway's prefix and lineage indexes,
+            # which hash the salt in (gateway.keys), never mix tenants.
+            own = body.get("cache_salt")
+            salt = tenant_salt(tenant_name) + (f"/{own}" if isinstance(own, str) and own else "")
+            body, rewritten = {**body, "cache_salt": salt}, True
         if self._strip_pd and (stripped := without_client_pd_fields(body)) is not None:
             body, rewritten = stripped, True
         known = state.cluster.known_models()
