@@ -185,3 +185,23 @@ async def test_the_two_quota_drains_get_429(tmp_path: Path) -> None:
     ):
         got = await drained_input(url, "sk-in", prompts=10)
     assert got == [1] * 5 + ["429"] * 5, got
+
+
+async def test_replaying_another_tenants_prompt_finds_nothing_cached(
+    served: tuple[str, list[SimEngine]],
+) -> None:
+    url, engines = served
+    prompt = "the board meets on friday about the acquisition of " * 200
+    body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 1}
+    by_key: dict[str, list[int]] = {}
+    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+        for key in ("sk-alice", "sk-ops", "sk-ops", "sk-alice"):  # ops is its own tenant
+            # The same session header: the same replica, whoever asks.
+            headers = {**_bearer(key), "x-session-id": "s1"}
+            resp = await http.post("/v1/chat/completions", json=body, headers=headers)
+            assert resp.status_code == 200
+            details = resp.json()["usage"].get("prompt_tokens_details") or {}
+            by_key.setdefault(key, []).append(details.get("cached_tokens") or 0)
+    assert len({r for e in engines for r in [e.index] if e.request_log}) == 1
+    assert by_key["sk-ops"][0] == 0  # alice's prompt warmed nothing for ops
+    assert by_key["sk-ops"][1] > 1000 and by_key["sk-alice"][1] > 1000  # each its own
