@@ -7,6 +7,7 @@ A feature adds its section as one field here whose model lives in its own packag
 
 from __future__ import annotations
 
+import hashlib
 from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
@@ -133,7 +134,12 @@ class ServerSettings(Section):
 
 
 class ReplicaSettings(Section):
-    id: str = Field("", description="stable replica id; defaults to host:port of the url")
+    id: str = Field(
+        "",
+        description="stable replica id, shown in x-kvgate-replica, error messages and "
+        "metric labels; default: an opaque one derived from the url (r-<10 hex>), so the "
+        "engine's address is never shown; give `id` to show a name of your choosing",
+    )
     url: str = Field(..., description="base URL of the engine, e.g. http://10.0.0.5:8000")
     weight: float = Field(1.0, gt=0, le=1000, description="share of the hash ring")
     models: tuple[str, ...] = Field((), description="models served; empty = discover")
@@ -174,8 +180,10 @@ class ReplicaSettings(Section):
     @model_validator(mode="after")
     def _default_id(self) -> ReplicaSettings:
         if not self.id:
-            parts = urlsplit(self.url)
-            object.__setattr__(self, "id", parts.netloc)
+            # Stable across restarts and gateways (the hash ring and placements rely on
+            # it), and says nothing of where the engine is.
+            digest = hashlib.sha256(self.url.encode()).hexdigest()[:10]
+            object.__setattr__(self, "id", f"r-{digest}")
         return self
 
 

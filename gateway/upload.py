@@ -10,6 +10,10 @@ The body limit holds while streaming: a declared `Content-Length` over it is ref
 anything is read, a chunked body that grows past it fails the upload (`failure`), which
 aborts the engine's connection and answers 413 when the engine has not answered yet.
 
+Every part's name is watched as the body goes by: a field given twice, or a field the
+gateway decides on (`model`, `stream`) placed after the file, fails the upload with a 400
+(the engine's form parser would serve the last value, the gateway checked the first).
+
 A streamed body cannot be replayed: `sent` says whether any byte went to the upstream
 client, after which the proxy retries nothing.
 """
@@ -21,12 +25,12 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from gateway.body import ClientGone
-from gateway.errors import PayloadTooLarge
+from gateway.errors import BadRequest, PayloadTooLarge
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
-# How far into a form the gateway looks for its leading text fields: a field placed after
-# the file (or past this) is not read, and the request is routed without it.
+# How far into a form the gateway looks for its leading text fields (routing reads only
+# these); past them `FieldWatch` refuses a repeated field, or a needed one after the file.
 HEAD_BYTES = 64 * 1024
 # Longer text fields are not kept (a prompt of many KB says nothing the router needs).
 MAX_FIELD_BYTES = 512
@@ -80,6 +84,59 @@ def leading_fields(head: bytes, boundary: bytes) -> tuple[dict[str, str], bool]:
     return fields, False
 
 
+# Fields the gateway decides on (the key's models, routing): one placed after the file would
+# be served by the engine without the gateway having seen it.
+NEEDED_FIELDS = frozenset({"model", "stream"})
+# Part headers longer than this are not looked into (no SDK writes more than a few lines).
+_MAX_PART_HEADERS = 4096
+
+
+class FieldWatch:
+    """Every part's name as the body goes by, whatever the chunking: a name seen twice (but
+    for array fields, `name[]`) or a needed field after the first file is refused. Engines'
+    form parsers keep the last value of a field, the gateway the first: both must be one."""
+
+    __slots__ = ("_carry", "_delimiter", "_file_seen", "_seen")
+
+    def __init__(self, boundary: bytes) -> None:
+        self._delimiter = b"\r\n--" + boundary
+        self._carry = b"\r\n"  # the opening delimiter has no line break before it
+        self._seen: set[str] = set()
+        self._file_seen = False
+
+    def feed(self, chunk: bytes) -> BadRequest | None:
+        data = self._carry + chunk
+        delimiter = self._delimiter
+        pos = 0
+        while True:
+            at = data.find(delimiter, pos)
+            if at < 0:
+                self._carry = data[max(pos, len(data) - len(delimiter) + 1) :]
+                return None
+            start = at + len(delimiter)
+            end = data.find(b"\r\n\r\n", start)
+            if end < 0:
+                if len(data) - start <= _MAX_PART_HEADERS:
+                    self._carry = data[at:]
+                    return None
+                pos = start
+                continue
+            name, is_file = _disposition(data[start:end])
+            pos = end + 4
+            if name is None:
+                continue
+            text = name.decode("utf-8", "replace")
+            if text in self._seen and not text.endswith("[]"):
+                return BadRequest(f"form field `{text}` appears more than once", param=text)
+            if self._file_seen and text in NEEDED_FIELDS:
+                return BadRequest(
+                    f"form field `{text}` must come before the file, as the SDKs send it",
+                    param=text,
+                )
+            self._seen.add(text)
+            self._file_seen = self._file_seen or is_file
+
+
 def _too_large(limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
 
@@ -99,6 +156,7 @@ class Upload:
         "_more",
         "_receive",
         "_size",
+        "_watch",
         "ended",
         "failure",
         "fields",
@@ -115,8 +173,10 @@ class Upload:
         limit: int,
         length: int | None,
         fields: dict[str, str],
+        watch: FieldWatch | None = None,
     ) -> None:
         self._receive = receive
+        self._watch = watch
         self._head = head
         self._more = more
         self._size = len(head)
@@ -153,6 +213,8 @@ class Upload:
                 if self.on_end is not None:
                     self.on_end()
             if chunk:
+                if self._watch is not None and (refused := self._watch.feed(chunk)) is not None:
+                    raise self._fail(refused)
                 self.sent = True
                 return chunk
         raise StopAsyncIteration
@@ -189,4 +251,9 @@ async def open_upload(
         fields, complete = leading_fields(b"".join(chunks), boundary)
         if complete:
             break
-    return Upload(receive, b"".join(chunks), more, limit, declared_length, fields)
+    head = b"".join(chunks)
+    watch = FieldWatch(boundary)
+    refused = watch.feed(head)
+    if refused is not None:
+        raise refused
+    return Upload(receive, head, more, limit, declared_length, fields, watch)

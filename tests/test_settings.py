@@ -36,7 +36,11 @@ def test_yaml_then_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     cfg.write_text("server:\n  port: 9000\n  host: 0.0.0.0\nreplicas:\n  - url: http://a:1/\n")
     s = load_settings(cfg)
     assert s.server.port == 9000 and s.server.host == "0.0.0.0"
-    assert s.replicas[0].url == "http://a:1" and s.replicas[0].id == "a:1"
+    assert (
+        s.replicas[0].url == "http://a:1"
+        and s.replicas[0].id.startswith("r-")
+        and "a:1" not in s.replicas[0].id
+    )
     monkeypatch.setenv("KVGATE_SERVER__PORT", "9100")
     monkeypatch.setenv("KVGATE_ROUTING__POLICY", "round_robin")
     s = load_settings(cfg)

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from gateway.body import ClientGone, check_multipart
-from gateway.errors import PayloadTooLarge, UnsupportedMediaType
+from gateway.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 from gateway.testing.forms import BOUNDARY, form
-from gateway.upload import HEAD_BYTES, Upload, leading_fields, open_upload
+from gateway.upload import HEAD_BYTES, FieldWatch, Upload, leading_fields, open_upload
 
 B = BOUNDARY.encode()
 
@@ -111,3 +111,64 @@ async def test_limits_and_disconnects() -> None:
     assert isinstance(gone.failure, ClientGone)
     with pytest.raises(ClientGone):
         await open_upload(_receive({"type": "http.disconnect"}), 1 << 20, None, B)
+
+
+def _field(name: str, value: str) -> bytes:
+    return (
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
+    )
+
+
+def _with_tail(fields: dict[str, str], audio: bytes, tail: bytes) -> bytes:
+    """`form(fields, audio)` with `tail` parts after the file, before the closing line."""
+    body = form(fields, audio)
+    closing = f"--{BOUNDARY}--\r\n".encode()
+    return body[: -len(closing)] + tail + closing
+
+
+@pytest.mark.parametrize("piece", [7, 64, 1000, 10**6])
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (form({"model": "a", "language": "en"}, b"\0" * 300), None),
+        (_with_tail({"model": "a"}, b"\0" * 300, _field("model", "b")), "model"),
+        (_with_tail({}, b"\0" * 300, _field("model", "b")), "model"),
+        (_with_tail({"model": "a"}, b"\0" * 300, _field("stream", "true")), "stream"),
+        (_with_tail({"model": "a"}, b"\0" * 300, _field("language", "en")), None),
+        (form({"model": "a", "language": "en"}, b"") + _field("language", "fr"), "language"),
+        (
+            _with_tail(
+                {"model": "a", "timestamp_granularities[]": "word"},
+                b"\0" * 30,
+                _field("timestamp_granularities[]", "segment"),
+            ),
+            None,
+        ),
+    ],
+)
+def test_field_watch_refuses_repeats_and_needed_fields_after_the_file(
+    body: bytes, param: str | None, piece: int
+) -> None:
+    watch = FieldWatch(B)
+    refused = None
+    for at in range(0, len(body), piece):
+        refused = refused or watch.feed(body[at : at + piece])
+    assert (refused.param if refused is not None else None) == param
+    if refused is not None:
+        assert refused.status == 400
+
+
+async def test_a_repeat_in_the_streamed_part_fails_the_upload() -> None:
+    audio = b"\0" * (HEAD_BYTES * 2)
+    body = _with_tail({"model": "a"}, audio, _field("model", "b"))
+    upload = await open_upload(_receive(*_pieces(body, 16 * 1024)), 10**9, None, B)
+    assert upload.fields == {"model": "a"}
+    with pytest.raises(BadRequest) as info:
+        await _drain(upload)
+    assert upload.failure is info.value and info.value.param == "model"
+
+
+async def test_a_repeat_in_the_head_is_refused_before_anything_is_sent() -> None:
+    body = _field("model", "a") + _field("model", "b") + form({}, b"x")
+    with pytest.raises(BadRequest):
+        await open_upload(_receive(*_pieces(body, 10**6)), 10**9, None, B)

@@ -39,6 +39,7 @@ from gateway.admission.metrics import AdmissionMetrics
 from gateway.admission.order import Ordering, request_score
 from gateway.admission.queue import WaitingRoom
 from gateway.admission.saturation import is_saturated
+from gateway.middleware.auth import presented_key
 from gateway.policy import EstimatesCachedTokens
 from gateway.types import ClusterView, ReplicaId, RouteRequest
 
@@ -204,14 +205,15 @@ class AdmissionGate:
         headers: Sequence[tuple[bytes, bytes]],
     ) -> RouteRequest:
         """`request` with its resolved class (API key, header, body, default); 400 if unknown."""
+        # `headers` are the client's own (the forwarded ones carry the engine's key): the
+        # key is read from wherever the front door reads it.
         api_key: str | None = None
+        if self.classes.key_classes:
+            presented = presented_key(list(headers))
+            api_key = presented.decode("latin-1") if presented is not None else None
         header: str | None = None
         for name, value in headers:
-            if name == b"authorization" and self.classes.key_classes:
-                scheme, _, token = value.decode("latin-1").partition(" ")
-                if scheme.lower() == "bearer":
-                    api_key = token.strip()
-            elif name == self._header:
+            if name == self._header:
                 header = value.decode("latin-1")
         resolved = resolve_class(
             self.classes,

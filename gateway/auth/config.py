@@ -24,8 +24,8 @@ class Limits(_Frozen):
     output_tokens_per_minute: int | None = Field(
         None,
         ge=1,
-        description="completion tokens: max_tokens (or a default) before the "
-        "response, settled from `usage` after it",
+        description="completion tokens: max_tokens (or a default) at dispatch, past it as "
+        "they stream, settled from `usage`; never below what was delivered",
     )
     concurrent_requests: int | None = Field(None, ge=1)
 
@@ -103,6 +103,17 @@ class AuthSettings(_Frozen):
     )
     metrics_need_admin: bool = Field(
         True, description="with keys on, GET /metrics needs an admin key (false: any key)"
+    )
+    cache_salt: bool = Field(
+        True,
+        description="give each tenant's chat and completion requests a `cache_salt` of "
+        "its own (vLLM and SGLang key their prefix caches by it), so one tenant's prompts "
+        "never warm another's cache; a client's own salt is kept within its tenant's",
+    )
+    credential_headers: tuple[str, ...] = Field(
+        (),
+        description="more request headers that carry client credentials (beyond "
+        "Authorization, x-api-key and api-key): never forwarded to the engines",
     )
     default_output_tokens: int = Field(
         256, ge=1, description="output tokens charged up front for a request without max_tokens"

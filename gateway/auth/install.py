@@ -7,8 +7,11 @@ every route runs (gateway.fastpath), after the request id.
 
 from __future__ import annotations
 
+import time
+
 from starlette.middleware import Middleware
 
+from gateway.auth.host_counters import HostCounters
 from gateway.auth.limiter import Limiter, LocalLimiter
 from gateway.auth.metrics import AuthMetrics
 from gateway.auth.principal import KeyRing
@@ -19,6 +22,7 @@ from gateway.middleware.auth import AuthMiddleware
 from gateway.middleware.rate_limit import RateLimitMiddleware
 from gateway.state import GatewayState
 from gateway.store.redis import RedisStore
+from gateway.workers.directory import shared_directory
 
 EXTRAS_KEY = "auth"
 
@@ -38,7 +42,10 @@ def install(state: GatewayState) -> None:
         if settings.redis_keys:
             state.services.append(RedisKeys(store, ring, settings.redis_refresh_s))
     else:
-        limiter = LocalLimiter()
+        # `--workers N` without Redis: the workers count in one file (gateway.auth.host_counters).
+        shared_dir = shared_directory()
+        counters = HostCounters(shared_dir, time.time) if shared_dir is not None else None
+        limiter = LocalLimiter(counters)
     metrics = AuthMetrics(state.metrics.registry)
     metrics_need_admin = settings.metrics_need_admin
 

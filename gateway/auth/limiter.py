@@ -8,6 +8,7 @@ principal (its key, its tenant).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import time
@@ -28,9 +29,26 @@ Clock = Callable[[], float]
 
 
 class Ticket:
-    """One admitted request's hold on its scopes' budgets."""
+    """One admitted request's hold on its scopes' budgets.
 
-    __slots__ = ("_charged", "_limiter", "_released", "headers", "id", "scopes")
+    Tokens are charged as the work happens: the estimate when the request is dispatched,
+    output tokens past it as they stream (`delivered`), the engine's `usage` at the end
+    (`settle`). Nothing delivered is ever given back, and a refund is taken from the minute
+    its charge went to (gone when that minute no longer counts), so it can never lift a
+    window's budget above its limit.
+    """
+
+    __slots__ = (
+        "_delivered",
+        "_in",
+        "_limiter",
+        "_out",
+        "_released",
+        "_windows",
+        "headers",
+        "id",
+        "scopes",
+    )
 
     def __init__(
         self,
@@ -43,22 +61,67 @@ class Ticket:
         self.scopes = tuple(scopes)
         self.id = ticket_id
         self.headers = headers
-        self._charged = (0, 0)
+        self._in = self._out = self._delivered = 0
+        # Minute index -> [input, output] charged in it (a request spans two at most).
+        self._windows: dict[int, list[int]] = {}
         self._released = False
 
-    def charge(self, input_tokens: int, output_tokens: int) -> None:
-        """Before the response: the request's estimated tokens."""
-        self._charged = (input_tokens, output_tokens)
-        self._limiter.add_tokens(self, input_tokens, output_tokens)
+    @property
+    def charged(self) -> tuple[int, int]:
+        return self._in, self._out
 
-    def settle(self, input_tokens: int | None, output_tokens: int | None) -> None:
-        """After the response: replace the estimate by the `usage` the engine reported."""
-        given_in, given_out = self._charged
-        d_in = 0 if input_tokens is None else input_tokens - given_in
-        d_out = 0 if output_tokens is None else output_tokens - given_out
-        self._charged = (given_in + d_in, given_out + d_out)
-        if d_in or d_out:
-            self._limiter.add_tokens(self, d_in, d_out)
+    def charge(self, input_tokens: int, output_tokens: int) -> None:
+        """At dispatch: the request's estimated tokens."""
+        self._add(input_tokens, output_tokens)
+
+    def delivered(self, output_tokens: int) -> None:
+        """`output_tokens` went to the client so far: charged now if past what was."""
+        if output_tokens > self._delivered:
+            self._delivered = output_tokens
+            if output_tokens > self._out:
+                self._add(0, output_tokens - self._out)
+
+    def settle(
+        self, input_tokens: int | None, output_tokens: int | None, *, exact: bool = False
+    ) -> None:
+        """At the end: the tokens used (None: keep that charge as it is). Never less output
+        than was seen delivered, unless `exact` (the engine's own `usage`, which counts
+        tokens where `delivered` counts the events carrying them)."""
+        want_in = self._in if input_tokens is None else input_tokens
+        want_out = self._out if output_tokens is None else output_tokens
+        if not exact:
+            want_out = max(want_out, self._delivered)
+        d_in, d_out = want_in - self._in, want_out - self._out
+        self._add(max(d_in, 0), max(d_out, 0))
+        if d_in < 0 or d_out < 0:
+            self._refund(max(-d_in, 0), max(-d_out, 0))
+
+    def _add(self, input_tokens: int, output_tokens: int) -> None:
+        if not (input_tokens or output_tokens):
+            return
+        index = self._limiter.window_index()
+        held = self._windows.setdefault(index, [0, 0])
+        held[0] += input_tokens
+        held[1] += output_tokens
+        self._in += input_tokens
+        self._out += output_tokens
+        self._limiter.add_tokens(self, input_tokens, output_tokens, index)
+
+    def _refund(self, input_tokens: int, output_tokens: int) -> None:
+        oldest = self._limiter.window_index() - 1
+        self._in -= input_tokens
+        self._out -= output_tokens
+        for index in sorted(self._windows, reverse=True):
+            held = self._windows[index]
+            back_in, back_out = min(input_tokens, held[0]), min(output_tokens, held[1])
+            if not (back_in or back_out):
+                continue
+            held[0] -= back_in
+            held[1] -= back_out
+            input_tokens -= back_in
+            output_tokens -= back_out
+            if index >= oldest:  # an older minute counts no more: nothing to give back
+                self._limiter.add_tokens(self, -back_in, -back_out, index)
 
     def release(self) -> None:
         if not self._released:
@@ -71,7 +134,13 @@ class Limiter(Protocol):
         """A ticket, or the refusing verdict (with Retry-After and headers)."""
         ...
 
-    def add_tokens(self, ticket: Ticket, input_tokens: int, output_tokens: int) -> None: ...
+    def window_index(self) -> int:
+        """The current minute's index (where a charge made now goes)."""
+        ...
+
+    def add_tokens(self, ticket: Ticket, input_tokens: int, output_tokens: int, index: int) -> None:
+        """Count tokens (negative: given back) in the minute `index`."""
+        ...
 
     def release(self, ticket: Ticket) -> None: ...
 
@@ -95,6 +164,11 @@ class LocalCounters:
         self._windows: dict[str, tuple[int, list[float], list[float]]] = {}
         self._inflight: dict[str, int] = {}
 
+    def locked(self) -> contextlib.AbstractContextManager[None]:
+        """Held across one verdict's reads and writes (a no-op in one process; the
+        workers' shared counters lock their file, gateway.auth.host_counters)."""
+        return contextlib.nullcontext()
+
     def elapsed(self, now: float) -> float:
         return now / WINDOW_S - int(now / WINDOW_S)
 
@@ -112,8 +186,21 @@ class LocalCounters:
         windows = tuple((previous[i], current[i]) for i in range(len(KINDS)))
         return Usage(windows, self._inflight.get(name, 0))
 
-    def add(self, name: str, kind: int, amount: float, now: float) -> None:
-        self._state(name, int(now / WINDOW_S))[2][kind] += amount
+    def add(
+        self, name: str, kind: int, amount: float, now: float, index: int | None = None
+    ) -> None:
+        """`amount` into minute `index` (default: now's); a minute that no longer counts
+        takes nothing, and a count never goes below zero."""
+        current = int(now / WINDOW_S)
+        state = self._state(name, current)
+        at = current if index is None else index
+        if at == current:
+            counts = state[2]
+        elif at == current - 1:
+            counts = state[1]
+        else:
+            return
+        counts[kind] = max(0.0, counts[kind] + amount)
 
     def enter(self, name: str) -> None:
         self._inflight[name] = self._inflight.get(name, 0) + 1
@@ -158,25 +245,31 @@ class LocalLimiter:
         self, scopes: Sequence[Scope], ticket_id: str | None = None
     ) -> Ticket | Verdict:
         counters = self.counters
-        now = counters.wall()
-        usages = [counters.usage(scope_name(s), now) for s in scopes]
-        refused, headers = verdict_from(scopes, usages, counters.elapsed(now))
-        if refused is not None:
-            return refused
-        for scope in scopes:
-            name = scope_name(scope)
-            counters.add(name, 0, 1, now)
-            counters.enter(name)
+        with counters.locked():
+            now = counters.wall()
+            usages = [counters.usage(scope_name(s), now) for s in scopes]
+            refused, headers = verdict_from(scopes, usages, counters.elapsed(now))
+            if refused is not None:
+                return refused
+            for scope in scopes:
+                name = scope_name(scope)
+                counters.add(name, 0, 1, now)
+                counters.enter(name)
         return Ticket(self, scopes, ticket_id or self._ids(), after_one(headers))
 
-    def add_tokens(self, ticket: Ticket, input_tokens: int, output_tokens: int) -> None:
+    def window_index(self) -> int:
+        return int(self.counters.wall() / WINDOW_S)
+
+    def add_tokens(
+        self, ticket: Ticket, input_tokens: int, output_tokens: int, index: int | None = None
+    ) -> None:
         now = self.counters.wall()
         for scope in ticket.scopes:
             name = scope_name(scope)
             if input_tokens:
-                self.counters.add(name, 1, input_tokens, now)
+                self.counters.add(name, 1, input_tokens, now, index)
             if output_tokens:
-                self.counters.add(name, 2, output_tokens, now)
+                self.counters.add(name, 2, output_tokens, now, index)
 
     def release(self, ticket: Ticket) -> None:
         for scope in ticket.scopes:

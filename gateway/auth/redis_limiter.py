@@ -156,9 +156,12 @@ class RedisLimiter:
             self.local.release(local)
         return refused
 
-    def add_tokens(self, ticket: Ticket, input_tokens: int, output_tokens: int) -> None:
-        self.local.add_tokens(ticket, input_tokens, output_tokens)
-        self._queue.append(("tokens", (ticket.scopes, input_tokens, output_tokens)))
+    def window_index(self) -> int:
+        return self.local.window_index()
+
+    def add_tokens(self, ticket: Ticket, input_tokens: int, output_tokens: int, index: int) -> None:
+        self.local.add_tokens(ticket, input_tokens, output_tokens, index)
+        self._queue.append(("tokens", (ticket.scopes, input_tokens, output_tokens, index)))
         self._wake.set()
 
     def release(self, ticket: Ticket) -> None:
@@ -177,13 +180,15 @@ class RedisLimiter:
                     return
                 continue
             now = self.local.counters.wall()
-            index = int(now / WINDOW_S)
+            oldest = int(now / WINDOW_S) - 1
             pipe = self.store.redis.pipeline(transaction=False)
             names = self.store.keys
             ttl = int(3 * WINDOW_S * 1000)
             for op, fields in batch:
                 if op == "tokens":
-                    scopes, d_in, d_out = fields
+                    scopes, d_in, d_out, index = fields
+                    if index < oldest:
+                        continue  # that minute counts no more (a refund of it is moot)
                     for scope in scopes:
                         for kind, amount in ((KINDS[1], d_in), (KINDS[2], d_out)):
                             if amount:

@@ -13,8 +13,10 @@ import re
 
 import orjson
 
+from gateway.auth.principal import Principal
 from gateway.hashing import digest_hex
 from gateway.proxy.identity import with_key
+from gateway.state import GatewayState
 from gateway.types import RouteRequest, SessionKey
 
 KEY_SOURCE = "previous_response_id"
@@ -25,6 +27,24 @@ _ID = re.compile(rb'"id"\s*:\s*"(resp[_-][A-Za-z0-9_-]{1,200})"')
 
 def response_key(response_id: str) -> SessionKey:
     return SessionKey("r:" + digest_hex(response_id))
+
+
+def tenant_key(response_id: str) -> SessionKey:
+    """Where the tenant that made a stored response is kept (keys on): only its keys may
+    read, cancel, delete or continue it (gateway.proxy.stored)."""
+    return SessionKey("t:" + digest_hex(response_id))
+
+
+async def may_use(state: GatewayState, principal: Principal | None, response_id: str) -> bool:
+    """Whether `principal` may touch the stored response `response_id`: keys off, an admin
+    key, or a key of the tenant recorded when it was made. Unrecorded: no (it may be
+    anyone's)."""
+    if principal is None or principal.admin:
+        return True
+    placements = state.placements
+    if placements is None:
+        return False
+    return await placements.lookup(tenant_key(response_id)) == principal.tenant
 
 
 def continuing(request: RouteRequest, previous_id: str) -> RouteRequest:

@@ -23,11 +23,12 @@ from collections.abc import Callable
 
 from gateway.body import ClientGone
 from gateway.disconnect import CallState
-from gateway.errors import GatewayError, error_response_parts
+from gateway.errors import GatewayError, NotFound, error_response_parts
 from gateway.hooks import RequestTracer
+from gateway.middleware.rate_limit import TICKET_KEY
 from gateway.middleware.request_id import SCOPE_KEY, RequestIds
 from gateway.proxy.attempts import Attempts
-from gateway.proxy.continuation import response_key
+from gateway.proxy.continuation import may_use, response_key, tenant_key
 from gateway.proxy.exchange import Exchange, Receive, Scope, Send
 from gateway.proxy.identity import Identity, with_sticky
 from gateway.proxy.inbound import Inbound
@@ -129,9 +130,19 @@ class ProxyEndpoint:
             if sticky is not None:
                 request = with_sticky(request, sticky)
                 ex.request = request
-        if state.admission is not None:
-            request = ex.request = state.admission.classify(request, ex.body or {}, ex.headers)
         principal = self._identity.principal(ex)
+        if principal is not None:
+            self._identity.check_body_priority(ex, principal)
+            earlier = ex.body.get("previous_response_id") if ex.body is not None else None
+            if isinstance(earlier, str) and not await may_use(state, principal, earlier):
+                # Another tenant's answer: as unknown as an id that never existed.
+                raise NotFound(
+                    f"Response with id '{earlier}' not found.", param="previous_response_id"
+                )
+        if state.admission is not None:
+            request = ex.request = state.admission.classify(
+                request, ex.body or {}, ex.scope["headers"]
+            )
         if principal is not None:
             request = ex.request = self._identity.narrow(ex, principal, request)
         return request
@@ -165,11 +176,16 @@ class ProxyEndpoint:
                 await send_error(ex, err, state.metrics)
                 return
             await self._placed(ex, request, leg.replica)
-            await relay(
-                ex, leg, state.metrics, bool(state.observers), first_byte if prefilling else None
-            )
+            # Usage is read for the observers, and for a quota ticket to settle on.
+            want_usage = bool(state.observers) or TICKET_KEY in ex.scope
+            await relay(ex, leg, state.metrics, want_usage, first_byte if prefilling else None)
             if ex.response_id is not None and state.placements is not None:
                 await state.placements.record(response_key(ex.response_id), leg.replica)
+                principal = self._identity.principal(ex)
+                if principal is not None:
+                    await state.placements.record(
+                        tenant_key(ex.response_id), ReplicaId(principal.tenant)
+                    )
         except OSError:
             # The ASGI server refused a send: the client is gone (transport errors of the
             # upstream arrive as GatewayError, never as OSError).

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from gateway.admission.classes import BODY_FIELD, ClassMap
 from gateway.auth.principal import SCOPE_KEY as PRINCIPAL_KEY
 from gateway.auth.principal import Principal
 from gateway.errors import Forbidden
@@ -49,16 +50,49 @@ def with_key(r: RouteRequest, key: SessionKey, source: str) -> RouteRequest:
 
 
 class Identity:
-    __slots__ = ("_classes", "_default_output", "_state")
+    __slots__ = ("_classes", "_default_output", "_engine_classes", "_state")
 
     def __init__(self, state: GatewayState) -> None:
         self._state = state
         self._classes = {c.name: i for i, c in enumerate(state.settings.admission.classes)}
+        self._engine_classes = ClassMap.from_settings(state.settings.admission)
         self._default_output = state.settings.auth.default_output_tokens
 
     def principal(self, ex: Exchange) -> Principal | None:
         principal: Principal | None = ex.scope.get(PRINCIPAL_KEY)
         return principal
+
+    def _better_than(self, stated: object, ceiling: str) -> bool:
+        """Whether a body `priority` (a class name or a vLLM integer, lower first) asks for
+        more than `ceiling`. Values naming nothing known are the engine's to refuse."""
+        top = self._classes.get(ceiling, len(self._classes))
+        if isinstance(stated, str):
+            name = stated.strip().lower()
+            if name in self._classes:
+                return self._classes[name] < top
+            if not name.lstrip("-").isdigit():
+                return False
+            stated = int(name)
+        if not isinstance(stated, int) or isinstance(stated, bool):
+            return False
+        classes = self._engine_classes
+        named = classes.by_engine_priority.get(stated)
+        if named is not None:
+            return self._classes.get(named, len(self._classes)) < top
+        return stated < classes.engine_priority.get(ceiling, stated)
+
+    def check_body_priority(self, ex: Exchange, principal: Principal) -> None:
+        """403 when the body's own `priority` asks for more than the key's ceiling, before
+        admission reads it: with admission off it goes to the engine as it came, with
+        admission on it names the class when no header does."""
+        ceiling = principal.max_priority
+        stated = ex.body.get(BODY_FIELD) if ex.body is not None else None
+        if ceiling is not None and stated is not None and self._better_than(stated, ceiling):
+            raise Forbidden(
+                f"API key {principal.name!r} may ask for priority {ceiling!r} at best, "
+                f"not {stated!r}.",
+                param="priority",
+            )
 
     def narrow(self, ex: Exchange, principal: Principal, request: RouteRequest) -> RouteRequest:
         """`request` within the key's grants (after admission resolved its class)."""

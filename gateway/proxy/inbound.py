@@ -21,6 +21,7 @@ from gateway.body import (
     validate,
 )
 from gateway.errors import BadRequest, Forbidden, ModelNotFound
+from gateway.hashing import digest_hex
 from gateway.keys import route_request, session_key
 from gateway.pd.decision import CLIENT_PD_HEADERS, without_client_pd_fields
 from gateway.proxy.continuation import continuing
@@ -31,6 +32,12 @@ from gateway.tracing.context import TRACEPARENT, child
 from gateway.types import ROUTE_SPECS, UPSTREAM_PATHS, Endpoint, RouteRequest, SessionKey
 from gateway.upload import open_upload
 from gateway.upstream import request_headers
+from gateway.upstream.headers import CREDENTIAL_HEADERS
+
+
+def tenant_salt(tenant: str) -> str:
+    """A tenant's cache salt: stable, and naming no tenant in the engines' logs."""
+    return "kvgate-" + digest_hex(tenant)[:16]
 
 
 def declared_length(value: bytes | None) -> int | None:
@@ -48,6 +55,7 @@ class Inbound:
     __slots__ = (
         "_agent_headers",
         "_continues",
+        "_credentials",
         "_endpoint",
         "_engine_auth",
         "_lineage_key",
@@ -56,6 +64,7 @@ class Inbound:
         "_path",
         "_priority_header",
         "_propagate",
+        "_salted",
         "_session_header",
         "_state",
         "_strip_pd",
@@ -79,10 +88,25 @@ class Inbound:
         self._multipart = spec.multipart
         self._lineage_key = state.lineage.key_for if state.lineage is not None else None
         self._strip_pd = not s.pd.allow_client_fields
-        # None: the client's Authorization goes to the engine as it is.
-        self._engine_auth: tuple[tuple[bytes, bytes], ...] | None = None
-        if not s.upstream.passes_client_authorization(s.auth.enabled):
+        # The client's credentials are for the gateway: every header known to carry one is
+        # dropped, and the engine gets the gateway's own key. Only Authorization may go on,
+        # when the operator passes it (engines read no other credential header).
+        self._credentials = CREDENTIAL_HEADERS | {
+            h.lower().encode("latin-1") for h in s.auth.credential_headers
+        }
+        self._engine_auth: tuple[tuple[bytes, bytes], ...] = ()
+        if s.upstream.passes_client_authorization(s.auth.enabled):
+            self._credentials = self._credentials - {b"authorization"}
+        else:
             self._engine_auth = s.upstream.auth_headers()
+        if self._strip_pd:
+            # Headers that steer the engine's placement go with the credentials (pd.decision).
+            self._credentials = self._credentials | CLIENT_PD_HEADERS
+        self._salted = (
+            s.auth.enabled
+            and s.auth.cache_salt
+            and endpoint in (Endpoint.CHAT, Endpoint.COMPLETIONS)
+        )
         # W3C trace context: the engine gets the gateway's child of the caller's trace.
         self._propagate = s.tracing.propagate
         # Only these endpoints stream tokens with an optional usage event.
@@ -162,6 +186,13 @@ class Inbound:
             body = {**body, "model": served}
             rewritten = True
             model = served
+        if self._salted and tenant_name is not None:
+            # Keys on: the tenant's salt (the client's own only partitions within it), so
+            # the engines' prefix caches, and the gateway's prefix and lineage indexes,
+            # which hash the salt in (gateway.keys), never mix tenants.
+            own = body.get("cache_salt")
+            salt = tenant_salt(tenant_name) + (f"/{own}" if isinstance(own, str) and own else "")
+            body, rewritten = {**body, "cache_salt": salt}, True
         if self._strip_pd and (stripped := without_client_pd_fields(body)) is not None:
             body, rewritten = stripped, True
         known = state.cluster.known_models()
@@ -234,12 +265,9 @@ class Inbound:
         if propagate and self._state.tracer is None:
             # With spans on, the request's span id goes instead (gateway.proxy.endpoint).
             headers.append((TRACEPARENT, child(ex.traceparent)))
-        if self._strip_pd:
-            headers = [h for h in headers if h[0] not in CLIENT_PD_HEADERS]
-        if self._engine_auth is not None:
-            # The client's credentials are for the gateway; the engine gets its own.
-            headers = [h for h in headers if h[0] != b"authorization"]
-            headers.extend(self._engine_auth)
+        credentials = self._credentials
+        headers = [h for h in headers if h[0] not in credentials]
+        headers.extend(self._engine_auth)
         ex.headers = headers
         # The query string goes along unchanged (vLLM ignores it; a proxy must not eat it).
         query: bytes = scope.get("query_string", b"")

@@ -45,9 +45,15 @@ class Outcome:
         if ticket is not None:
             if ex.usage is not None:
                 prompt, _, completion = usage_tokens(ex.usage)
-                ticket.settle(prompt, completion)
-            elif not ex.ok:
-                ticket.settle(0, 0)  # nothing was generated: the estimate is given back
+                ticket.settle(prompt, completion, exact=True)
+            elif ex.ok:
+                ticket.settle(None, None)  # answered, usage unknown: the estimate stands
+            elif call.started or call.disconnected:
+                # An engine took the prompt (or may have: the client left while it was
+                # sent): its estimate stands; output is what went out (`delivered`).
+                ticket.settle(None, 0)
+            else:
+                ticket.settle(0, 0)  # refused before any engine worked on it
         observers = state.observers
         if not observers:
             return

@@ -22,9 +22,11 @@ import logging
 import time
 from collections.abc import Callable
 
+from gateway.auth.limiter import Ticket
 from gateway.errors import GatewayError, stream_error_event
 from gateway.forward import Leg, name_replica
 from gateway.metrics import GatewayMetrics
+from gateway.middleware.rate_limit import TICKET_KEY
 from gateway.proxy.continuation import id_in_json, id_in_stream
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.passthrough import pass_through
@@ -112,6 +114,9 @@ async def relay(
     request = ex.request
     timer = metrics.stream_timer(request.model if request else "", leg.replica, ex.t0)
     await send({"type": "http.response.start", "status": status, "headers": out_headers})
+    # A quota ticket is charged for output tokens as they go out, past its estimate
+    # (gateway.auth.limiter): a stream dropped midway still pays for what it got.
+    ticket: Ticket | None = ex.scope.get(TICKET_KEY)
     ended = False
     seek_id = ex.find_response_id and status < 400
     relayed = before = b""  # the last two chunks out: where a failure event continues from
@@ -132,9 +137,13 @@ async def relay(
                 call.stop_watching()
                 ended = True
                 await send({"type": "http.response.body", "body": chunk, "more_body": False})
+                if ticket is not None:
+                    ticket.delivered(timer.token_events)
                 break
             if chunk:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if ticket is not None:
+                    ticket.delivered(timer.token_events)
             chunk = await anext(iterator, b"")
             if not chunk and (body_done is None or body_done()):
                 break

@@ -20,12 +20,13 @@ import time
 from dataclasses import dataclass
 from urllib.parse import quote
 
+from gateway.auth.principal import SCOPE_KEY as PRINCIPAL_KEY
 from gateway.body import ClientGone, read_body
 from gateway.disconnect import CallState
 from gateway.errors import GatewayError, NotFound, error_response_parts
 from gateway.forward import Leg, open_leg
 from gateway.middleware.request_id import SCOPE_KEY, RequestIds
-from gateway.proxy.continuation import response_key
+from gateway.proxy.continuation import may_use, response_key
 from gateway.proxy.exchange import Exchange, RawHeaders, Receive, Scope, Send
 from gateway.proxy.inbound import Inbound, declared_length
 from gateway.proxy.relay import relay
@@ -137,6 +138,9 @@ class StoredResponseEndpoint:
         response_id: str = scope["path_params"]["response_id"]
         path = _PREFIX + quote(response_id, safe="") + self.route.suffix
         self._inbound.forward_headers(ex, scope, path)
+        if not await may_use(state, scope.get(PRINCIPAL_KEY), response_id):
+            # Another tenant's: 404, as for an id that never existed (no existence oracle).
+            raise NotFound(f"Response with id '{response_id}' not found.", param="response_id")
         owner = await self._owner(response_id, ex.headers)
         if owner is None:
             raise NotFound(f"Response with id '{response_id}' not found.", param="response_id")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+from collections import deque
 
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -33,6 +34,21 @@ class EchoRequestId:
             await send(message)
 
         await self.app(scope, receive, send_with_id)
+
+
+class RecordHeaders:
+    """Pure ASGI middleware: note each request's method, path and headers (last value of a
+    name wins) in `log`, before any check: what reached the engine."""
+
+    def __init__(self, app: ASGIApp, log: deque[tuple[str, str, dict[str, str]]]) -> None:
+        self.app = app
+        self.log = log
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+            self.log.append((scope["method"], scope["path"], headers))
+        await self.app(scope, receive, send)
 
 
 _KEYED_PATHS = ("/v1", "/admin/", "/reset_prefix_cache")

@@ -44,7 +44,7 @@ from gateway.sim.faults import NO_FAULTS, FaultConfig, FaultState
 from gateway.sim.generate import Generation
 from gateway.sim.kvpublish import KVEventPublisher
 from gateway.sim.metrics import CONTENT_TYPE, Flavor, SimMetrics
-from gateway.sim.middleware import EchoRequestId, RequireApiKey
+from gateway.sim.middleware import EchoRequestId, RecordHeaders, RequireApiKey
 from gateway.sim.profiles import HardwareProfile
 from gateway.sim.runner import EngineRunner
 from gateway.sim.speech import SpeechResponse
@@ -165,6 +165,9 @@ class SimEngine:
         self.trace_contexts: deque[tuple[str, str | None, str | None]] = deque(
             maxlen=request_log_size
         )
+        # (method, path, headers) of every request received, for the credential tests: what
+        # a client's headers look like once the gateway has forwarded them.
+        self.received: deque[tuple[str, str, dict[str, str]]] = deque(maxlen=request_log_size)
         self.kv_pull_failures = 0
         self.rooms: dict[int, str] = {}
         # Mooncake: router-minted transfer id -> the prefill request holding its KV.
@@ -314,7 +317,7 @@ class SimEngine:
             Route("/sim/kv/{request_id}", self._kv_pull, methods=["GET"]),
             Route("/sim/bootstrap/{room:int}", self._bootstrap, methods=["GET"]),
         ]
-        middleware = [Middleware(EchoRequestId)]
+        middleware = [Middleware(EchoRequestId), Middleware(RecordHeaders, log=self.received)]
         if self.api_key is not None:
             middleware.append(Middleware(RequireApiKey, key=self.api_key))
         return Starlette(routes=routes, lifespan=self._lifespan, middleware=middleware)

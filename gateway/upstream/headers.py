@@ -17,6 +17,9 @@ HOP_BY_HOP: frozenset[bytes] = frozenset(
         b"upgrade",
     }
 )
+# Client credentials the gateway knows (the SDKs' and Azure's): never for an engine, which
+# gets the gateway's own key instead (Authorization only while the operator asks to pass it).
+CREDENTIAL_HEADERS: frozenset[bytes] = frozenset({b"authorization", b"x-api-key", b"api-key"})
 # Recomputed by the next hop; forwarding them would lie about the new message.
 _REQUEST_DROP = HOP_BY_HOP | {b"host", b"content-length", b"expect"}
 # When the gateway propagates trace context it sends its own traceparent (gateway.tracing).

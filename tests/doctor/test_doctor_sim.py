@@ -20,7 +20,7 @@ from gateway.plan.cards import get_card
 from gateway.plan.catalogue import get_model
 from gateway.plan.memory import EngineSettings, budget
 from gateway.serving import start_server
-from gateway.settings import load_settings
+from gateway.settings import ReplicaSettings, load_settings
 from gateway.sim.cluster import SimCluster
 from gateway.sim.profiles import get_profile
 
@@ -232,7 +232,8 @@ async def test_stale_and_low_hit_rate_from_the_gateways_view() -> None:
             assert "went to the replica holding their prefix" in low[0].evidence[0]
             assert "sticky 24" in low[0].evidence[0]
             assert not [f for f in d.findings if f.code == "stale_metrics"]
-            gone = sim.urls[1].removeprefix("http://")  # the gateway's id for that replica
+            # The gateway's (opaque) id for that replica.
+            gone = ReplicaSettings(url=sim.urls[1]).id
             await sim.engines[1].stop()
             await asyncio.sleep(1.2)
             d2 = await doctor(sim.urls[:1], Hints(stale_after_s=1.0), gateway=server.url, samples=1)

@@ -188,3 +188,28 @@ async def test_a_streamed_transcription_is_relayed_as_a_stream(
         metrics = (await http.get("/metrics")).text
     streamed = 'kvgate_request_duration_seconds_count{endpoint="transcriptions",stream="true"} 1.0'
     assert streamed in metrics, [m for m in metrics.splitlines() if "transcriptions" in m]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("late", ["model", "language"])
+async def test_a_field_repeated_after_the_file_is_a_400_and_never_served(
+    engines: list[SimEngine], kind: str, late: str
+) -> None:
+    """The issue's attempt: `model` checked before the file, another after it (the engine's
+    form parser keeps the last). Any field given twice is refused, as is a needed one late."""
+    audio = os.urandom(MB)
+    closing = b"--kvgate-test-boundary--\r\n"
+    late_part = (
+        f'--kvgate-test-boundary\r\nContent-Disposition: form-data; name="{late}"\r\n\r\nx\r\n'
+    ).encode()
+    body = form({"model": MODEL, "language": "en"}, audio)[: -len(closing)] + late_part + closing
+    async with gateway(engines, upstream={"client": kind}) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
+            for content in (body, paced(body)):
+                resp = await http.post(
+                    PATH, content=content, headers={"content-type": CONTENT_TYPE}
+                )
+                assert resp.status_code == 400, resp.text
+                assert resp.json()["error"]["param"] == late
+        assert not any(e.uploads for e in engines)
+        await _until(lambda: _idle(gw))
