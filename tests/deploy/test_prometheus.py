@@ -219,7 +219,11 @@ async def check_all(http: httpx.AsyncClient) -> None:
         expr = re.sub(r"\{namespace=\"[^\"]*\"\}", "", trigger["metadata"]["query"])
         assert await query(http, expr), expr
     # The rules are evaluated over real data: at least the fleet-wide ones produce a value.
-    assert await query(http, rule_exprs()[4][1].split(">")[0])
+    exprs_by_alert = dict(rule_exprs())
+    assert await query(http, exprs_by_alert["KvgateHigh5xxRate"].split(">")[0])
+    # The gateway is up, so the gateway-down alert's comparison holds a series at 1.
+    up = await query(http, exprs_by_alert["KvgateGatewayDown"].split("==")[0])
+    assert [float(s["value"][1]) for s in up] == [1.0]
 
 
 def test_promtool_accepts_the_rules() -> None:
@@ -230,3 +234,16 @@ def test_promtool_accepts_the_rules() -> None:
         [promtool, "check", "rules", str(RULES)], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_promtool_unit_tests_fire_the_gateway_down_and_absent_alerts() -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not found on PATH (CI installs prometheus)")
+    cases = RULES.with_name("kvgate-rules.test.yml")
+    result = subprocess.run(
+        [promtool, "test", "rules", str(cases)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = cases.read_text()
+    assert "alertname: KvgateGatewayDown" in text and "alertname: KvgateGatewayAbsent" in text
