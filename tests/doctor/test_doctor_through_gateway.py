@@ -77,7 +77,7 @@ kvgate_replica_ejected{replica="a"} 0.0
 kvgate_replica_ejected{replica="b"} 1.0
 kvgate_replica_ejected{replica="c"} 0.0
 # TYPE kvgate_replica_ejections_total counter
-kvgate_replica_ejections_total{replica="b",reason="consecutive_5xx"} 2.0
+kvgate_replica_ejections_total{replica="b",reason="stalled"} 2.0
 kvgate_replica_ejections_total{replica="b",reason="probe"} 1.0
 kvgate_replica_ejections_total{replica="a",reason="probe"} 1.0
 # TYPE kvgate_replica_engine_load_missing gauge
@@ -94,7 +94,7 @@ def test_ejected_replicas_and_missing_engine_load_from_the_exposition() -> None:
     findings = {(f.code, f.replica): f for f in check_through_gateway(view)}
     assert set(findings) == {("replica_ejected", "b"), ("no_engine_load", "c")}
     ejected = findings[("replica_ejected", "b")]
-    assert "consecutive_5xx 2, probe 1" in ejected.evidence[1]
+    assert "probe 1, stalled 2" in ejected.evidence[1]
     assert "health.cooldown_s" in ejected.suggestion
     assert "replicas[].engine" in findings[("no_engine_load", "c")].suggestion
 
