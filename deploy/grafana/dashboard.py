@@ -3,12 +3,17 @@
     python deploy/grafana/dashboard.py   # after editing a panel; a test checks the JSON is current
 
 Every expression here is evaluated against a real Prometheus scraping a gateway by
-tests/deploy/test_prometheus.py, so a misspelt metric fails the suite.
+tests/deploy/test_prometheus.py, so a misspelt metric fails the suite: with every feature
+on, each one returns data; on a plain `kvgate serve` with traffic, each panel not listed in
+NEEDS returns data too (a zero, not "No data": `or vector(0)` where a series only appears
+after its first event). Every kvgate_* selector carries the job, namespace and instance
+variables.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +44,28 @@ def per_1k(denominator: str, by: str = "") -> str:
     )
 
 
+# Series that appear only after their first event (a 5xx, a retry, a gateway error): a
+# healthy fleet then reads 0 rather than "No data".
+ZERO = " or vector(0)"
+FILTER = 'job=~"$job", namespace=~"$namespace", instance=~"$instance"'
+PRICES = (
+    "Needs prices: pools[].price_per_card_hour (with pools) or replicas[].price_per_hour / "
+    "discovery.dns[].price_per_hour."
+)
+ADMISSION = "Needs admission.enabled: true."
+# Panels that only have data with a feature on, and what to set: the panel's description.
+NEEDS = {
+    "Cost per 1K tokens": PRICES,
+    "Replicas from DNS": "Needs discovery.dns (replicas found in DNS).",
+    "Queue depth": ADMISSION,
+    "Wait p99": ADMISSION + " Empty until a request has waited in a queue.",
+    "Rejected (429)": ADMISSION,
+    "Pool weights": "Needs pools (pools.pools and pools.models).",
+    "Cost per 1K tokens by pool": "Needs pools with prices (pools.pools[].price_per_card_hour).",
+    "PD decisions": "Needs pd.models (prefill/decode disaggregation settings per model).",
+    "Store degraded": "Needs store.backend: redis.",
+}
+
 OUTPUT = "sum{b} (rate(kvgate_generation_tokens_total[$__rate_interval]))"
 HIT = (
     "sum{b} (rate(kvgate_cached_prompt_tokens_total[$__rate_interval])) / "
@@ -56,19 +83,26 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
                 [("{{status}}", "sum by (status) (rate(kvgate_requests_total[$__rate_interval]))")],
             ),
             (
-                "Errors",
+                "5xx share",
                 "percentunit",
                 [
                     (
                         "5xx share",
                         (
-                            'sum(rate(kvgate_requests_total{status=~"5.."}[$__rate_interval])) / '
+                            '(sum(rate(kvgate_requests_total{status=~"5.."}[$__rate_interval]))'
+                            f"{ZERO}) / "
                             "clamp_min(sum(rate(kvgate_requests_total[$__rate_interval])), 1e-9)"
                         ),
                     ),
+                ],
+            ),
+            (
+                "Errors the gateway made",
+                "reqps",
+                [
                     (
-                        "gateway-made {{code}} /s",
-                        "sum by (code) (rate(kvgate_errors_total[$__rate_interval]))",
+                        "{{code}}",
+                        f"sum by (code) (rate(kvgate_errors_total[$__rate_interval])){ZERO}",
                     ),
                 ],
             ),
@@ -210,7 +244,12 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
             (
                 "Retries",
                 "ops",
-                [("{{reason}}", "sum by (reason) (rate(kvgate_retries_total[$__rate_interval]))")],
+                [
+                    (
+                        "{{reason}}",
+                        f"sum by (reason) (rate(kvgate_retries_total[$__rate_interval])){ZERO}",
+                    )
+                ],
             ),
             ("Pool weights", "percentunit", [("{{pool}}", "max by (pool) (kvgate_pool_weight)")]),
             ("Cost per 1K tokens by pool", "short", [("{{pool}}", per_1k(tokens("pool"), "pool"))]),
@@ -234,6 +273,35 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
 ]
 
 
+def scoped(expr: str) -> str:
+    """`expr` with the dashboard's job, namespace and instance filters on every kvgate_*
+    selector (merged into a selector's own matchers)."""
+
+    def add(match: re.Match[str]) -> str:
+        own = match[2]
+        return f"{match[1]}{{{own + ', ' if own else ''}{FILTER}}}"
+
+    return re.sub(r"\b(kvgate_[a-z0-9_]+)(?:\{([^}]*)\})?", add, expr)
+
+
+def variable(name: str, label: str, query: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": DS,
+        "query": {"query": query, "refId": name},
+        "definition": query,
+        "refresh": 2,
+        "includeAll": True,
+        "multi": True,
+        # Outside Kubernetes there is no namespace label: ".*" also matches its absence.
+        "allValue": ".*",
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "sort": 1,
+    }
+
+
 def panel(
     pid: int, title: str, unit: str, targets: list[tuple[str, str]], x: int, y: int
 ) -> dict[str, Any]:
@@ -241,12 +309,18 @@ def panel(
         "id": pid,
         "type": "timeseries",
         "title": title,
+        "description": NEEDS.get(title, ""),
         "datasource": DS,
         "gridPos": {"h": 8, "w": 6, "x": x, "y": y},
         "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
         "options": {"legend": {"displayMode": "list", "placement": "bottom"}},
         "targets": [
-            {"refId": chr(ord("A") + i), "datasource": DS, "expr": expr, "legendFormat": legend}
+            {
+                "refId": chr(ord("A") + i),
+                "datasource": DS,
+                "expr": scoped(expr),
+                "legendFormat": legend,
+            }
             for i, (legend, expr) in enumerate(targets)
         ],
     }
@@ -288,7 +362,19 @@ def dashboard() -> dict[str, Any]:
                     "query": "prometheus",
                     "label": "Prometheus",
                     "current": {},
-                }
+                },
+                variable("job", "Job", "label_values(kvgate_requests_total, job)"),
+                variable(
+                    "namespace",
+                    "Namespace",
+                    'label_values(kvgate_requests_total{job=~"$job"}, namespace)',
+                ),
+                variable(
+                    "instance",
+                    "Instance",
+                    'label_values(kvgate_requests_total{job=~"$job", namespace=~"$namespace"}, '
+                    "instance)",
+                ),
             ]
         },
         "panels": panels,

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Measure = Literal["watched", "always", "off"]
+Measure = Literal["auto", "watched", "always", "off"]
 
 
 class ConsoleSettings(BaseModel):
@@ -23,10 +23,12 @@ class ConsoleSettings(BaseModel):
         default=900.0, gt=0, le=86400, description="how much history the gateway keeps in memory"
     )
     measure: Measure = Field(
-        default="watched",
+        default="auto",
         description=(
-            "per-request figures (tokens, TTFT per replica, sessions): `watched` while the "
-            "console or its JSON was read in the last watch_idle_s, `always`, or `off`"
+            "per-request figures (tokens, TTFT per replica, sessions): `auto` measures "
+            "always when another feature already observes every request (metrics.tokens, "
+            "the default), else as `watched`; `watched` while the console or its JSON was "
+            "read in the last watch_idle_s; `always`; or `off`"
         ),
     )
     watch_idle_s: float = Field(

@@ -19,6 +19,7 @@ SERIES = frozenset(
         "kvgate_errors_total",
         "kvgate_routing_decisions_total",
         "kvgate_retries_total",
+        "kvgate_upstream_failures_total",
         "kvgate_admission_queue_depth",
         "kvgate_admission_wait_seconds_count",
         "kvgate_admission_wait_seconds_sum",
@@ -70,3 +71,26 @@ class Rates:
             # A total that went down was reset (e.g. a replica removed and re-added).
             out[name] = (value - before if value >= before else value) / dt
         return out
+
+
+def replica_failures(series: Samples) -> dict[str, tuple[float, float]]:
+    """Per replica: (failed attempts, attempts) so far. A failed attempt is one the gateway
+    gave up on (connect error, timeout, a retried 5xx: kvgate_upstream_failures_total) or a
+    5xx the engine answered and the gateway relayed; attempts are those plus the requests
+    the replica answered. A replica failing 20% of its requests with 503 reads 0.2 here
+    even while retries hide every failure from the clients."""
+    failed = by_label(series.get("kvgate_upstream_failures_total", {}), "replica")
+    out: dict[str, tuple[float, float]] = {}
+    for key, value in series.get("kvgate_requests_total", {}).items():
+        labels = dict(key)
+        replica = labels.get("replica", "")
+        if not replica:
+            continue
+        bad, total = out.get(replica, (0.0, 0.0))
+        bad += value if labels.get("status", "").startswith("5") else 0.0
+        out[replica] = (bad, total + value)
+    for replica, value in failed.items():
+        if replica:
+            bad, total = out.get(replica, (0.0, 0.0))
+            out[replica] = (bad + value, total + value)
+    return out

@@ -33,6 +33,8 @@ def fleet(rt: ConsoleRuntime) -> dict[str, Any]:
             _round(rates.get(f"tokens:{rid}", 0.0)) if measuring and rates else None
         )
         row["ttft_p50_s"], row["ttft_p99_s"] = (q[0], q[1]) if q else (None, None)
+        row["errors_per_s"] = _round(rates.get(f"failed:{rid}", 0.0)) if rates else None
+        row["error_share"] = _round(rt.sampler.error_shares.get(rid), 4)
         row["ring_share"] = round(row["ring_share"], 4)
     return {
         "now": time.time(),

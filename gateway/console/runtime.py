@@ -4,14 +4,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.console.config import ConsoleSettings
+from gateway.console.config import ConsoleSettings, Measure
 from gateway.console.events import EventLog
 from gateway.console.fleet import Fleet
 from gateway.console.measure import Measurements
 from gateway.console.sampler import Sampler
 from gateway.console.sessions import SessionTable
-from gateway.console.watch import Watch
+from gateway.console.watch import Watch, WatchMode
 from gateway.state import GatewayState
+
+
+def resolve_measure(measure: Measure, state: GatewayState) -> WatchMode:
+    """`auto`: measure from start-up when the proxy already builds an outcome and asks
+    streams for usage for another observer (the token metrics, pools, trace capture: all
+    installed before the console), so measuring adds a few dictionary updates per request;
+    otherwise only while someone reads the console."""
+    if measure != "auto":
+        return measure
+    return "always" if state.observers else "watched"
 
 
 @dataclass(eq=False)
@@ -31,7 +41,7 @@ class ConsoleRuntime:
         watch = Watch(
             state.observers,
             measurements.observe,
-            settings.measure,
+            resolve_measure(settings.measure, state),
             settings.watch_idle_s,
             on_attach=measurements.reset,
         )

@@ -19,12 +19,37 @@ from typing import Any
 
 import orjson
 
-from gateway.console.counters import Rates, Samples, by_label, read_series
+from gateway.console.counters import Rates, Samples, by_label, read_series, replica_failures
 from gateway.console.fleet import Fleet
 from gateway.console.measure import Measurements
 from gateway.console.watch import Watch
 
 log = logging.getLogger("kvgate.console")
+
+
+# Per-replica error shares span this long: one sample interval holds too few attempts
+# on a replica the router steers away from to say anything.
+ERROR_WINDOW_S = 60.0
+
+
+def error_shares(
+    window: deque[tuple[float, dict[str, float]]],
+) -> dict[str, float | None]:
+    """Per replica, the share of its attempts that failed between the oldest and the
+    newest totals in `window` (None: no attempt in that span)."""
+    if len(window) < 2:
+        return {}
+    (_, first), (_, last) = window[0], window[-1]
+    out: dict[str, float | None] = {}
+    for key, value in last.items():
+        if not key.startswith("attempts:"):
+            continue
+        replica = key.removeprefix("attempts:")
+        attempts = value - first.get(key, 0.0)
+        failed = last.get(f"failed:{replica}", 0.0) - first.get(f"failed:{replica}", 0.0)
+        # A counter that went down was reset: no share until the window is past it.
+        out[replica] = min(1.0, failed / attempts) if attempts > 0 and failed >= 0 else None
+    return out
 
 
 class Sampler:
@@ -50,6 +75,8 @@ class Sampler:
         )
         self._rates = Rates()
         self.rates: dict[str, float] = {}
+        self._error_window: deque[tuple[float, dict[str, float]]] = deque()
+        self.error_shares: dict[str, float | None] = {}
         self.series: Samples = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -79,7 +106,15 @@ class Sampler:
         now = self._clock()
         self.watch.tick()
         self.series = series = read_series(self.fleet.registry)
-        self.rates = rates = self._rates.update(now, self._totals(series))
+        totals = self._totals(series)
+        self.rates = rates = self._rates.update(now, totals)
+        window = self._error_window
+        window.append(
+            (now, {k: v for k, v in totals.items() if k.startswith(("failed:", "attempts:"))})
+        )
+        while len(window) > 2 and window[1][0] <= now - ERROR_WINDOW_S:
+            window.popleft()
+        self.error_shares = error_shares(window)
         sample = self._sample(now, series, rates)
         self._history.append((now, orjson.dumps(sample, option=orjson.OPT_NON_STR_KEYS)))
         self.measurements.forget(list(self.fleet.cluster.in_flight))
@@ -91,6 +126,9 @@ class Sampler:
         totals["requests"] = sum(requests.values())
         for replica, value in by_label(requests, "replica").items():
             totals[f"requests:{replica}"] = value
+        for replica, (bad, attempts) in replica_failures(series).items():
+            totals[f"failed:{replica}"] = bad
+            totals[f"attempts:{replica}"] = attempts
         totals["errors"] = 0.0
         for status, value in by_label(requests, "status").items():
             if status.startswith(("4", "5")):
@@ -126,6 +164,7 @@ class Sampler:
                 "kv": row["kv_usage"],
                 "hit": row["prefix_hit_rate"],
                 "rps": rates.get(f"requests:{rid}", 0.0) if rates else None,
+                "err": self.error_shares.get(rid),
                 "tps": rates.get(f"tokens:{rid}", 0.0) if measuring and rates else None,
                 "ttft_p50": p50,
             }

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Literal
 
-from gateway.console.config import Measure
 from gateway.hooks import OutcomeObserver
+
+WatchMode = Literal["watched", "always", "off"]  # the settings' `auto` resolved
 
 
 class Watch:
@@ -18,7 +20,7 @@ class Watch:
         self,
         observers: list[OutcomeObserver],
         observer: OutcomeObserver,
-        mode: Measure,
+        mode: WatchMode,
         idle_s: float,
         *,
         on_attach: Callable[[], None] = lambda: None,

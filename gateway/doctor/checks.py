@@ -18,6 +18,7 @@ from gateway.doctor.findings import (
     Hints,
 )
 from gateway.doctor.probe import EngineSnapshot, GatewaySnapshot
+from gateway.doctor.through import check_through_gateway
 
 
 # ---- across replicas ------------------------------------------------------------------
@@ -27,6 +28,8 @@ def check_cluster(
     out = _hot(latest)
     if gateway is not None:
         out += _gateway(gateway, hints)
+        if gateway.error is None:
+            out += check_through_gateway(gateway)
         out += _hit_vs_routing(latest, gateway, hints)
     elif hints.expected_hit_rate is not None:
         out += _hit_vs_expected(latest, hints.expected_hit_rate)

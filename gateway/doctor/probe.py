@@ -66,6 +66,19 @@ class GatewaySnapshot:
     in_flight: Mapping[str, float] = field(default_factory=dict)
     decisions: Mapping[str, float] = field(default_factory=dict)  # by reason
     scrape_errors: Mapping[str, float] = field(default_factory=dict)  # by replica
+    # What the gateway saw of each replica (totals since it started): requests answered
+    # (by replica, then status), attempts given up on (kvgate_upstream_failures_total).
+    requests: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    upstream_failures: Mapping[str, float] = field(default_factory=dict)
+    healthy: Mapping[str, float] = field(default_factory=dict)
+    # Series other gateway versions may lack (then empty): outlier ejection and the
+    # fallback to the gateway's own counts when a replica gives no engine load.
+    ejected: Mapping[str, float] = field(default_factory=dict)
+    ejections: Mapping[str, float] = field(default_factory=dict)  # by "replica/reason"
+    load_missing: Mapping[str, float] = field(default_factory=dict)
+    # Admission: requests waiting now per class, 429s so far by "class/reason".
+    queued: Mapping[str, float] = field(default_factory=dict)
+    rejected: Mapping[str, float] = field(default_factory=dict)
 
 
 def _first(index: SampleIndex, names: Sequence[str]) -> float | None:
@@ -170,12 +183,18 @@ def parse_gateway(url: str, text: str, at: float) -> GatewaySnapshot:
     except MetricsFormatError as exc:
         return GatewaySnapshot(url, at, error=exc.message)
 
-    def by(name: str, label: str) -> dict[str, float]:
+    def by(name: str, *label: str) -> dict[str, float]:
         out: dict[str, float] = {}
         for labels, value in index.get(name, ()):
-            key = labels.get(label, "")
+            key = "/".join(labels.get(x, "") for x in label)
             out[key] = out.get(key, 0.0) + value
         return out
+
+    requests: dict[str, dict[str, float]] = {}
+    for labels, value in index.get("kvgate_requests_total", ()):
+        per = requests.setdefault(labels.get("replica", ""), {})
+        status = labels.get("status", "")
+        per[status] = per.get(status, 0.0) + value
 
     return GatewaySnapshot(
         url,
@@ -184,6 +203,14 @@ def parse_gateway(url: str, text: str, at: float) -> GatewaySnapshot:
         in_flight=by("kvgate_in_flight", "replica"),
         decisions=by("kvgate_routing_decisions_total", "reason"),
         scrape_errors=by("kvgate_scrape_errors_total", "replica"),
+        requests=requests,
+        upstream_failures=by("kvgate_upstream_failures_total", "replica"),
+        healthy=by("kvgate_replica_healthy", "replica"),
+        ejected=by("kvgate_replica_ejected", "replica"),
+        ejections=by("kvgate_replica_ejections_total", "replica", "reason"),
+        load_missing=by("kvgate_replica_engine_load_missing", "replica"),
+        queued=by("kvgate_admission_queue_depth", "priority_class"),
+        rejected=by("kvgate_admission_rejected_total", "priority_class", "reason"),
     )
 
 

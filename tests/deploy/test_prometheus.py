@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -39,9 +41,29 @@ PENDING_RELAY_WIRING: set[str] = set()
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 
+def dashboard_panels() -> list[dict[str, Any]]:
+    panels: list[dict[str, Any]] = json.loads(DASHBOARD.read_text())["panels"]
+    return [p for p in panels if p["type"] != "row"]
+
+
 def dashboard_exprs() -> list[tuple[str, str]]:
-    panels = json.loads(DASHBOARD.read_text())["panels"]
-    return [(p["title"], t["expr"]) for p in panels if p["type"] != "row" for t in p["targets"]]
+    return [(p["title"], t["expr"]) for p in dashboard_panels() for t in p["targets"]]
+
+
+def feature_bound(panel: dict[str, Any]) -> bool:
+    """A panel whose description names the feature it needs (deploy/grafana NEEDS)."""
+    return str(panel.get("description", "")).startswith("Needs ")
+
+
+def concrete(expr: str, instance: str = ".*") -> str:
+    """A dashboard expression as Grafana sends it: the job variable at the scrape job,
+    the instance at the gateway, every namespace (a test has no namespace label)."""
+    return (
+        expr.replace("$__rate_interval", RATE_WINDOW)
+        .replace("$job", "kvgate")
+        .replace("$namespace", ".*")
+        .replace("$instance", instance)
+    )
 
 
 def rule_exprs() -> list[tuple[str, str]]:
@@ -122,8 +144,9 @@ async def loaded_gateway(engines: list[SimEngine], redis_url: str) -> AsyncItera
             yield gw
 
 
-async def drive(gw: RunningGateway, seconds: float) -> None:
-    client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="-", max_retries=0)
+async def drive(gw: RunningGateway | str, seconds: float, *, bad_model: bool = True) -> None:
+    url = gw if isinstance(gw, str) else gw.url
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="-", max_retries=0)
     deadline = time.monotonic() + seconds
 
     async def worker(n: int) -> None:
@@ -144,7 +167,7 @@ async def drive(gw: RunningGateway, seconds: float) -> None:
                         pass
                 else:
                     await client.completions.create(model=MODEL, prompt=str(messages), max_tokens=6)
-            if n == 0 and turn % 5 == 0:
+            if bad_model and n == 0 and turn % 5 == 0:
                 with contextlib.suppress(openai.NotFoundError):
                     await client.chat.completions.create(model="no-such-model", messages=messages)
 
@@ -188,7 +211,7 @@ async def check_all(http: httpx.AsyncClient) -> None:
     exprs = dashboard_exprs()
     assert len(exprs) >= 30
     for title, expr in exprs:
-        data = await query(http, expr.replace("$__rate_interval", RATE_WINDOW))
+        data = await query(http, concrete(expr))
         pending = any(
             name.removesuffix("_bucket") in PENDING_RELAY_WIRING for name in metric_names(expr)
         )
@@ -219,7 +242,11 @@ async def check_all(http: httpx.AsyncClient) -> None:
         expr = re.sub(r"\{namespace=\"[^\"]*\"\}", "", trigger["metadata"]["query"])
         assert await query(http, expr), expr
     # The rules are evaluated over real data: at least the fleet-wide ones produce a value.
-    assert await query(http, rule_exprs()[4][1].split(">")[0])
+    exprs_by_alert = dict(rule_exprs())
+    assert await query(http, exprs_by_alert["KvgateHigh5xxRate"].split(">")[0])
+    # The gateway is up, so the gateway-down alert's comparison holds a series at 1.
+    up = await query(http, exprs_by_alert["KvgateGatewayDown"].split("==")[0])
+    assert [float(s["value"][1]) for s in up] == [1.0]
 
 
 def test_promtool_accepts_the_rules() -> None:
@@ -230,3 +257,130 @@ def test_promtool_accepts_the_rules() -> None:
         [promtool, "check", "rules", str(RULES)], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_promtool_unit_tests_fire_the_gateway_down_and_absent_alerts() -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not found on PATH (CI installs prometheus)")
+    cases = RULES.with_name("kvgate-rules.test.yml")
+    result = subprocess.run(
+        [promtool, "test", "rules", str(cases)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = cases.read_text()
+    assert "alertname: KvgateGatewayDown" in text and "alertname: KvgateGatewayAbsent" in text
+
+
+@contextlib.contextmanager
+def plain_serve() -> Iterator[str]:
+    """`kvgate serve` with no config at all: its embedded simulated engines."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVGATE_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                    break
+            assert proc.poll() is None and time.monotonic() < deadline, "kvgate serve never ready"
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def test_every_panel_answers_on_a_plain_serve_unless_it_names_its_feature(
+    tmp_path: Path,
+) -> None:
+    """Issue 46: a healthy fleet (no faults, no bad requests) behind a plain `kvgate serve`
+    reads a value, if only a zero, on every panel that does not say what it needs."""
+    with plain_serve() as url, prometheus(urlsplit(url).netloc, tmp_path) as prom:
+        await drive(url, seconds=8, bad_model=False)
+        await asyncio.sleep(2.5)  # the last scrapes
+        panels = dashboard_panels()
+        bound = [p["title"] for p in panels if feature_bound(p)]
+        general = [p for p in panels if not feature_bound(p)]
+        assert len(general) >= 15 and bound, bound
+        empty = []
+        async with httpx.AsyncClient(base_url=prom, timeout=10) as http:
+            for panel in general:
+                for target in panel["targets"]:
+                    expr = concrete(target["expr"], instance=urlsplit(url).netloc)
+                    if not await query(http, expr):
+                        empty.append(f"{panel['title']}: {expr}")
+            # The filters are real: another instance's view is empty.
+            other = concrete(general[0]["targets"][0]["expr"], instance="elsewhere:1")
+            assert not await query(http, other)
+            # What feature-bound panels need is really off here, so their zeroes or gaps
+            # are the feature's absence (not a misspelt series the declaration hides).
+            for panel in panels:
+                if feature_bound(panel):
+                    for target in panel["targets"]:
+                        assert not await query(http, concrete(target["expr"])), panel["title"]
+    assert not empty, "panels with no data on a plain kvgate serve:\n" + "\n".join(empty)
+
+
+def test_every_kvgate_selector_on_the_dashboard_carries_the_three_filters() -> None:
+    names = [v["name"] for v in json.loads(DASHBOARD.read_text())["templating"]["list"]]
+    assert {"job", "namespace", "instance"} <= set(names)
+    for title, expr in dashboard_exprs():
+        selectors = re.findall(r"\bkvgate_\w+(\{[^}]*\})?", expr)
+        assert selectors, title
+        for selector in selectors:
+            for label in ("job", "namespace", "instance"):
+                assert f'{label}=~"${label}"' in selector, (title, expr)
+
+
+async def test_the_compose_demo_config_fills_the_pool_pd_and_cost_panels(tmp_path: Path) -> None:
+    """deploy/compose/gateway.yaml as shipped (only the addresses swapped for local ones:
+    the engines' DNS name, the Redis URL) gives data on every panel, pools and PD too."""
+    binary = redis_binary()
+    if binary is None:
+        pytest.skip("redis-server binary not found on PATH (CI installs it)")
+    config = yaml.safe_load((ROOT / "deploy/compose/gateway.yaml").read_text())
+    redis = RedisServer(binary, server_port())
+    redis.start()
+    try:
+        async with sim_engines(2, "tiny") as engines:
+            zone = Zone()
+            zone.srv["_engine._tcp.kvgate.test"] = [
+                (f"e{e.index}.kvgate.test", urlsplit(e.url).port or 0) for e in engines
+            ]
+            for e in engines:
+                zone.a[f"e{e.index}.kvgate.test"] = ["127.0.0.1"]
+            with dns_server(zone) as ns:
+                (entry,) = config["discovery"]["dns"]
+                entry = {k: v for k, v in entry.items() if k != "port"}
+                entry.update(name="_engine._tcp.kvgate.test", record="srv")
+                config["discovery"].update(dns=[entry], nameservers=[ns])
+                config["store"]["url"] = redis.url
+                config.pop("server", None)
+                async with gateway(engines, replicas=[], **config) as gw:
+                    with prometheus(urlsplit(gw.url).netloc, tmp_path) as prom:
+                        await drive(gw, seconds=8, bad_model=False)
+                        await asyncio.sleep(2.5)
+                        async with httpx.AsyncClient(base_url=prom, timeout=10) as http:
+                            empty = [
+                                panel["title"]
+                                for panel in dashboard_panels()
+                                for target in panel["targets"]
+                                if not await query(http, concrete(target["expr"]))
+                            ]
+    finally:
+        redis.kill()
+    # The wait histogram fills only when a request queued, which load may or may not cause.
+    assert set(empty) <= {"Wait p99"}, empty

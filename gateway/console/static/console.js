@@ -199,6 +199,9 @@ function renderFleet(f) {
       el("td", {class: "kv"}, meter(r.kv_usage)),
       el("td", {class: "n hit"}, pct(r.prefix_hit_rate)),
       el("td", {class: "n rps"}, num(r.requests_per_s)),
+      el("td", {class: "n err" + (r.error_share > 0.05 ? " bad" : ""),
+                title: r.errors_per_s === null ? "" : `${num(r.errors_per_s)} failed attempts/s`},
+         pct(r.error_share)),
       el("td", {class: "n tps"}, num(r.tokens_per_s, 0)),
       el("td", {class: "n ttft50"}, ms(r.ttft_p50_s)),
       el("td", {class: "n ttft99"}, ms(r.ttft_p99_s)),
@@ -253,7 +256,9 @@ function renderTimeline(f) {
   host.replaceChildren(root);
   const recent = f.events.slice(-12).reverse();
   fill("timeline-events", recent.length
-    ? recent.map((e) => el("li", {"data-kind": e.kind}, clock(e.at) + " ",
+    ? recent.map((e) => el("li", {"data-kind": e.kind,
+                                  title: e.kind + " " + e.subject + (e.detail ? " · " + e.detail : "")},
+        clock(e.at) + " ",
         el("b", {class: e.kind}, e.kind.replace("_", "-")), " " + e.subject + (e.detail ? " · " + e.detail : "")))
     : [el("li", {class: "empty"}, "no ejections or re-admissions in the last 15 minutes")]);
 }
@@ -296,7 +301,7 @@ function renderTraffic(t) {
   const m = t.money;
   if (!m) {
     fill("money-rows", [el("tr", {}, el("td", {class: "empty", colSpan: 6},
-      "no prices: configure pools (price_per_replica_hour) to see cost per 1K tokens"))]);
+      "no prices: set pools.pools[].price_per_card_hour, or replicas[].price_per_hour, to see cost per 1K tokens"))]);
     setText("money-reason", "");
     return;
   }
