@@ -24,12 +24,12 @@ from collections.abc import Callable
 from gateway.body import ClientGone
 from gateway.disconnect import CallState
 from gateway.errors import GatewayError, error_response_parts
-from gateway.hooks import RequestTracer
+from gateway.hooks import RequestTracer, SessionPlacements
 from gateway.middleware.request_id import SCOPE_KEY, RequestIds
 from gateway.proxy.attempts import Attempts
-from gateway.proxy.continuation import response_key
+from gateway.proxy.continuation import chain_key, response_digest, response_key
 from gateway.proxy.exchange import Exchange, Receive, Scope, Send
-from gateway.proxy.identity import Identity, with_sticky
+from gateway.proxy.identity import Identity, with_key, with_sticky
 from gateway.proxy.inbound import Inbound
 from gateway.proxy.outcome import Outcome
 from gateway.proxy.relay import relay
@@ -125,7 +125,8 @@ class ProxyEndpoint:
         state = self.state
         placements = state.placements
         if placements is not None:
-            sticky = await placements.lookup(request.session_key)
+            request, sticky = await self._sticky(ex, request, placements)
+            ex.request = request
             if sticky is not None:
                 request = with_sticky(request, sticky)
                 ex.request = request
@@ -135,6 +136,32 @@ class ProxyEndpoint:
         if principal is not None:
             request = ex.request = self._identity.narrow(ex, principal, request)
         return request
+
+    async def _sticky(
+        self, ex: Exchange, request: RouteRequest, placements: SessionPlacements
+    ) -> tuple[RouteRequest, ReplicaId | None]:
+        """The request (a Responses continuation is keyed on its chain) and its session's
+        replica, or, for a request the client tied to a parent agent or to a Responses
+        chain, where that lineage is."""
+        previous = ex.chain_root
+        if previous is None:
+            sticky = await placements.lookup(request.session_key)
+            if sticky is None and ex.parent_key is not None:
+                # A child agent's first request starts where its parent is.
+                sticky = await placements.lookup(ex.parent_key)
+                ex.borrowed = sticky is not None
+            return request, sticky
+        root = await placements.response_root(previous) or previous
+        ex.chain_root = root
+        # The replica storing the answer it continues; else where its chain is placed.
+        owner = await placements.lookup(request.session_key)
+        chain = chain_key(root)
+        placed = await placements.lookup(chain)
+        request = with_key(request, chain, request.key_source)
+        if owner is not None and owner in self.state.cluster.members:
+            ex.borrowed = owner != placed
+            return request, owner
+        return request, placed
 
     async def _route_and_relay(self, ex: Exchange) -> None:
         state = self.state
@@ -170,6 +197,13 @@ class ProxyEndpoint:
             )
             if ex.response_id is not None and state.placements is not None:
                 await state.placements.record(response_key(ex.response_id), leg.replica)
+                if ex.chain_root is not None:
+                    await state.placements.link_response(
+                        response_digest(ex.response_id), ex.chain_root
+                    )
+                else:  # it opens a chain: the chain is where it is
+                    root = response_digest(ex.response_id)
+                    await state.placements.record(chain_key(root), leg.replica)
         except OSError:
             # The ASGI server refused a send: the client is gone (transport errors of the
             # upstream arrive as GatewayError, never as OSError).
@@ -182,7 +216,7 @@ class ProxyEndpoint:
     async def _placed(self, ex: Exchange, request: RouteRequest, replica: ReplicaId) -> None:
         state = self.state
         placements = state.placements
-        if placements is not None and request.sticky_replica != replica:
+        if placements is not None and (request.sticky_replica != replica or ex.borrowed):
             await placements.record(request.session_key, replica)
         if replica == ex.placed_on:
             return  # the router and the lineage index were told at dispatch
