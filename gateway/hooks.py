@@ -45,6 +45,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gateway.forecast import Forecast
 from gateway.types import Choice, ClusterView, ReplicaId, RouteRequest, SessionKey
 
 if TYPE_CHECKING:
@@ -77,6 +78,8 @@ class RequestOutcome:
     # The request headers as forwarded to the engine (a reference, not a copy): a re-sent
     # prompt carries the client's credentials, as engines started with an API key require.
     headers: Sequence[tuple[bytes, bytes]] | None = field(default=None, repr=False, compare=False)
+    # The router's cache estimate at dispatch (None: its policy estimates nothing).
+    forecast: Forecast | None = None
 
 
 OutcomeObserver = Callable[[RequestOutcome], None]

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from gateway.disconnect import CallState
+from gateway.forecast import Forecast
 from gateway.types import ReplicaId, RouteRequest, SessionKey
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ class Exchange:
         "error_code",
         "errors",
         "find_response_id",
+        "forecast",
         "headers",
         "leg",
         "named_class",
@@ -113,6 +115,7 @@ class Exchange:
         self.parent_key: SessionKey | None = None
         self.chain_root: str | None = None
         self.borrowed = False
+        self.forecast: Forecast | None = None  # the router's cache estimate at dispatch
         self.response_id: str | None = None
         # The caller's W3C traceparent, and the spans of this request (tracing enabled).
         self.traceparent: bytes | None = None
