@@ -133,7 +133,7 @@ class Attempts:
             ex.placed_on = replica
             estimate = getattr(state.router, "cached_tokens", None)
             if estimate is not None:
-                ex.forecast = forecast(estimate, request, replica, view.replicas, policy)
+                ex.forecast = forecast(estimate, request, replica, choice.ranked, policy)
             if state.router_placed is not None:
                 state.router_placed(request, replica)
             if state.lineage is not None and request.key_source == "lineage":
