@@ -44,6 +44,15 @@ class Accounting:
             outcome.cached_tokens,
             outcome.completion_tokens,
         )
+        forecast = outcome.forecast
+        if forecast is not None and outcome.cached_tokens is not None:
+            m.cache_forecast(
+                replica,
+                forecast.policy,
+                forecast.predicted,
+                forecast.best,
+                outcome.cached_tokens,
+            )
         price = (member.price_per_hour if member is not None else 0.0) or self._pool_prices.get(
             pool, 0.0
         )

@@ -45,6 +45,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gateway.forecast import Forecast
 from gateway.types import Choice, ClusterView, ReplicaId, RouteRequest, SessionKey
 
 if TYPE_CHECKING:
@@ -77,6 +78,8 @@ class RequestOutcome:
     # The request headers as forwarded to the engine (a reference, not a copy): a re-sent
     # prompt carries the client's credentials, as engines started with an API key require.
     headers: Sequence[tuple[bytes, bytes]] | None = field(default=None, repr=False, compare=False)
+    # The router's cache estimate at dispatch (None: its policy estimates nothing).
+    forecast: Forecast | None = None
 
 
 OutcomeObserver = Callable[[RequestOutcome], None]
@@ -172,6 +175,12 @@ class SessionPlacements(Protocol):
 
     async def record(self, key: SessionKey, replica: ReplicaId) -> None: ...
 
+    async def link_response(self, response: str, root: str) -> None:
+        """The answer `response` continues the Responses chain `root` opened (digests)."""
+
+    async def response_root(self, response: str) -> str | None:
+        """The root `link_response` recorded for `response`, or None."""
+
 
 class Service(Protocol):
     """A background component with a lifespan (scraper, store sync, trace writer...)."""
@@ -215,6 +224,7 @@ class LocalPlacements:
     def __init__(self, capacity: int = 100_000) -> None:
         self.capacity = capacity
         self._map: OrderedDict[SessionKey, ReplicaId] = OrderedDict()
+        self._roots: OrderedDict[str, str] = OrderedDict()
 
     async def lookup(self, key: SessionKey) -> ReplicaId | None:
         return self._map.get(key)
@@ -228,3 +238,13 @@ class LocalPlacements:
         m.move_to_end(key)
         if len(m) > self.capacity:
             m.popitem(last=False)
+
+    async def link_response(self, response: str, root: str) -> None:
+        roots = self._roots
+        roots[response] = root
+        roots.move_to_end(response)
+        if len(roots) > self.capacity:
+            roots.popitem(last=False)
+
+    async def response_root(self, response: str) -> str | None:
+        return self._roots.get(response)

@@ -4,7 +4,11 @@ What to hash is decided here; how a key maps to a replica is the ring's business
 
 Session key rule (first match wins):
 
-1. the configured session header (default ``X-Session-Id``)       -> source ``header``
+1. the configured session header (default ``X-Session-Id``)       -> source ``header``;
+   else a parent/child agent header's own id (`agent_lineage`), else the session ids agent
+   tools send on their own (``session.agent_headers``), as the header rule. A request
+   naming a parent agent also gets the parent's key: its first request starts where the
+   parent is (gateway.proxy.endpoint), later ones stick to its own.
 2. the body's ``prompt_cache_key`` (string)                        -> source ``prompt_cache_key``
 3. the body's ``user`` (string), only with ``session.user_is_session`` -> source ``user``
 4. derived from the conversation itself                            -> source ``conversation``
@@ -249,6 +253,37 @@ def session_key(
             for piece in pieces:
                 hasher.update(piece)
     return SessionKey("c:" + hasher.hexdigest()), "conversation"
+
+
+# (agent, parent, scope) header names of one client's lineage headers, lower-case bytes.
+LineagePair = tuple[bytes, bytes, bytes | None]
+
+
+def agent_lineage(
+    pairs: Sequence[LineagePair], found: Mapping[bytes, bytes]
+) -> tuple[str | None, SessionKey | None]:
+    """The request's own agent session id and its parent's session key, from the first
+    pair whose agent header it carries (`found`: header name -> value); (None, None)
+    when none.
+
+    The parent's key is the one the parent's own requests get: the header rule's key of
+    its id (an id within a run is read as ``run + 0x1f + id``, and a run's top-level agent,
+    which sends no agent header, is keyed by the run's id alone).
+    """
+    for agent_name, parent_name, scope_name in pairs:
+        agent = found.get(agent_name)
+        if not agent:
+            continue
+        scope = found.get(scope_name) if scope_name is not None else None
+        parent = found.get(parent_name)
+        prefix = scope.decode("latin-1") + _MSG_SEP_TEXT if scope else ""
+        own = prefix + agent.decode("latin-1")
+        parent_id = prefix + parent.decode("latin-1") if parent else None
+        if parent_id is None and scope:
+            parent_id = scope.decode("latin-1")
+        parent_key = SessionKey("h:" + digest_hex(parent_id)) if parent_id else None
+        return own, parent_key
+    return None, None
 
 
 def _is_chatlike(endpoint: Endpoint) -> bool:

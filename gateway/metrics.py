@@ -30,6 +30,10 @@ request path never touches a gauge for them.
 | kvgate_cached_prompt_tokens_total | counter | model, replica, pool |
 | kvgate_generation_tokens_total | counter | model, replica, pool |
 | kvgate_replica_cost_total | counter | replica, pool |
+| kvgate_cache_predicted_tokens_total | counter | replica, policy |
+| kvgate_cache_best_tokens_total | counter | replica, policy |
+| kvgate_cache_achieved_tokens_total | counter | replica, policy |
+| kvgate_cache_prediction_error_tokens | histogram | replica, policy |
 
 docs/observability.md explains each series (what it measures, from when to when).
 
@@ -72,6 +76,11 @@ LATENCY_BUCKETS = (
     60,
     120,
     300,
+)
+# Signed, in tokens: negative when the engine held less than predicted (an eviction, a
+# stale index), positive when more (a prefix the index did not know).
+CACHE_ERROR_BUCKETS = tuple(
+    float(b) for b in (-65536, -16384, -4096, -1024, -256, -1, 0, 256, 1024, 4096, 16384, 65536)
 )
 # vLLM's own buckets for per-token latency span 10 ms to 80 s; a gateway in front of a fast
 # engine needs the millisecond end as well.
@@ -322,6 +331,32 @@ class GatewayMetrics:
             by_pool,
             registry=r,
         )
+        by_policy = ["replica", "policy"]
+        self.cache_predicted = Counter(
+            "kvgate_cache_predicted_tokens",
+            "Cached prompt tokens the router expected on the replica it chose",
+            by_policy,
+            registry=r,
+        )
+        self.cache_best = Counter(
+            "kvgate_cache_best_tokens",
+            "Cached prompt tokens the router estimated on the best replica of all",
+            by_policy,
+            registry=r,
+        )
+        self.cache_achieved = Counter(
+            "kvgate_cache_achieved_tokens",
+            "Cached prompt tokens the engine reported, for requests with a prediction",
+            by_policy,
+            registry=r,
+        )
+        self.cache_error = Histogram(
+            "kvgate_cache_prediction_error_tokens",
+            "Per request: cached tokens the engine reported minus those predicted",
+            by_policy,
+            buckets=CACHE_ERROR_BUCKETS,
+            registry=r,
+        )
         self.replica_cost = Counter(
             "kvgate_replica_cost",
             "Price units spent: replica price per hour x time with a request in flight",
@@ -361,6 +396,15 @@ class GatewayMetrics:
             self._child(self.cached_tokens, "inc", model, replica, pool)(cached)
         if completion:
             self._child(self.generation_tokens, "inc", model, replica, pool)(completion)
+
+    def cache_forecast(
+        self, replica: str, policy: str, predicted: int, best: int, achieved: int
+    ) -> None:
+        """One request's cache prediction on `replica` against what its engine reported."""
+        self._child(self.cache_predicted, "inc", replica, policy)(predicted)
+        self._child(self.cache_best, "inc", replica, policy)(best)
+        self._child(self.cache_achieved, "inc", replica, policy)(achieved)
+        self._child(self.cache_error, "observe", replica, policy)(achieved - predicted)
 
     def charge(self, replica: str, pool: str, amount: float) -> None:
         self._child(self.replica_cost, "inc", replica, pool)(amount)

@@ -198,12 +198,48 @@ class EmbeddedSimSettings(Section):
     model: str = Field("kvgate-sim", description="model name the simulated engines serve")
 
 
+class LineageHeaders(Section):
+    """One client's parent/child agent headers: a request naming a parent starts where the
+    parent's session is placed, then its own session sticks on its own.
+
+    `agent` names the request's own agent (its session); `parent` the agent that started
+    it. `scope`, when set, names the run every agent of it shares (Claude Code's session
+    id): agent ids are read within it, and an agent with no `parent` header is a child of
+    the run's top-level agent, whose session is the scope itself.
+    """
+
+    agent: str = Field(min_length=1, description="header naming the request's own agent")
+    parent: str = Field(min_length=1, description="header naming the agent that started it")
+    scope: str | None = Field(
+        None, min_length=1, description="header naming the run the agent ids belong to"
+    )
+
+
+# Claude Code sends its session id on every request of a run and `x-claude-code-agent-id`
+# on a subagent's (plus the parent agent's id when a subagent started it); OpenCode sends
+# a child session's own id in `X-Session-Id` and its parent's in `x-parent-session-id`.
+DEFAULT_LINEAGE_HEADERS = (
+    LineageHeaders(
+        agent="x-claude-code-agent-id",
+        parent="x-claude-code-parent-agent-id",
+        scope="x-claude-code-session-id",
+    ),
+    LineageHeaders(agent="X-Session-Id", parent="X-Parent-Session-Id"),
+)
+
+
 class SessionSettings(Section):
     header: str = Field("X-Session-Id", description="request header carrying a session id")
     agent_headers: list[str] = Field(
         ["X-Claude-Code-Session-Id", "session-id", "session_id", "x-opencode-session"],
         description="session headers agent tools send on their own (Claude Code, Codex, "
         "OpenCode), read as session ids when `header` is absent; [] turns them off",
+    )
+    lineage_headers: tuple[LineageHeaders, ...] = Field(
+        DEFAULT_LINEAGE_HEADERS,
+        description="parent/child agent headers (Claude Code, OpenCode; add your own pair): "
+        "a child's first request starts on its parent's replica, then sticks on its own; "
+        "[] turns them off",
     )
     priority_header: str = Field("X-Priority", description="header naming a priority class")
     tenant_header: str = Field("X-Tenant-Id", description="header naming the tenant")

@@ -24,18 +24,33 @@ def usage_from_json(raw: bytes) -> dict[str, Any] | None:
     usage = data.get("usage")
     if usage is None and isinstance(data.get("response"), dict):
         usage = data["response"].get("usage")  # a Responses stream's closing event
+    if usage is None and isinstance(data.get("meta_info"), dict):
+        usage = _from_meta_info(data["meta_info"])
     return usage if isinstance(usage, dict) else None
+
+
+def _from_meta_info(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """SGLang's native answers (`/generate`) count tokens in `meta_info`, the cached ones
+    as a plain `cached_tokens` (device and host tiers together), not in OpenAI's usage."""
+    if "prompt_tokens" not in meta:
+        return None
+    usage: dict[str, Any] = {
+        k: meta[k] for k in ("prompt_tokens", "completion_tokens") if k in meta
+    }
+    if "cached_tokens" in meta:
+        usage["prompt_tokens_details"] = {"cached_tokens": meta["cached_tokens"]}
+    return usage
 
 
 def usage_from_sse(tail: bytes) -> dict[str, Any] | None:
     """The last non-null `usage` object among the SSE events in `tail`."""
-    if b'"usage":{' not in tail and b'"usage": {' not in tail:
+    if b'"usage":{' not in tail and b'"usage": {' not in tail and b'"meta_info"' not in tail:
         return None
     for event in reversed(tail.split(b"\n\n")):
         line = event.strip()
         if line.startswith(b"event:"):  # a named event (Responses, Anthropic): its data line
             line = line.partition(b"\n")[2].strip()
-        if line.startswith(b"data:") and b'"usage"' in line:
+        if line.startswith(b"data:") and (b'"usage"' in line or b'"meta_info"' in line):
             usage = usage_from_json(line[5:].strip())
             if usage is not None:
                 return usage

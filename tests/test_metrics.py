@@ -88,6 +88,7 @@ def test_reference_table_matches_the_registry() -> None:
     m.upstream_failure("a", "k")
     m.served("m", "a", "", 0.2, 10, 5, 3)
     m.charge("a", "", 0.01)
+    m.cache_forecast("a", "lineage", 1024, 2048, 512)
     timer = m.stream_timer("m", "a", 0.0)
     for _ in range(3):
         timer.feed(b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n')

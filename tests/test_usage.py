@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import orjson
+
 from gateway.usage import usage_from_json, usage_from_sse, usage_tokens
 
 FINAL = (
@@ -46,3 +48,22 @@ def test_responses_and_anthropic_usage() -> None:
     assert usage_tokens(usage_from_sse(anthropic_tail)) == (120, 100, 9)
     message = b'{"type":"message","usage":{"input_tokens":5,"output_tokens":2}}'
     assert usage_tokens(usage_from_json(message)) == (5, None, 2)
+
+
+def test_sglang_native_meta_info() -> None:
+    # SGLang's /generate answer: token counts in `meta_info`, the cached ones as a plain
+    # `cached_tokens` (HiCache adds a per-tier `cached_tokens_details` beside it).
+    body = {
+        "text": " Paris.",
+        "meta_info": {
+            "id": "e7",
+            "prompt_tokens": 5,
+            "completion_tokens": 32,
+            "cached_tokens": 2,
+            "cached_tokens_details": {"device": 2, "host": 0},
+        },
+    }
+    assert usage_tokens(usage_from_json(orjson.dumps(body))) == (5, 2, 32)
+    tail = b"data: " + orjson.dumps(body) + b"\n\ndata: [DONE]\n\n"
+    assert usage_tokens(usage_from_sse(tail)) == (5, 2, 32)
+    assert usage_tokens(usage_from_json(b'{"meta_info": {"id": "x"}}')) == (None, None, None)

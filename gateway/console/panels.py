@@ -11,6 +11,7 @@ from collections import Counter
 from typing import Any
 
 from gateway.console.counters import by_label
+from gateway.console.forecast import cache_forecast
 from gateway.console.runtime import ConsoleRuntime
 
 HOTTEST = 10
@@ -149,6 +150,7 @@ def traffic(rt: ConsoleRuntime) -> dict[str, Any]:
         if totals and totals["prompt"]
         else None,
         "money": _cost(rt),
+        "cache_forecast": cache_forecast(rt.state.metrics.registry),
     }
 
 

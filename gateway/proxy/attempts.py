@@ -20,6 +20,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop
 from tenacity.wait import wait_fixed, wait_none
 
 from gateway.errors import GatewayError, NoHealthyReplica, UpstreamStatusError
+from gateway.forecast import forecast
 from gateway.forward import Leg, open_leg
 from gateway.hooks import AttemptSpan, ForwardContext, RequestSpans
 from gateway.proxy.continuation import KEY_SOURCE
@@ -130,6 +131,9 @@ class Attempts:
             # sharing this prompt that arrives during its prefill (seconds at 100K tokens)
             # must find it placed. After the PD decision, which asks what is cached where.
             ex.placed_on = replica
+            estimate = getattr(state.router, "cached_tokens", None)
+            if estimate is not None:
+                ex.forecast = forecast(estimate, request, replica, choice.ranked, policy)
             if state.router_placed is not None:
                 state.router_placed(request, replica)
             if state.lineage is not None and request.key_source == "lineage":

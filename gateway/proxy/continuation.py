@@ -2,9 +2,13 @@
 the memory of the one replica that produced it, so the next turn must go there.
 
 The answer's id is read as it passes (gateway.proxy.relay) and recorded in the session
-placements (gateway.store: local, or shared through Redis) under a key made from the id;
-a request continuing it takes that key as its session key, so the identity stage finds the
-replica, and the attempts stage pins the request to it.
+placements (gateway.store: local, or shared through Redis) under a key made from the id,
+with a link to the root of its chain (the answer that opened the conversation). A request
+continuing an answer is keyed on its chain: the root's `chain_key`, the same on every
+gateway and every turn, so a conversation is one session. The identity stage sends it to
+the replica holding the answer it continues, or, with no record of that answer (aged out,
+recorded on another gateway that went away), where its chain is placed; the attempts stage
+pins it there.
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ import orjson
 
 from gateway.auth.principal import Principal
 from gateway.hashing import digest_hex
+from gateway.hooks import SessionPlacements
 from gateway.proxy.identity import with_key
 from gateway.state import GatewayState
-from gateway.types import RouteRequest, SessionKey
+from gateway.types import ReplicaId, RouteRequest, SessionKey
 
 KEY_SOURCE = "previous_response_id"
 
@@ -47,6 +52,15 @@ async def may_use(state: GatewayState, principal: Principal | None, response_id:
     return await placements.lookup(tenant_key(response_id)) == principal.tenant
 
 
+def response_digest(response_id: str) -> str:
+    return digest_hex(response_id)
+
+
+def chain_key(root: str) -> SessionKey:
+    """The session of the chain whose root answer has the digest `root`."""
+    return SessionKey("rc:" + root)
+
+
 def continuing(request: RouteRequest, previous_id: str) -> RouteRequest:
     """`request` keyed on the answer it continues (keeps everything else)."""
     return with_key(request, response_key(previous_id), KEY_SOURCE)
@@ -64,3 +78,21 @@ def id_in_json(payload: bytes) -> str | None:
 def id_in_stream(chunk: bytes) -> str | None:
     match = _ID.search(chunk)
     return match.group(1).decode("ascii") if match else None
+
+
+async def remember(
+    placements: SessionPlacements,
+    response_id: str,
+    replica: ReplicaId,
+    principal: Principal | None,
+    chain_root: str | None,
+) -> None:
+    """Record an answer the engine stored: where it is, whose it is, and its chain (linked
+    to the chain's root, or, opening one, the chain placed where the answer is)."""
+    await placements.record(response_key(response_id), replica)
+    if principal is not None:
+        await placements.record(tenant_key(response_id), ReplicaId(principal.tenant))
+    if chain_root is not None:
+        await placements.link_response(response_digest(response_id), chain_root)
+    else:
+        await placements.record(chain_key(response_digest(response_id)), replica)

@@ -24,13 +24,13 @@ from collections.abc import Callable
 from gateway.body import ClientGone
 from gateway.disconnect import CallState
 from gateway.errors import GatewayError, NotFound, error_response_parts
-from gateway.hooks import RequestTracer
+from gateway.hooks import RequestTracer, SessionPlacements
 from gateway.middleware.rate_limit import TICKET_KEY
 from gateway.middleware.request_id import SCOPE_KEY, RequestIds
 from gateway.proxy.attempts import Attempts
-from gateway.proxy.continuation import may_use, response_key, tenant_key
+from gateway.proxy.continuation import chain_key, may_use, remember
 from gateway.proxy.exchange import Exchange, Receive, Scope, Send
-from gateway.proxy.identity import Identity, with_sticky
+from gateway.proxy.identity import Identity, with_key, with_sticky
 from gateway.proxy.inbound import Inbound
 from gateway.proxy.outcome import Outcome
 from gateway.proxy.relay import relay
@@ -126,7 +126,8 @@ class ProxyEndpoint:
         state = self.state
         placements = state.placements
         if placements is not None:
-            sticky = await placements.lookup(request.session_key)
+            request, sticky = await self._sticky(ex, request, placements)
+            ex.request = request
             if sticky is not None:
                 request = with_sticky(request, sticky)
                 ex.request = request
@@ -146,6 +147,32 @@ class ProxyEndpoint:
         if principal is not None:
             request = ex.request = self._identity.narrow(ex, principal, request)
         return request
+
+    async def _sticky(
+        self, ex: Exchange, request: RouteRequest, placements: SessionPlacements
+    ) -> tuple[RouteRequest, ReplicaId | None]:
+        """The request (a Responses continuation is keyed on its chain) and its session's
+        replica, or, for a request the client tied to a parent agent or to a Responses
+        chain, where that lineage is."""
+        previous = ex.chain_root
+        if previous is None:
+            sticky = await placements.lookup(request.session_key)
+            if sticky is None and ex.parent_key is not None:
+                # A child agent's first request starts where its parent is.
+                sticky = await placements.lookup(ex.parent_key)
+                ex.borrowed = sticky is not None
+            return request, sticky
+        root = await placements.response_root(previous) or previous
+        ex.chain_root = root
+        # The replica storing the answer it continues; else where its chain is placed.
+        owner = await placements.lookup(request.session_key)
+        chain = chain_key(root)
+        placed = await placements.lookup(chain)
+        request = with_key(request, chain, request.key_source)
+        if owner is not None and owner in self.state.cluster.members:
+            ex.borrowed = owner != placed
+            return request, owner
+        return request, placed
 
     async def _route_and_relay(self, ex: Exchange) -> None:
         state = self.state
@@ -180,12 +207,13 @@ class ProxyEndpoint:
             want_usage = bool(state.observers) or TICKET_KEY in ex.scope
             await relay(ex, leg, state.metrics, want_usage, first_byte if prefilling else None)
             if ex.response_id is not None and state.placements is not None:
-                await state.placements.record(response_key(ex.response_id), leg.replica)
-                principal = self._identity.principal(ex)
-                if principal is not None:
-                    await state.placements.record(
-                        tenant_key(ex.response_id), ReplicaId(principal.tenant)
-                    )
+                await remember(
+                    state.placements,
+                    ex.response_id,
+                    leg.replica,
+                    self._identity.principal(ex),
+                    ex.chain_root,
+                )
         except OSError:
             # The ASGI server refused a send: the client is gone (transport errors of the
             # upstream arrive as GatewayError, never as OSError).
@@ -198,7 +226,7 @@ class ProxyEndpoint:
     async def _placed(self, ex: Exchange, request: RouteRequest, replica: ReplicaId) -> None:
         state = self.state
         placements = state.placements
-        if placements is not None and request.sticky_replica != replica:
+        if placements is not None and (request.sticky_replica != replica or ex.borrowed):
             await placements.record(request.session_key, replica)
         if replica == ex.placed_on:
             return  # the router and the lineage index were told at dispatch

@@ -15,7 +15,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from gateway.disconnect import CallState
-from gateway.types import ReplicaId, RouteRequest
+from gateway.forecast import Forecast
+from gateway.types import ReplicaId, RouteRequest, SessionKey
 
 if TYPE_CHECKING:
     from gateway.forward import Leg
@@ -34,14 +35,18 @@ class Exchange:
 
     __slots__ = (
         "body",
+        "borrowed",
         "call",
+        "chain_root",
         "error_code",
         "errors",
         "find_response_id",
+        "forecast",
         "headers",
         "leg",
         "named_class",
         "ok",
+        "parent_key",
         "path",
         "placed_on",
         "pools",
@@ -105,6 +110,12 @@ class Exchange:
         self.errors = "openai"
         # Responses API: read the answer's id, so a continuation finds its replica.
         self.find_response_id = False
+        # Lineage the client named: its parent agent's session, the Responses chain's root
+        # (a digest), and whether the sticky replica came from them, not the own session.
+        self.parent_key: SessionKey | None = None
+        self.chain_root: str | None = None
+        self.borrowed = False
+        self.forecast: Forecast | None = None  # the router's cache estimate at dispatch
         self.response_id: str | None = None
         # The caller's W3C traceparent, and the spans of this request (tracing enabled).
         self.traceparent: bytes | None = None

@@ -22,9 +22,9 @@ from gateway.body import (
 )
 from gateway.errors import BadRequest, Forbidden, ModelNotFound
 from gateway.hashing import digest_hex
-from gateway.keys import route_request, session_key
+from gateway.keys import agent_lineage, route_request, session_key
 from gateway.pd.decision import CLIENT_PD_HEADERS, without_client_pd_fields
-from gateway.proxy.continuation import continuing
+from gateway.proxy.continuation import continuing, response_digest
 from gateway.proxy.exchange import Exchange, Scope
 from gateway.state import GatewayState
 from gateway.stream_usage import inject_usage
@@ -59,6 +59,8 @@ class Inbound:
         "_endpoint",
         "_engine_auth",
         "_lineage_key",
+        "_lineage_names",
+        "_lineage_pairs",
         "_may_inject_usage",
         "_multipart",
         "_path",
@@ -83,6 +85,17 @@ class Inbound:
         self._agent_headers = frozenset(
             h.lower().encode("latin-1") for h in s.session.agent_headers
         ) - {self._session_header}
+        self._lineage_pairs = tuple(
+            (
+                p.agent.lower().encode("latin-1"),
+                p.parent.lower().encode("latin-1"),
+                p.scope.lower().encode("latin-1") if p.scope else None,
+            )
+            for p in s.session.lineage_headers
+        )
+        self._lineage_names = frozenset(
+            name for pair in self._lineage_pairs for name in pair if name is not None
+        )
         spec = ROUTE_SPECS[endpoint]
         self._continues = spec.continues
         self._multipart = spec.multipart
@@ -118,8 +131,13 @@ class Inbound:
         content_type = content_length = session = priority = tenant = agent = None
         traceparent = None
         sh, ph, th = self._session_header, self._priority_header, self._tenant_header
-        agents = self._agent_headers
+        agents, lineage_names = self._agent_headers, self._lineage_names
+        lineage: dict[bytes, bytes] | None = None
         for name, value in scope["headers"]:
+            if name in lineage_names:
+                if lineage is None:
+                    lineage = {}
+                lineage[name] = value
             if name == b"content-type":
                 content_type = value
             elif name == b"content-length":
@@ -134,8 +152,11 @@ class Inbound:
                 agent = value
             elif name == TRACEPARENT:
                 traceparent = value
+        own: str | None = None
+        if lineage is not None:
+            own, ex.parent_key = agent_lineage(self._lineage_pairs, lineage)
         if session is None:
-            session = agent
+            session = own.encode("latin-1") if own is not None else agent
         ex.traceparent = traceparent
         limits = state.settings.limits
         if self._multipart:
@@ -218,6 +239,7 @@ class Inbound:
             if isinstance(earlier, str) and earlier:
                 # Stored on one replica only: its placement pins the request (attempts).
                 request = continuing(request, earlier)
+                ex.chain_root = response_digest(earlier)  # until its own root is found
         # The one place the forwarded body changes: every later rewrite (admission's
         # payload, the PD legs) starts from this body/raw pair (gateway.stream_usage).
         if state.observers and self._may_inject_usage:

@@ -77,6 +77,7 @@ class Outcome:
             started_at=ex.started_at,
             body=ex.body if request is not None else None,
             headers=ex.headers if request is not None else None,
+            forecast=ex.forecast,
         )
         for observer in observers:
             try:

@@ -94,6 +94,16 @@ class Store(Protocol):
     async def forget_replica(self, replica: ReplicaId) -> None:
         """The replica left the cluster: drop every session placed on it, everywhere."""
 
+    # -- Responses chains -----------------------------------------------------------------
+    async def link_response(self, response: str, root: str) -> None:
+        """The answer `response` continues the chain the answer `root` opened (opaque ids:
+        the proxy passes digests). Expires like a session placement. Never blocks."""
+
+    async def response_root(self, response: str) -> str | None:
+        """The root of the chain the answer `response` belongs to, or None (it opened one,
+        or its link aged out). Local answer when known; otherwise at most one round trip
+        with a short timeout."""
+
     # -- health and ejections -------------------------------------------------------------
     async def eject_replica(self, replica: ReplicaId, cooldown_s: float, reason: str = "") -> None:
         """Take `replica` out of rotation on every instance for `cooldown_s` seconds."""

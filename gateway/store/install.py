@@ -35,6 +35,12 @@ class StorePlacements:
     async def record(self, key: SessionKey, replica: ReplicaId) -> None:
         await self._store.assign_session(key, replica)
 
+    async def link_response(self, response: str, root: str) -> None:
+        await self._store.link_response(response, root)
+
+    async def response_root(self, response: str) -> str | None:
+        return await self._store.response_root(response)
+
 
 class StoreService:
     """Starts the store, mirrors shared ejections into the cluster, stops it last."""

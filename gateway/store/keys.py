@@ -26,6 +26,11 @@ class StoreKeys:
     def session_from_key(self, key: str) -> SessionKey:
         return SessionKey(key[len(self.prefix) + len(":sess:") :])
 
+    def response_root(self, response: str) -> str:
+        """String: the root of the Responses chain the answer `response` continues (both
+        digests of response ids). Expires after the session TTL."""
+        return f"{self.prefix}:chain:{response}"
+
     def ejections(self) -> str:
         """Hash: replica -> JSON {until, reason}. Entries pruned once past `until`."""
         return f"{self.prefix}:ejections"

@@ -49,6 +49,8 @@ class MemoryStore:
         self._windows: dict[str, tuple[int, float, float, float]] = {}
         self._window_calls = 0
         self._sinks: list[PrefixSink] = []
+        # Responses chains: answer -> (root, expiry), in last-write order like sessions.
+        self._roots: OrderedDict[str, tuple[str, float]] = OrderedDict()
 
     async def start(self) -> None:
         return None
@@ -128,6 +130,30 @@ class MemoryStore:
             if expires > now:
                 break
             del sessions[session]
+
+    # -- Responses chains -----------------------------------------------------------------
+    async def link_response(self, response: str, root: str) -> None:
+        self.local_link(response, root)
+
+    async def response_root(self, response: str) -> str | None:
+        return self.local_root(response)
+
+    def local_link(self, response: str, root: str) -> None:
+        roots = self._roots
+        roots.pop(response, None)
+        roots[response] = (root, self._clock() + self.settings.session_ttl_s)
+        now = self._clock()
+        while roots:
+            first, (_, expires) = next(iter(roots.items()))
+            if expires > now and len(roots) <= self.settings.local_sessions_max:
+                break
+            del roots[first]
+
+    def local_root(self, response: str) -> str | None:
+        entry = self._roots.get(response)
+        if entry is None or entry[1] <= self._clock():
+            return None
+        return entry[0]
 
     # -- health and ejections -------------------------------------------------------------
     async def eject_replica(self, replica: ReplicaId, cooldown_s: float, reason: str = "") -> None:

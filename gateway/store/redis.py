@@ -6,6 +6,9 @@ What is shared and how stale it can be (normal operation, `sync_interval_s` = T)
   a move is written at once (not waiting for T) and pushed to the other instances over
   pub/sub, so they see it within about one round trip; TTL refreshes are batched every T,
   and each refresh returns Redis's value so a diverged local copy is corrected within T.
+* Responses chains: a Redis string per answer that continues a chain, naming the chain's
+  root; written at once like a new placement, expiring after the session TTL. A lookup
+  the local copy cannot answer spends one GET bounded by `op_timeout_s`.
 * ejections and health verdicts: small hashes, pushed over pub/sub when they change and
   re-read every T.
 * prefix placements: a stream trimmed to about `prefix_stream_max` entries, read every T.
@@ -247,6 +250,31 @@ class RedisStore:
         self.local.local_forget(replica)
         self.batch.forgotten.add(replica)
         self._wake.set()
+
+    # -- Responses chains -----------------------------------------------------------------
+    async def link_response(self, response: str, root: str) -> None:
+        self.local.local_link(response, root)
+        self.batch.linked[response] = root
+        self._wake.set()
+
+    async def response_root(self, response: str) -> str | None:
+        root = self.local.local_root(response)
+        if root is not None or self._degraded:
+            return root
+        try:
+            async with asyncio.timeout(self.settings.op_timeout_s):
+                raw = await self._redis.get(self.keys.response_root(response))
+        except TimeoutError:
+            self._note_slow()
+            return None
+        except _FAILURES as exc:
+            self._mark_degraded("lookup", exc)
+            return None
+        if raw is None:
+            return None
+        root = raw.decode() if isinstance(raw, bytes) else str(raw)
+        self.local.local_link(response, root)
+        return root
 
     # -- health and ejections -------------------------------------------------------------
     async def eject_replica(self, replica: ReplicaId, cooldown_s: float, reason: str = "") -> None:

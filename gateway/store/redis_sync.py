@@ -108,6 +108,7 @@ class SyncBatch:
     ejected: dict[ReplicaId, Ejection] = field(default_factory=dict)
     readmitted: set[ReplicaId] = field(default_factory=set)
     health: dict[ReplicaId, HealthReport] = field(default_factory=dict)
+    linked: dict[str, str] = field(default_factory=dict)
     windows: WindowLedger = field(default_factory=WindowLedger)
 
     def take(self) -> SyncBatch:
@@ -116,12 +117,14 @@ class SyncBatch:
         )
         self.assigned, self.touched, self.forgotten = {}, set(), set()
         self.ejected, self.readmitted, self.health = {}, set(), {}
+        taken.linked, self.linked = self.linked, {}
         return taken
 
     def restore(self, taken: SyncBatch) -> None:
         """Put back a batch whose flush failed; newer entries win."""
         self.assigned = {**taken.assigned, **self.assigned}
         self.touched |= taken.touched
+        self.linked = {**taken.linked, **self.linked}
         self.forgotten |= taken.forgotten
         self.ejected = {**taken.ejected, **self.ejected}
         self.readmitted |= taken.readmitted - set(self.ejected)
@@ -243,6 +246,8 @@ async def _flush(
         if held is not None:
             key = keys.session(session)
             add(pipe.evalsha(RECONCILE_SHA, 1, key, held, ttl), adopt(session, held))
+    for response, root in batch.linked.items():
+        add(pipe.set(keys.response_root(response), root, px=ttl))
     for replica in batch.forgotten:
         add(pipe.publish(keys.events(), store.encode_event("f", r=replica)))
     cooldown = 1

@@ -71,6 +71,11 @@ class TraceRecord:
     block_hashes: tuple[int, ...] = ()
     last_block_tokens: int = 0
     session_id: str | None = None
+    # Captured live (gateway.forecast): cached prompt tokens the router expected on the
+    # chosen replica, the most any replica held, and what the engine reported.
+    predicted_cached: int | None = None
+    best_cached: int | None = None
+    achieved_cached: int | None = None
 
     def block_lengths(self, block_tokens: int) -> list[int]:
         n = len(self.block_hashes)
@@ -205,7 +210,18 @@ def record_line(rec: TraceRecord) -> bytes:
         obj["session_id"] = rec.session_id
     obj["block_hashes"] = list(rec.block_hashes)
     obj["last_block_tokens"] = rec.last_block_tokens
+    for name in _FORECAST:
+        value = getattr(rec, name)
+        if value is not None:
+            obj[name] = value
     return orjson.dumps(obj) + b"\n"
+
+
+_FORECAST = ("predicted_cached", "best_cached", "achieved_cached")
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def write_trace(path: str | Path, trace: Trace) -> None:
@@ -242,6 +258,9 @@ def _parse_record(obj: dict[str, Any], block_tokens: int, where: str) -> TraceRe
             block_hashes=hashes,
             last_block_tokens=int(obj.get("last_block_tokens", 0)),
             session_id=None if session is None else str(session),
+            predicted_cached=_opt_int(obj.get("predicted_cached")),
+            best_cached=_opt_int(obj.get("best_cached")),
+            achieved_cached=_opt_int(obj.get("achieved_cached")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise TraceFormatError(f"{where}: bad record ({exc!r})") from exc

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from gateway.errors import ConfigError
+from gateway.forecast import Forecast
 from gateway.hooks import RequestOutcome
 from gateway.trace.capture import BlockHasher, salt_id
 from gateway.trace.config import TraceCaptureSettings
@@ -58,6 +59,8 @@ class _Item:
     prompt_tokens: int
     completion_tokens: int
     session: str
+    forecast: Forecast | None = None
+    achieved: int | None = None
 
 
 class GatewayCapture:
@@ -93,6 +96,8 @@ class GatewayCapture:
             else req.prompt_tokens,
             completion_tokens=outcome.completion_tokens or 0,
             session=str(req.session_key),
+            forecast=outcome.forecast,
+            achieved=outcome.cached_tokens,
         )
         try:
             self._queue.put_nowait(item)
@@ -196,6 +201,7 @@ class GatewayCapture:
                 digest = hashlib.blake2b(seed, key=key, digest_size=8).digest()
                 hashes.append(int.from_bytes(digest, "little"))
         last = n_tokens - (len(hashes) - 1) * bt if hashes else 0
+        forecast = item.forecast
         return TraceRecord(
             arrival_s=max(0.0, item.started_at - self.epoch_s),
             input_tokens=n_tokens,
@@ -203,4 +209,7 @@ class GatewayCapture:
             block_hashes=tuple(hashes),
             last_block_tokens=last,
             session_id=self._hasher.pseudonym(item.session),
+            predicted_cached=forecast.predicted if forecast is not None else None,
+            best_cached=forecast.best if forecast is not None else None,
+            achieved_cached=item.achieved,
         )

@@ -138,6 +138,49 @@ class Cost:
 
 
 @dataclass(frozen=True, slots=True)
+class CacheForecast:
+    """Predicted against achieved prefix-cache hits of the requests a live capture saw
+    with all three numbers (gateway.forecast), as shares of their input tokens."""
+
+    requests: int
+    input_tokens: int
+    predicted: int
+    best: int
+    achieved: int
+    mean_abs_error: float  # mean |achieved - predicted| per request, in tokens
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "input_tokens": self.input_tokens,
+            "predicted_tokens": self.predicted,
+            "best_tokens": self.best,
+            "achieved_tokens": self.achieved,
+            "mean_abs_error_tokens": self.mean_abs_error,
+        }
+
+
+def cache_forecast(trace: Trace) -> CacheForecast | None:
+    rows = [
+        (r.input_tokens, r.predicted_cached, r.best_cached, r.achieved_cached)
+        for r in trace.records
+        if r.predicted_cached is not None
+        and r.best_cached is not None
+        and r.achieved_cached is not None
+    ]
+    if not rows:
+        return None
+    return CacheForecast(
+        requests=len(rows),
+        input_tokens=sum(r[0] for r in rows),
+        predicted=sum(r[1] for r in rows),
+        best=sum(r[2] for r in rows),
+        achieved=sum(r[3] for r in rows),
+        mean_abs_error=sum(abs(r[3] - r[1]) for r in rows) / len(rows),
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class TraceStats:
     source: str
     block_tokens: int
@@ -155,6 +198,7 @@ class TraceStats:
     hit_rate_lru: dict[int, float] = field(default_factory=dict)
     cluster: tuple[ClusterHitRate, ...] = ()
     cost: Cost | None = None
+    forecast: CacheForecast | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -181,6 +225,7 @@ class TraceStats:
                 }
                 for c in self.cluster
             ],
+            "cache_forecast": None if self.forecast is None else self.forecast.as_dict(),
             "cost": None
             if self.cost is None
             else {
@@ -262,6 +307,7 @@ def compute_stats(
         hit_rate_lru=lru,
         cluster=tuple(cluster),
         cost=cost,
+        forecast=cache_forecast(trace),
     )
 
 
@@ -307,6 +353,15 @@ def render_stats(s: TraceStats) -> str:
                 f"                 {c.replicas} replicas, {c.policy}, {_size(c.capacity_tokens)}"
                 f" per replica: {c.hit_rate:.1%}  (requests: {share})"
             )
+    f = s.forecast
+    if f is not None:
+        inputs = f.input_tokens or 1
+        lines.append(
+            f"cache forecast   {f.requests:,} requests as routed:"
+            f" predicted {f.predicted / inputs:.1%}, best replica {f.best / inputs:.1%},"
+            f" engine reported {f.achieved / inputs:.1%} of their input;"
+            f" mean |reported - predicted| {f.mean_abs_error:,.0f} tokens"
+        )
     if s.cost is not None:
         cost = s.cost
         lines.append(

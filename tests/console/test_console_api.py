@@ -237,3 +237,31 @@ def test_bad_console_settings_fail_start_up(bad: dict[str, Any]) -> None:
 )
 def test_console_url(host: str, url: str) -> None:
     assert console_url(host, 8000, "/console") == url
+
+
+async def test_traffic_shows_reported_against_predicted_cache_hits() -> None:
+    system = "You answer questions about the Quillfeather archive. " * 150
+    async with (
+        sim_engines(2, "instant") as engines,
+        gateway(engines) as gw,
+        httpx.AsyncClient(base_url=gw.url, timeout=10) as http,
+    ):
+        assert (await http.get("/admin/traffic")).json()["cache_forecast"] is None
+        reported = 0
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": "hi"}]
+        for turn in range(4):
+            resp = await http.post(
+                "/v1/chat/completions",
+                json={"model": "kvgate-sim", "messages": messages, "max_tokens": 2},
+            )
+            assert resp.status_code == 200, resp.text
+            answer = resp.json()
+            reported += answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+            messages += [answer["choices"][0]["message"], {"role": "user", "content": f"{turn}?"}]
+        forecast = (await http.get("/admin/traffic")).json()["cache_forecast"]
+        assert forecast["requests"] == 4
+        assert forecast["achieved_tokens"] == reported > 0
+        assert forecast["best_tokens"] >= forecast["predicted_tokens"] > 0
+        assert forecast["achieved_over_predicted"] == pytest.approx(
+            reported / forecast["predicted_tokens"], abs=1e-4
+        )

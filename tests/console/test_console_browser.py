@@ -109,6 +109,19 @@ async def test_console_in_a_real_browser(
 
         await eventually(has_data, 10)
 
+        # Cached tokens reported against predicted: the page shows the API's totals. (This
+        # load's prompts are shorter than one routing block: nothing is predicted, while
+        # the engines, with 16-token blocks, report hits.)
+        async def forecast_shown() -> str | None:
+            shown = await text("#traffic-forecast")
+            return None if " / " in shown else f"forecast shows {shown}"
+
+        await eventually(forecast_shown, 10)
+        forecast = (await http.get("/admin/traffic")).json()["cache_forecast"]
+        assert forecast is not None and forecast["achieved_tokens"] > 0
+        reported, predicted = (await text("#traffic-forecast")).split(" / ")
+        assert reported not in ("0", "–") and predicted == "0"
+
         # -- a replica dies under load: the page says so within seconds ---------------
         killed = "fast-1"
         await engines[1].stop()

@@ -149,3 +149,18 @@ async def test_own_prefix_placements_are_not_echoed(store_factory: Callable[...,
     await _settle(store)
     await asyncio.sleep(0.05)
     assert seen == []
+
+
+async def test_response_links_name_the_chain_root(store_factory: Callable[..., object]) -> None:
+    store = await store_factory()  # type: ignore[misc]
+    assert await store.response_root("a2") is None
+    await store.link_response("a2", "a1")
+    await store.link_response("a3", "a1")
+    assert await store.response_root("a2") == "a1"
+    assert await store.response_root("a3") == "a1"
+    await _settle(store)
+    if isinstance(store, RedisStore):
+        # Another instance, with nothing local, reads the link from Redis.
+        other = await store_factory()  # type: ignore[misc]
+        assert await other.response_root("a3") == "a1"
+        assert await other.response_root("a4") is None

@@ -15,6 +15,7 @@ from gateway.trace.capture import salt_id
 from gateway.trace.config import TraceCaptureSettings
 from gateway.trace.format import read_trace
 from gateway.trace.live import GatewayCapture
+from gateway.trace.stats import compute_stats, render_stats
 from gateway.types import ReplicaId, RouteRequest, SessionKey
 
 MODEL = "kvgate-sim"
@@ -166,3 +167,42 @@ async def test_messages_and_responses_are_captured_with_their_usage(tmp_path: Pa
     usage = message.usage
     assert records[0].input_tokens == usage.input_tokens + (usage.cache_read_input_tokens or 0)
     assert response.usage is not None and records[1].input_tokens == response.usage.input_tokens
+
+
+async def test_the_capture_records_predicted_best_and_reported_cache_hits(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "live.jsonl"
+    capture = {"enabled": True, "path": str(path), "salt_file": str(tmp_path / "salt")}
+    messages: list[dict[str, str]] = [
+        {"role": "system", "content": SYSTEM * 4},
+        {"role": "user", "content": "Where is Perpetua?"},
+    ]
+    reported: list[int] = []
+    async with (
+        sim_engines(2, "instant") as engines,
+        gateway(engines, trace_capture=capture) as gw,
+        openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client,
+    ):
+        for turn in range(3):
+            answer = await client.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=3
+            )  # type: ignore[arg-type]
+            assert answer.usage is not None and answer.usage.prompt_tokens_details
+            reported.append(answer.usage.prompt_tokens_details.cached_tokens or 0)
+            messages += [
+                {"role": "assistant", "content": answer.choices[0].message.content or ""},
+                {"role": "user", "content": f"and then ({turn})?"},
+            ]
+    records = read_trace(path).records
+    assert [r.achieved_cached for r in records] == reported
+    assert reported[-1] > 0
+    for r in records:
+        assert r.predicted_cached is not None and r.best_cached is not None
+        assert r.best_cached >= r.predicted_cached
+    assert records[0].predicted_cached == 0 and records[-1].predicted_cached > 0
+    stats = compute_stats(read_trace(path))
+    assert stats.forecast is not None and stats.forecast.requests == 3
+    assert stats.forecast.achieved == sum(reported)
+    assert "cache forecast   3 requests as routed" in render_stats(stats)
+    assert stats.as_dict()["cache_forecast"]["achieved_tokens"] == sum(reported)

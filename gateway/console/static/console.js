@@ -297,6 +297,9 @@ function renderTraffic(t) {
   setText("kpi-tps-out", t.output_tokens_per_s === null ? "tokens/s" : `tokens/s · ${num(t.output_tokens_per_s, 0)} output`);
   setText("traffic-cached", pct(t.cached_share === null ? t.cached_share_total : t.cached_share));
   setText("kpi-cached", pct(t.cached_share === null ? t.cached_share_total : t.cached_share));
+  const f = t.cache_forecast;
+  // Cached tokens the engines reported / those the router predicted (since start).
+  setText("traffic-forecast", f ? `${num(f.achieved_tokens, 0)} / ${num(f.predicted_tokens, 0)}` : "–");
   setText("traffic-note", t.measuring_since ? "tokens measured since " + clock(t.measuring_since) : "");
   const m = t.money;
   if (!m) {
