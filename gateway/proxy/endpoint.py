@@ -146,8 +146,15 @@ class ProxyEndpoint:
         )
         tracker = state.router_prefill
         prefilling = notify is not None or tracker is not None
+        meter, clock = state.cluster.prefill, state.cluster.clock
+
+        def first_token() -> None:
+            # The replica's prefill speed is measured on real first bytes only.
+            meter.first_token(request.request_id, clock())
+            first_byte()
 
         def first_byte() -> None:
+            meter.abandoned(request.request_id)
             nonlocal prefilling
             if prefilling:
                 prefilling = False
@@ -165,9 +172,7 @@ class ProxyEndpoint:
                 await send_error(ex, err, state.metrics)
                 return
             await self._placed(ex, request, leg.replica)
-            await relay(
-                ex, leg, state.metrics, bool(state.observers), first_byte if prefilling else None
-            )
+            await relay(ex, leg, state.metrics, bool(state.observers), first_token)
             if ex.response_id is not None and state.placements is not None:
                 await state.placements.record(response_key(ex.response_id), leg.replica)
         except OSError:
