@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from types import MappingProxyType
 
+from gateway.prefill_meter import PrefillMeter
 from gateway.types import CacheEvidence, ClusterView, EngineLoad, ReplicaId, ReplicaState
 
 # A cached view older than this is rebuilt anyway, so load staleness (judged against
@@ -45,6 +46,9 @@ class Cluster:
         self._view: ClusterView | None = None
         self._known_models: frozenset[str] | None = None
         self._evidence: CacheEvidence | None = None
+        # Queued prefill and measured prefill speed per replica, fed by the proxy at
+        # dispatch and first token; every view carries it (gateway.prefill_meter).
+        self.prefill = PrefillMeter()
         self.set_members(replicas)
 
     # -- membership ---------------------------------------------------------------------
@@ -55,6 +59,8 @@ class Cluster:
         """Replace the replica set (ids kept keep their health, load and counters)."""
         members = {r.id: r for r in replicas}
         self._members = members
+        for rid in [k for k in self._healthy if k not in members]:
+            self.prefill.forget(rid)
         for table in (self._healthy, self._loads, self._models):
             for rid in [k for k in table if k not in members]:
                 del table[rid]
@@ -135,6 +141,7 @@ class Cluster:
                 in_flight=self.in_flight,
                 by_id=view.by_id,
                 cache_evidence=self._evidence,
+                prefill=self.prefill,
             )
         return view
 
@@ -174,4 +181,5 @@ class Cluster:
             stale_after=self.stale_after,
             in_flight=self.in_flight,
             cache_evidence=self._evidence,
+            prefill=self.prefill,
         )

@@ -32,6 +32,7 @@ BUILTIN_POLICIES: dict[str, str] = {
     "prefix_affinity": "plugins.prefix_affinity:PrefixAffinity",
     "lineage": "plugins.lineage:Lineage",
     "cache_aware": "plugins.cache_aware:CacheAware",
+    "cost": "plugins.cost:Cost",
 }
 DEFAULT_POLICY = "lineage"
 

@@ -194,7 +194,13 @@ class ComposedRouter:
         if replicas is view.replicas:
             return view
         return ClusterView(
-            replicas, view.now, view.stale_after, view.in_flight, by_id, view.cache_evidence
+            replicas,
+            view.now,
+            view.stale_after,
+            view.in_flight,
+            by_id,
+            view.cache_evidence,
+            view.prefill,
         )
 
     def placed(self, request: RouteRequest, replica: ReplicaId) -> None:

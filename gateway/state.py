@@ -27,7 +27,13 @@ from gateway.hooks import (
 from gateway.lineage import Conversations
 from gateway.metrics import GatewayMetrics
 from gateway.models import ModelsCache
-from gateway.policy import ObservesOutcome, ObservesPlacement, Policy, TracksPrefill
+from gateway.policy import (
+    EstimatesCachedTokens,
+    ObservesOutcome,
+    ObservesPlacement,
+    Policy,
+    TracksPrefill,
+)
 from gateway.settings import KvgateSettings
 from gateway.types import ReplicaId, RouteRequest
 from gateway.upstream import UpstreamClient
@@ -67,6 +73,7 @@ class GatewayState:
     router_placed: Callable[[RouteRequest, ReplicaId], None] | None = None
     router_finished: Callable[[RouteRequest, ReplicaId, bool, float], None] | None = None
     router_prefill: TracksPrefill | None = None
+    router_cached: Callable[[RouteRequest, ReplicaId], int] | None = None
     # Conversation lineage for requests without a client session id (gateway.lineage).
     lineage: Conversations | None = None
     # Router layers applied so far (gateway.wrappers.ROUTER_LAYERS names), innermost first.
@@ -100,3 +107,6 @@ class GatewayState:
         self.router_placed = router.placed if isinstance(router, ObservesPlacement) else None
         self.router_finished = router.finished if isinstance(router, ObservesOutcome) else None
         self.router_prefill = router if isinstance(router, TracksPrefill) else None
+        self.router_cached = (
+            router.cached_tokens if isinstance(router, EstimatesCachedTokens) else None
+        )

@@ -216,6 +216,21 @@ class CacheEvidence(Protocol):
     def cached_tokens(self, request: RouteRequest) -> Mapping[ReplicaId, int] | None: ...
 
 
+class PrefillSignals(Protocol):
+    """Per replica, the prefill this gateway sent that has no first token yet and the
+    speed it prefills at, measured from its answers (gateway.prefill_meter)."""
+
+    def queued_tokens(self, replica: ReplicaId) -> float: ...
+
+    def queued_requests(self, replica: ReplicaId) -> int: ...
+
+    def speed(self, replica: ReplicaId) -> float | None: ...
+
+    def mean_speed(self) -> float | None: ...
+
+    def mean_request_tokens(self) -> float: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterView:
     """An immutable snapshot of the cluster handed to `Policy.choose`.
@@ -232,6 +247,8 @@ class ClusterView:
     by_id: Mapping[ReplicaId, ReplicaState] = field(default_factory=lambda: _EMPTY_BY_ID)
     # Event-fed cache knowledge, when configured (a live object, like `in_flight`).
     cache_evidence: CacheEvidence | None = None
+    # Queued prefill and measured prefill speed per replica (a live object too).
+    prefill: PrefillSignals | None = None
 
     def __post_init__(self) -> None:
         if not self.by_id and self.replicas:

@@ -181,6 +181,10 @@ def main() -> None:
         "lineage", 512, args.decisions, 400, 2048 * 256, warm_blocks=1_000_000, block_tokens=256
     )
     rows.append(("lineage (1M blocks)", 512, lineage_big))
+    # `cost` (seconds to the first token; its views carry no prefill meter here, so every
+    # replica counts alike): the same shape as the default's rows.
+    for n in (8, 512):
+        rows.append(("cost", n, run("cost", n, args.decisions, 400, 500_000, block_tokens=256)))
     print(
         f"{'policy':30} {'replicas':>8} {'p50 us':>9} {'p99 us':>9} {'mean us':>9} "
         f"{'placed us':>10} {'indexed':>9}"

@@ -104,6 +104,7 @@ from gateway.trace.generate import AgentTraceOptions, generate_agent_trace
 from gateway.trace.render import LAYOUTS, SESSION_HEADERS, Layout
 from gateway.trace.replay import PromptBuilder, replay
 from gateway.trace.report import ReplayReport
+from gateway.trace.shapes import ShapeOptions, generate_shape
 
 REPLICAS = 8
 ENGINE_PROFILE = "h200-sparse"  # what bench_policies.start_engines serves (scale 1)
@@ -115,6 +116,9 @@ DEFAULT_ROUTERS = (
     "vllm-cache_aware",
 )
 TRACES = ("synthetic", "agent")
+# The co-locating shapes (gateway.trace.shapes), run only when asked for.
+SHAPE_TRACES = ("forks", "samples", "rag")
+SHAPE_SESSIONS, SHAPE_DURATION_S = 96, 120.0
 HEADERS = ("with", "without")
 BLOCKS = 32000
 MAX_OUTPUT_TOKENS = 1024
@@ -133,6 +137,8 @@ class Defaults:
 
 # Per trace, unless --requests, --speedup or --time-scale say otherwise (docstring: why).
 TRACE_DEFAULTS = {"synthetic": Defaults(800, 5.0, 2.0), "agent": Defaults(600, 3.0, 1.5)}
+for _shape in SHAPE_TRACES:  # agent-like: the agent trace's replay speed and engines
+    TRACE_DEFAULTS[_shape] = TRACE_DEFAULTS["agent"]
 
 
 @dataclass(frozen=True)
@@ -665,6 +671,11 @@ def load_workload(name: str, args: argparse.Namespace) -> Workload | str:
             return f"trace not found: {path} (expected ../shared/traces/ next to the repo)"
         trace = parse_mooncake(path.read_bytes().splitlines(), path.name)
         trace = trace.window(args.start, requests)
+    elif name in SHAPE_TRACES:
+        shape = ShapeOptions(
+            shape=name, seed=args.agent_seed, sessions=SHAPE_SESSIONS, duration_s=SHAPE_DURATION_S
+        )
+        trace = generate_shape(shape).window(0, requests)
     elif args.agent_trace:
         trace = read_trace(args.agent_trace).window(0, requests)
     else:
@@ -791,7 +802,7 @@ async def main_async(args: argparse.Namespace, specs: list[RouterSpec]) -> None:
         layouts = [x for x in layouts if x != "turns"] or ["growing"]
     cells = [
         Cell(t, cast(Layout, layout), h == "with")
-        for t in split(args.traces, TRACES, "trace")
+        for t in split(args.traces, TRACES + SHAPE_TRACES, "trace")
         for layout in layouts
         for h in split(args.headers, HEADERS, "header")
     ]
@@ -878,7 +889,9 @@ def main() -> int:
         default="/tmp/routers/bin",
         help="bin directory of a venv holding sglang-router and vllm-router",
     )
-    ap.add_argument("--traces", default=",".join(TRACES), help="synthetic and/or agent")
+    ap.add_argument(
+        "--traces", default=",".join(TRACES), help="synthetic, agent, forks, samples, rag"
+    )
     ap.add_argument("--layouts", default=",".join(LAYOUTS), help="growing and/or turns")
     ap.add_argument("--headers", default=",".join(HEADERS), help="with and/or without")
     ap.add_argument("--trace", default=str(TRACE), help="the Mooncake trace of `synthetic`")

@@ -32,6 +32,13 @@ class LiveSessions:
             return None
         return entry[0]
 
+    def last_seen(self, key: SessionKey, now: float) -> float | None:
+        """When the live session `key` was last served, or None."""
+        entry = self._seen.get(key)
+        if entry is None or now - entry[1] > self.idle_s:
+            return None
+        return entry[1]
+
     def count(self, replica: ReplicaId) -> int:
         return self._counts.get(replica, 0)
 

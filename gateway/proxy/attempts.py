@@ -157,6 +157,12 @@ class Attempts:
                 state.metrics.retry(last_error.code if last_error and last_error.code else "error")
                 state.metrics.decision(choice.policy or type(state.router).__name__, "failover")
             tried.append(replica)
+            # Before the placement is recorded: what the replica holds, not this request.
+            estimate = state.router_cached
+            cached = estimate(request, replica) if estimate is not None else 0
+            cluster.prefill.dispatched(
+                request.request_id, replica, request.prompt_tokens - cached, cluster.clock()
+            )
             if state.router_prefill is not None:
                 state.router_prefill.dispatched(request, replica)
             for observe in state.dispatch_observers:

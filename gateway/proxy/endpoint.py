@@ -184,8 +184,15 @@ class ProxyEndpoint:
         )
         tracker = state.router_prefill
         prefilling = notify is not None or tracker is not None
+        meter, clock = state.cluster.prefill, state.cluster.clock
+
+        def first_token() -> None:
+            # The replica's prefill speed is measured on real first bytes only.
+            meter.first_token(request.request_id, clock())
+            first_byte()
 
         def first_byte() -> None:
+            meter.abandoned(request.request_id)
             nonlocal prefilling
             if prefilling:
                 prefilling = False
@@ -205,7 +212,7 @@ class ProxyEndpoint:
             await self._placed(ex, request, leg.replica)
             # Usage is read for the observers, and for a quota ticket to settle on.
             want_usage = bool(state.observers) or TICKET_KEY in ex.scope
-            await relay(ex, leg, state.metrics, want_usage, first_byte if prefilling else None)
+            await relay(ex, leg, state.metrics, want_usage, first_token)
             if ex.response_id is not None and state.placements is not None:
                 await remember(
                     state.placements,

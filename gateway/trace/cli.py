@@ -149,9 +149,18 @@ def _add_generate(sub: Any) -> None:
         help="write a seeded synthetic trace of agent-shaped traffic",
         description="Interleaved agent sessions: a preamble shared per agent kind, tens of"
         " turns that each append tool output and the previous answer, Poisson session"
-        " starts and think time between turns.",
+        " starts and think time between turns. Other shapes (--shape, chats mixed in):"
+        " forks (agents forking 1-4 subagents at once from their whole history, resuming"
+        " with their results), samples (each turn sent 2-8 times at once) and rag"
+        " (sessions opening with documents shared across sessions).",
     )
     p.add_argument("-o", "--out", type=Path, required=True, help="kvgate trace file to write")
+    p.add_argument(
+        "--shape",
+        choices=("agent", "forks", "samples", "rag"),
+        default="agent",
+        help="traffic shape (gateway/trace/shapes.py; default agent)",
+    )
     p.add_argument("--seed", type=int, default=d.seed, help="same seed, same trace")
     p.add_argument("--sessions", type=int, default=d.sessions, help="agent sessions to write")
     when = p.add_mutually_exclusive_group()
@@ -332,8 +341,28 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     from gateway.trace.format import write_trace
     from gateway.trace.generate import AgentTraceOptions, generate_agent_trace
+    from gateway.trace.shapes import ShapeOptions, generate_shape
 
     try:
+        if args.shape != "agent":
+            shape = ShapeOptions(
+                shape=args.shape,
+                seed=args.seed,
+                sessions=args.sessions,
+                duration_s=args.duration if args.rate is None else args.sessions / args.rate,
+                block_tokens=args.block_tokens,
+                context_scale=args.context_scale,
+                kinds=args.kinds,
+                think_s=args.think,
+            )
+            trace = generate_shape(shape)
+            write_trace(args.out, trace)
+            print(
+                f"wrote {len(trace.records)} requests of"
+                f" {len({r.session_id for r in trace.records})} sessions to {args.out}",
+                file=sys.stderr,
+            )
+            return 0
         options = AgentTraceOptions(
             seed=args.seed,
             sessions=args.sessions,

@@ -15,12 +15,14 @@ from gateway.admission.config import EnginePrioritySettings
 from gateway.admission.engine_order import EnginePayload
 from gateway.lineage import Conversations
 from gateway.policy import (
+    EstimatesCachedTokens,
     ObservesOutcome,
     ObservesPlacement,
     Policy,
     PolicyContext,
     TracksPrefill,
 )
+from gateway.prefill_meter import PrefillMeter
 from gateway.routing import RoutingSettings, build_router
 from gateway.trace.format import TraceRecord
 from gateway.types import ClusterView, ReplicaId, ReplicaState, RouteRequest, SessionKey
@@ -112,6 +114,12 @@ class PolicyDriver:
         self._placed = self.router if isinstance(self.router, ObservesPlacement) else None
         self._finished = self.router if isinstance(self.router, ObservesOutcome) else None
         self._prefill = self.router if isinstance(self.router, TracksPrefill) else None
+        self._cached = (
+            self.router.cached_tokens if isinstance(self.router, EstimatesCachedTokens) else None
+        )
+        # Queued prefill and measured speed per replica, as the proxy keeps them; views
+        # built with `now` from the simulator's clock carry it.
+        self.meter = PrefillMeter()
         self._order = (
             None
             if engine_priority is None or not engine_priority.shortest_prefill_first
@@ -146,6 +154,8 @@ class PolicyDriver:
             self.unrouted += 1
             replica = self.replicas[0].id
         priority = 0 if self._order is None else self._order.rank(request, replica)
+        cached = self._cached(request, replica) if self._cached is not None else 0
+        self.meter.dispatched(request.request_id, replica, request.prompt_tokens - cached, view.now)
         if self._prefill is not None:
             self._prefill.dispatched(request, replica)
         if self._placed is not None:
@@ -154,12 +164,18 @@ class PolicyDriver:
             self.conversations.record(request.prefix_hashes, request.session_key)
         return replica, priority
 
-    def prefilled(self, request: RouteRequest) -> None:
+    def prefilled(self, request: RouteRequest, now: float | None = None) -> None:
+        """The first token is back at `now` (None: no timing, the prefill just ends)."""
+        if now is None:
+            self.meter.abandoned(request.request_id)
+        else:
+            self.meter.first_token(request.request_id, now)
         if self._prefill is not None:
             self._prefill.prefilled(request)
 
     def finished(
         self, request: RouteRequest, replica: ReplicaId, ok: bool, latency_s: float
     ) -> None:
+        self.meter.abandoned(request.request_id)
         if self._finished is not None:
             self._finished.finished(request, replica, ok, latency_s)

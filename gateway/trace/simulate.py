@@ -163,7 +163,9 @@ def simulate(trace: Trace, options: SimulationOptions | None = None) -> Simulati
             if h not in pending:
                 continue
             if h.first_token_time is not None:
-                driver.prefilled(pending[h][3])  # idempotent: the first byte, as in the proxy
+                driver.prefilled(
+                    pending[h][3], h.first_token_time
+                )  # idempotent: the first byte, as in the proxy
             if not h.finished:
                 continue
             index, arrival, replica, request = pending.pop(h)
@@ -187,6 +189,7 @@ def simulate(trace: Trace, options: SimulationOptions | None = None) -> Simulati
             replicas=tuple(replace(s, load=_load(engines[s.id], now)) for s in states),
             now=now,
             in_flight=in_flight_view,
+            prefill=driver.meter,
         )
         rid, priority = driver.dispatch(request, view)
         engine = engines[rid]
