@@ -28,6 +28,7 @@ from gateway.hooks import RequestTracer
 from gateway.middleware.request_id import SCOPE_KEY, RequestIds
 from gateway.proxy.attempts import Attempts
 from gateway.proxy.continuation import response_key
+from gateway.proxy.decide import FirstByte
 from gateway.proxy.exchange import Exchange, Receive, Scope, Send
 from gateway.proxy.identity import Identity, with_sticky
 from gateway.proxy.inbound import Inbound
@@ -140,22 +141,7 @@ class ProxyEndpoint:
         state = self.state
         assert ex.request is not None
         request = ex.request
-        # Admission's and the router's prefill signals: once, at the first byte or at the end.
-        notify: Callable[[RouteRequest, ReplicaId | None], None] | None = getattr(
-            state.admission, "first_byte", None
-        )
-        tracker = state.router_prefill
-        prefilling = notify is not None or tracker is not None
-
-        def first_byte() -> None:
-            nonlocal prefilling
-            if prefilling:
-                prefilling = False
-                if notify is not None:
-                    notify(request, ex.leg.replica if ex.leg is not None else None)
-                if tracker is not None:
-                    tracker.prefilled(request)
-
+        first_byte = FirstByte(state, ex, request)
         try:
             try:
                 request = await self._identify(ex, request)
@@ -166,7 +152,11 @@ class ProxyEndpoint:
                 return
             await self._placed(ex, request, leg.replica)
             await relay(
-                ex, leg, state.metrics, bool(state.observers), first_byte if prefilling else None
+                ex,
+                leg,
+                state.metrics,
+                bool(state.observers),
+                first_byte if first_byte.pending else None,
             )
             if ex.response_id is not None and state.placements is not None:
                 await state.placements.record(response_key(ex.response_id), leg.replica)
@@ -214,3 +204,8 @@ class ProxyEndpoint:
         self._outcome.finish(ex, replica)
         if ex.trace is not None:
             ex.trace.finish(ex.status, replica, ex.retries, ex.error_code)
+
+    # The stages around the forwarding, for the EPP (gateway.epp), where Envoy forwards.
+    identify = _identify
+    placed = _placed
+    settle = _settle
