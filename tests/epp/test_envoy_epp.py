@@ -78,6 +78,13 @@ async def test_conversation_sticks_without_a_header_and_usage_is_accounted(
         assert metric(text, "kvgate_generation_tokens_total") >= 5 * 8
         assert metric(text, "kvgate_in_flight") == 0
         assert metric(text, "kvgate_epp_decision_seconds_count") == 5
+        # A body of several 62,000-byte chunks reaches the engine whole: it parses it and
+        # refuses the prompt's length, which it could only count from the full JSON.
+        with pytest.raises(openai.BadRequestError) as too_long:
+            await oai.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "word " * 60_000}]
+            )
+        assert "maximum context length" in str(too_long.value)
 
 
 async def test_a_dead_primary_fails_over_down_the_list(tmp_path: Path) -> None:
