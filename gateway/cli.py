@@ -25,6 +25,7 @@ FEATURE_CLIS: tuple[str, ...] = (
     "gateway.plan.cli",
     "gateway.doctor.cli",
     "gateway.auth.cli",
+    "gateway.epp.cli",
 )
 
 Handler = Callable[[argparse.Namespace], int]

@@ -34,6 +34,7 @@ from gateway.admission.config import AdmissionSettings, EnginePrioritySettings
 from gateway.auth.config import AuthSettings
 from gateway.console.config import ConsoleSettings
 from gateway.discovery.config import DiscoverySettings
+from gateway.epp.config import EppSettings
 from gateway.errors import ConfigError
 from gateway.kvevents.config import KVEventsSettings
 from gateway.pd.config import PDSettings
@@ -508,6 +509,9 @@ class KvgateSettings(BaseSettings):
     auth: AuthSettings = Field(
         default_factory=AuthSettings, description="API keys, tenants, quotas (gateway.auth)"
     )
+    epp: EppSettings = Field(
+        default_factory=EppSettings, description="`kvgate epp`: Envoy ext_proc (gateway.epp)"
+    )
 
     @model_validator(mode="after")
     def _unique_ids(self) -> KvgateSettings:
@@ -535,7 +539,7 @@ class KvgateSettings(BaseSettings):
     @property
     def has_replicas(self) -> bool:
         """Replicas are configured or discovered (else `kvgate serve` embeds simulated ones)."""
-        return bool(self.replicas or self.discovery.dns)
+        return bool(self.replicas or self.discovery.dns or self.epp.pool is not None)
 
     @model_validator(mode="after")
     def _auth_refers_to_known_names(self) -> KvgateSettings:

