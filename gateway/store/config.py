@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from gateway.store.connect import parse_store_url
+
 DEFAULT_SESSION_TTL_S = 1800.0
 DEFAULT_LOCAL_SESSIONS_MAX = 200_000
 
@@ -22,7 +24,12 @@ class StoreSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     backend: Literal["memory", "redis"] = Field("memory", description="memory | redis")
-    url: str = Field("redis://127.0.0.1:6379/0", description="redis:// or rediss:// URL")
+    url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        description="redis://, rediss:// or unix:// (one server); "
+        "redis+sentinel://HOST:26379,.../SERVICE[/db] (Sentinel); "
+        "redis+cluster://HOST:6379,... (Cluster)",
+    )
     key_prefix: str = Field("kvgate", min_length=1, description="namespace of every Redis key")
     session_ttl_s: float = Field(
         DEFAULT_SESSION_TTL_S, gt=0, description="idle time after which a session placement expires"
@@ -56,8 +63,6 @@ class StoreSettings(BaseModel):
 
     @model_validator(mode="after")
     def _check_url(self) -> StoreSettings:
-        if self.backend == "redis" and not self.url.startswith(
-            ("redis://", "rediss://", "unix://")
-        ):
-            raise ValueError("store.url must start with redis://, rediss:// or unix://")
+        if self.backend == "redis":
+            parse_store_url(self.url)  # a StoreUrlError (a ValueError) says what is wrong
         return self

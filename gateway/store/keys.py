@@ -3,6 +3,10 @@
 All keys live under one prefix so several gateways (or tests) can share a Redis server,
 and so an operator can list or flush kvgate's state with one pattern (`<prefix>:*`).
 Each key expires or is trimmed; nothing here grows without bound.
+
+On a Redis Cluster a multi-key script must find all its keys in one hash slot: the quota
+counters and in-flight sets, which one request's admission script reads together, share
+the hash tag `{quota}`. Every other verb touches one key per command.
 """
 
 from __future__ import annotations
@@ -10,6 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.types import SessionKey
+
+# One hash slot for every key the quota script reads at once (Redis Cluster).
+QUOTA_TAG = "{quota}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,11 +57,11 @@ class StoreKeys:
     def quota(self, scope: str, kind: str, index: int) -> str:
         """Counter of one quota minute (`scope`: "key:<name>" or "tenant:<name>"); expires
         two minutes after it closed."""
-        return f"{self.prefix}:quota:{scope}:{kind}:{index}"
+        return f"{self.prefix}:{QUOTA_TAG}:{scope}:{kind}:{index}"
 
     def inflight(self, scope: str) -> str:
         """Sorted set: request ticket -> lease expiry (epoch ms) of requests in flight."""
-        return f"{self.prefix}:inflight:{scope}"
+        return f"{self.prefix}:{QUOTA_TAG}:inflight:{scope}"
 
     def api_keys(self) -> str:
         """Hash: sha256 hex of an API key -> JSON key record (`kvgate keys`). No expiry."""

@@ -37,11 +37,9 @@ from collections import OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
-from urllib.parse import urlsplit
 
 import orjson
 from prometheus_client import CollectorRegistry
-from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
@@ -49,6 +47,12 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_ji
 
 from gateway.store.base import Ejection, HealthReport, PrefixPlacement, PrefixSink, StoreStatus
 from gateway.store.config import StoreSettings
+from gateway.store.connect import (
+    RedisClient,
+    drop_idle_connections,
+    open_redis,
+    parse_store_url,
+)
 from gateway.store.keys import StoreKeys
 from gateway.store.memory import Clock, MemoryStore
 from gateway.store.metrics import StoreMetrics
@@ -85,8 +89,9 @@ class RedisStore:
         self.keys = StoreKeys(settings.key_prefix)
         self.metrics = StoreMetrics.create(registry)
         self._wall = wall
-        self._redis: Redis = Redis.from_url(
-            settings.url,
+        self.target = parse_store_url(settings.url)
+        self._redis: RedisClient = open_redis(
+            self.target,
             socket_connect_timeout=settings.connect_timeout_s,
             socket_timeout=max(1.0, settings.connect_timeout_s * 2),
             # Retries belong to the reconnect loop; a request must never wait on one.
@@ -120,12 +125,10 @@ class RedisStore:
             async with asyncio.timeout(self.settings.connect_timeout_s * 2):
                 await self._connected.wait()
         if self._degraded:
-            parts = urlsplit(self.settings.url)
             log.warning(
-                "store starting degraded, serving routing state locally: redis at %s:%s did not "
+                "store starting degraded, serving routing state locally: redis at %s did not "
                 "answer within %.1f s; reconnecting in the background",
-                parts.hostname,
-                parts.port or 6379,
+                self.target.describe(),
                 self.settings.connect_timeout_s * 2,
             )
 
@@ -161,7 +164,7 @@ class RedisStore:
         return self._degraded
 
     @property
-    def redis(self) -> Redis:
+    def redis(self) -> RedisClient:
         return self._redis
 
     def status(self) -> StoreStatus:
@@ -372,7 +375,7 @@ class RedisStore:
                     if not self._first_connect:
                         # Idle pooled connections may predate a Redis restart: each would
                         # fail once on first use and flap the store back to degraded.
-                        await self._redis.connection_pool.disconnect(inuse_connections=False)
+                        await drop_idle_connections(self._redis)
                     await self._redis.ping()
                     started = time.perf_counter()
                     await run_batch(self, full=True)
