@@ -56,14 +56,18 @@ def _store(args: argparse.Namespace) -> tuple[str, str, str]:
 
 
 def _client(args: argparse.Namespace) -> tuple[Any, str]:
-    from redis import Redis
+    from gateway.store.connect import StoreUrlError, open_sync_redis, parse_store_url
 
     url, prefix, source = _store(args)
     try:
-        client = Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+        target = parse_store_url(url)
+        client = open_sync_redis(target, socket_connect_timeout=2, socket_timeout=2)
+    except StoreUrlError as exc:
+        raise KeysError(f"bad Redis URL ({source}): {exc}") from None
     except ValueError as exc:
         raise KeysError(f"bad Redis URL {_redacted(url)!r} ({source}): {exc}") from None
-    args.store_where = f"{_redacted(url)} ({source})"
+    where = _redacted(url) if target.mode == "single" else target.describe()
+    args.store_where = f"{where} ({source})"
     return client, prefix
 
 

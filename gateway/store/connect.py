@@ -147,22 +147,42 @@ def parse_store_url(url: str) -> StoreTarget:
 def open_redis(target: StoreTarget, **options: Any) -> RedisClient:
     """A client for `target`; `options` are redis-py connection options (timeouts, retry,
     client_name). No I/O until the first command."""
+    return _open(target, options, Redis, RedisCluster, ClusterNode, Sentinel)  # type: ignore[no-any-return]
+
+
+def open_sync_redis(target: StoreTarget, **options: Any) -> Any:
+    """The blocking twin of `open_redis`, for command-line tools (`kvgate keys`)."""
+    from redis import Redis as SyncRedis
+    from redis.cluster import ClusterNode as SyncNode
+    from redis.cluster import RedisCluster as SyncCluster
+    from redis.sentinel import Sentinel as SyncSentinel
+
+    return _open(target, options, SyncRedis, SyncCluster, SyncNode, SyncSentinel)
+
+
+def _open(
+    target: StoreTarget,
+    options: dict[str, Any],
+    single: Any,
+    cluster: Any,
+    node: Any,
+    sentinels: Any,
+) -> Any:
     if target.mode == "single":
-        return Redis.from_url(target.url, **options)
+        return single.from_url(target.url, **options)
     auth: dict[str, Any] = {"username": target.username, "password": target.password}
     if target.tls:
         auth["ssl"] = True
     if target.mode == "cluster":
-        nodes = [ClusterNode(host, port) for host, port in target.hosts]
-        return RedisCluster(startup_nodes=nodes, **auth, **options)
+        nodes = [node(host, port) for host, port in target.hosts]
+        return cluster(startup_nodes=nodes, **auth, **options)
     sentinel_kwargs: dict[str, Any] = {
         k: options[k] for k in ("socket_connect_timeout", "socket_timeout") if k in options
     }
     if target.sentinel_password is not None:
         sentinel_kwargs["password"] = target.sentinel_password
-    sentinel = Sentinel(list(target.hosts), sentinel_kwargs=sentinel_kwargs, **auth, **options)
-    master: Redis = sentinel.master_for(target.service, db=target.db)
-    return master
+    watch = sentinels(list(target.hosts), sentinel_kwargs=sentinel_kwargs, **auth, **options)
+    return watch.master_for(target.service, db=target.db)
 
 
 async def drop_idle_connections(client: RedisClient) -> None:
