@@ -3,13 +3,15 @@ three-master Cluster, all real `redis-server` processes on loopback ports."""
 
 from __future__ import annotations
 
+import random
+import socket
 import subprocess
 import time
 from pathlib import Path
 
 import redis
 
-from tests.store.conftest import RedisServer, server_port
+from tests.store.conftest import RedisServer, _ephemeral_low, server_port
 
 
 def _wait(check: object, timeout: float, what: str) -> None:
@@ -83,13 +85,33 @@ class Sentinels:
         self.replica.kill()
 
 
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free too, both below the
+    ephemeral range (where a client socket could take them)."""
+    low = _ephemeral_low()
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 14000), low - 10000)
+        with socket.socket() as a, socket.socket() as b:
+            try:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port pair for a cluster node")
+
+
 class Cluster:
     """Three masters, no replicas: the slot map spread by `redis-cli --cluster create`."""
 
     def __init__(self, binary: str, workdir: Path, size: int = 3) -> None:
         self.binary = binary
         self.workdir = workdir
-        self.ports = [server_port() for _ in range(size)]
+        self.ports: list[int] = []
+        while len(self.ports) < size:
+            if (port := _cluster_port()) not in self.ports:
+                self.ports.append(port)
         self.processes: list[subprocess.Popen[bytes]] = []
 
     @property
@@ -126,7 +148,7 @@ class Cluster:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        _wait(self._ok, 20, "the cluster to agree")
+        _wait(self._ok, 40, "the cluster to agree")
 
     def _ok(self) -> bool:
         with redis.Redis(port=self.ports[0]) as r:
