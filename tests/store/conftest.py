@@ -6,10 +6,11 @@ import random
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 import redis
@@ -57,6 +58,8 @@ class RedisServer:
     binary: str
     port: int
     process: subprocess.Popen[bytes] | None = None
+    # A replica saves what it syncs to its directory: never the working tree.
+    workdir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="kvgate-redis-"))
 
     @property
     def url(self) -> str:
@@ -70,6 +73,8 @@ class RedisServer:
                 str(self.port),
                 "--bind",
                 "127.0.0.1",
+                "--dir",
+                self.workdir,
                 "--save",
                 "",
                 "--appendonly",
