@@ -28,13 +28,15 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("urls", nargs="*", help="engine base URLs, e.g. http://10.0.0.5:8000")
     p.add_argument("--gateway", help="the gateway's base URL (its view of each replica)")
-    p.add_argument("--samples", type=int, default=3, help="reads per engine (default 3)")
+    p.add_argument("--samples", type=int, default=3, help="reads per engine")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between reads")
-    p.add_argument("--timeout", type=float, default=5.0)
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds per HTTP read")
     p.add_argument("--api-key", help="sent as a bearer token to the engines")
     cfg = p.add_argument_group("engine arguments /metrics does not show")
-    cfg.add_argument("--max-num-seqs", type=int)
-    cfg.add_argument("--max-num-batched-tokens", type=int)
+    cfg.add_argument("--max-num-seqs", type=int, help="the engines' --max-num-seqs")
+    cfg.add_argument(
+        "--max-num-batched-tokens", type=int, help="the engines' --max-num-batched-tokens"
+    )
     cfg.add_argument("--max-model-len", type=int, help="overrides /v1/models")
     cfg.add_argument("--expected-hit-rate", type=float, help="e.g. from kvgate plan --trace")
     cfg.add_argument(
@@ -42,7 +44,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="the engines run --scheduling-policy priority (vLLM does not report it)",
     )
-    cfg.add_argument("--stale-after", type=float, default=STALE_AFTER_S)
+    cfg.add_argument(
+        "--stale-after",
+        type=float,
+        default=STALE_AFTER_S,
+        help="seconds after which a gateway's view of a replica counts as stale",
+    )
     cfg.add_argument(
         "--kv-block-size",
         type=int,
@@ -51,10 +58,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     plan = p.add_argument_group("what the engines run (activation arithmetic, optional)")
     plan.add_argument("--model", help="built-in model name or config.json path")
     plan.add_argument("--card", help="card type, with --model")
-    plan.add_argument("--tp", type=int, default=1)
+    plan.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
     plan.add_argument("--weights", help="weight dtype (default: the model's)")
-    plan.add_argument("--kv-dtype", default="bf16")
-    p.add_argument("--json", action="store_true")
+    plan.add_argument("--kv-dtype", default="bf16", help="KV cache dtype")
+    p.add_argument("--json", action="store_true", help="print the findings as JSON")
     p.set_defaults(handler=run)
     return p
 
