@@ -181,6 +181,10 @@ class SessionPlacements(Protocol):
     async def response_root(self, response: str) -> str | None:
         """The root `link_response` recorded for `response`, or None."""
 
+    async def share(self) -> None:
+        """Return once what was recorded so far can be read by other gateways (at once
+        when nothing is shared). Best effort: a slow or failed store returns anyway."""
+
 
 class Service(Protocol):
     """A background component with a lifespan (scraper, store sync, trace writer...)."""
@@ -248,3 +252,6 @@ class LocalPlacements:
 
     async def response_root(self, response: str) -> str | None:
         return self._roots.get(response)
+
+    async def share(self) -> None:
+        return None

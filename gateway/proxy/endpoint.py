@@ -20,6 +20,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 
 from gateway.body import ClientGone
 from gateway.disconnect import CallState
@@ -191,15 +192,8 @@ class ProxyEndpoint:
             await self._placed(ex, request, leg.replica)
             # Usage is read for the observers, and for a quota ticket to settle on.
             want_usage = bool(state.observers) or TICKET_KEY in ex.scope
-            await relay(ex, leg, state.metrics, want_usage, first_byte.token)
-            if ex.response_id is not None and state.placements is not None:
-                await remember(
-                    state.placements,
-                    ex.response_id,
-                    leg.replica,
-                    self._identity.principal(ex),
-                    ex.chain_root,
-                )
+            keep = partial(self._keep, ex, leg.replica) if state.placements is not None else None
+            await relay(ex, leg, state.metrics, want_usage, first_byte.token, keep)
         except OSError:
             # The ASGI server refused a send: the client is gone (transport errors of the
             # upstream arrive as GatewayError, never as OSError).
@@ -208,6 +202,14 @@ class ProxyEndpoint:
             ex.call.disconnected = True  # left while its upload was being forwarded
         finally:
             await self._settle(ex, request, first_byte)
+
+    async def _keep(self, ex: Exchange, replica: ReplicaId, response_id: str) -> None:
+        """Record an answer the engine stored, shared before the client sees its id."""
+        placements = self.state.placements
+        assert placements is not None
+        principal = self._identity.principal(ex)
+        await remember(placements, response_id, replica, principal, ex.chain_root)
+        await placements.share()
 
     async def _placed(self, ex: Exchange, request: RouteRequest, replica: ReplicaId) -> None:
         state = self.state

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from gateway.auth.limiter import Ticket
 from gateway.errors import GatewayError, stream_error_event
@@ -54,10 +54,13 @@ async def relay(
     metrics: GatewayMetrics,
     want_usage: bool,
     first_byte: Callable[[], None] | None = None,
+    keep: Callable[[str], Awaitable[None]] | None = None,
 ) -> None:
     """Send `leg`'s response. `want_usage`: read `usage` for the observers; with
     `ex.strip_usage` the gateway asked for a usage event the client did not want, so it is
-    taken out of the stream (and is where the usage comes from)."""
+    taken out of the stream (and is where the usage comes from). `keep` is awaited with the
+    id of an answer the engine stored before any byte carrying that id is sent, so a client
+    that continues it at once, through any gateway, finds it recorded."""
     response = leg.response
     send, call = ex.send, ex.call
     status = ex.status = response.status
@@ -81,13 +84,15 @@ async def relay(
         call.started = True
         if first_byte is not None:
             first_byte()
+        if ex.find_response_id and status < 400:
+            ex.response_id = id_in_json(payload)
+            if ex.response_id is not None and keep is not None:
+                await keep(ex.response_id)
         out_headers.append((b"content-length", b"%d" % len(payload)))
         await send({"type": "http.response.start", "status": status, "headers": out_headers})
         await send({"type": "http.response.body", "body": payload, "more_body": False})
         ex.ok = status < 400
         ex.usage = usage_from_json(payload) if want_usage and ex.ok else None
-        if ex.find_response_id and ex.ok:
-            ex.response_id = id_in_json(payload)
         return
 
     iterator = leg.chunks if leg.chunks is not None else response.iter_bytes()
@@ -127,6 +132,8 @@ async def relay(
                 timer.feed(chunk)
                 if seek_id and (found := id_in_stream(chunk)) is not None:
                     ex.response_id, seek_id = found, False
+                    if keep is not None:
+                        await keep(found)
                 if stripper is not None:
                     chunk = stripper.feed(chunk)
                 elif want_usage:

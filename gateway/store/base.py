@@ -139,4 +139,8 @@ class Store(Protocol):
     async def sync(self) -> None:
         """Flush pending writes and pull shared state now (tests, shutdown)."""
 
+    async def flushed(self) -> None:
+        """Return once the writes queued so far have reached the shared store (at once when
+        there is none). Bounded by the store's operation timeout; never raises."""
+
     def status(self) -> StoreStatus: ...

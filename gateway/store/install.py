@@ -41,6 +41,9 @@ class StorePlacements:
     async def response_root(self, response: str) -> str | None:
         return await self._store.response_root(response)
 
+    async def share(self) -> None:
+        await self._store.flushed()
+
 
 class StoreService:
     """Starts the store, mirrors shared ejections into the cluster, stops it last."""

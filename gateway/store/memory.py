@@ -61,6 +61,9 @@ class MemoryStore:
     async def sync(self) -> None:
         return None
 
+    async def flushed(self) -> None:
+        return None
+
     # -- sessions -------------------------------------------------------------------------
     async def lookup_session(self, session: SessionKey) -> ReplicaId | None:
         return self.local_lookup(session)

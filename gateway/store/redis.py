@@ -110,6 +110,8 @@ class RedisStore:
         self._slow_strikes = 0
         self._first_connect = True
         self._wake = asyncio.Event()
+        # Requests waiting for the writes they queued to reach Redis (`flushed`).
+        self._flush_waiters: list[asyncio.Future[None]] = []
         self._connected = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -135,6 +137,8 @@ class RedisStore:
     async def close(self) -> None:
         self._closing = True
         self._wake.set()
+        waiters, self._flush_waiters = self._flush_waiters, []
+        self._release_flush_waiters(waiters)
         if not self._degraded:
             with contextlib.suppress(*_FAILURES):
                 async with asyncio.timeout(self.settings.connect_timeout_s):
@@ -158,6 +162,22 @@ class RedisStore:
                 await run_batch(self, full=False)
         except _FAILURES as exc:
             self._mark_degraded("sync", exc)
+
+    async def flushed(self) -> None:
+        if self._degraded or self._closing:
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._flush_waiters.append(waiter)
+        self._wake.set()
+        # A flush already under way delays ours by one round trip: a few budgets, not one.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.settings.op_timeout_s * 4):
+                await asyncio.shield(waiter)
+
+    def _release_flush_waiters(self, waiters: list[asyncio.Future[None]]) -> None:
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     @property
     def degraded(self) -> bool:
@@ -341,6 +361,8 @@ class RedisStore:
             return
         self._degraded = True
         self._reason = f"{op}: {type(exc).__name__}: {exc}"
+        waiters, self._flush_waiters = self._flush_waiters, []
+        self._release_flush_waiters(waiters)
         self._connected.clear()
         self.metrics.degraded.set(1)
         log.warning(
@@ -407,8 +429,13 @@ class RedisStore:
             if self._degraded:
                 raise ConnectionError(self._reason or "degraded")
             started = time.perf_counter()
-            async with asyncio.timeout(self.settings.connect_timeout_s * 2):
-                await run_batch(self, full=False)
+            # Whoever waits now has its writes in the batch run_batch takes next.
+            waiters, self._flush_waiters = self._flush_waiters, []
+            try:
+                async with asyncio.timeout(self.settings.connect_timeout_s * 2):
+                    await run_batch(self, full=False)
+            finally:
+                self._release_flush_waiters(waiters)
             self.metrics.sync_seconds.observe(time.perf_counter() - started)
 
     async def _listen(self) -> None:

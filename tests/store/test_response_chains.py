@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Self
 
 import openai
 import pytest
@@ -105,3 +106,77 @@ async def test_chains_follow_their_root_across_gateways_and_restarts(
         for client in clients:
             await client.close()
         await stop_all(gateways)
+
+
+class _SlowLink:
+    """A TCP relay in front of redis-server that holds every reply `delay_s`: the
+    gateways' flushes then take that long to land, as on a loaded or distant Redis."""
+
+    def __init__(self, target_port: int, delay_s: float) -> None:
+        self.target_port = target_port
+        self.delay_s = delay_s
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> Self:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        for task in (
+            asyncio.create_task(self._pump(reader, up_writer, 0.0)),
+            asyncio.create_task(self._pump(up_reader, writer, self.delay_s)),
+        ):
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    @staticmethod
+    async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, delay: float) -> None:
+        try:
+            while data := await src.read(1 << 16):
+                if delay:
+                    await asyncio.sleep(delay)
+                dst.write(data)
+                await dst.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            dst.close()
+
+
+async def test_a_continuation_sent_at_once_through_another_gateway_finds_its_answer(
+    sim: SimCluster, redis_server: RedisServer, key_prefix: str, tmp_path: Path
+) -> None:
+    """The answer's owner is in Redis before the client has the answer's id: with every
+    Redis reply 150 ms late, a turn continued the instant the previous one arrived, through
+    the other gateway, still reaches the replica that stored it (it was a 404 from the
+    engine when the owner was recorded after the answer went out)."""
+    async with _SlowLink(redis_server.port, 0.15) as link:
+        url = f"redis://127.0.0.1:{link.port}/0"
+        config = gateway_config(sim.urls, url, key_prefix, op_timeout_s=1.0, connect_timeout_s=5.0)
+        gateways = [GatewayProcess(config, tmp_path, f"slow{i}") for i in range(2)]
+        clients: list[openai.AsyncOpenAI] = []
+        try:
+            await asyncio.gather(*(g.start() for g in gateways))
+            clients = [
+                openai.AsyncOpenAI(base_url=g.url + "/v1", api_key="k", max_retries=0, timeout=20)
+                for g in gateways
+            ]
+            ids: list[list[str]] = [[] for _ in range(4)]
+            seen: list[list[str]] = [[] for _ in range(4)]
+            await asyncio.gather(*(_chain(clients, i, 4, ids[i], seen[i]) for i in range(4)))
+            assert all(len(set(s)) == 1 and len(s) == 4 for s in seen), seen
+        finally:
+            for client in clients:
+                await client.close()
+            await stop_all(gateways)

@@ -142,9 +142,11 @@ async def test_offline_lineage_agrees_with_a_live_replay_through_the_gateway(
             seed=3, sessions=10, duration_s=4.0, context_scale=0.04, think_s=0.5, block_tokens=16
         )
     ).window(0, 60)
-    # Finite KV (evictions happen) and prefill-bound, at 8x simulated speed.
+    # Finite KV (evictions happen) and prefill-bound, at 4x simulated speed: at 8x a busy
+    # CI host (the whole suite on two cores) let the engines fall behind the replay clock
+    # and the live hit rate drifted 3 points below the offline one.
     profile = get_profile("h200-sparse").scaled(num_gpu_blocks=1200, prefill_tokens_per_s=6000.0)
-    scale = 8.0
+    scale = 4.0
     sim = simulate(
         trace,
         SimulationOptions(
