@@ -2,7 +2,8 @@
 
 Each class knows its HTTP status, its OpenAI error `type` and `code`, and whether a retry
 on another replica may help. Transport exceptions are mapped to this tree in exactly one
-place (the upstream seam); the ASGI boundary renders it with `render_error`.
+place (the upstream seam); every boundary that owns a response renders it with
+`error_response_parts`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The disconnect watcher (gateway.disconnect) on its own, with hand-driven ASGI receives.
 
-End to end (real servers, real engines aborting) is tests/test_proxy_disconnect.py; this
+End to end (real servers, real engines aborting) is tests/proxy/test_proxy_disconnect.py; this
 pins the watcher's own contract: a disconnect cancels the request's task, one arriving after
 `stop_watching()` does not, and closing leaves nothing pending.
 """
