@@ -80,9 +80,7 @@ def test_the_installers_are_listed_in_their_order() -> None:
 def test_every_state_hook_is_in_the_table_and_every_one_named_exists() -> None:
     fields = {f.name for f in dataclasses.fields(GatewayState)}
     named = set(re.findall(r"`state\.(\w+)", DOC))
-    assert named <= fields | {n for n in dir(GatewayState) if not n.startswith("_")}, (
-        named - fields
-    )
+    assert named <= fields | {n for n in dir(GatewayState) if not n.startswith("_")}, named - fields
     hooks = fields - _CORE - _ABILITIES - {"router_layers"}
     assert not hooks - named, sorted(hooks - named)
     for ability in _ABILITIES:
