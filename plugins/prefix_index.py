@@ -148,18 +148,6 @@ class PrefixIndex:
         lru = self._lrus.get(replica)
         return lru.matched(hashes) if lru is not None else 0
 
-    def matched_many(self, replicas: Sequence[ReplicaId], hashes: Sequence[int]) -> list[int]:
-        """`matched` for each replica; O(1) for those that lack the first block."""
-        if not hashes:
-            return [0] * len(replicas)
-        first = hashes[0]
-        lrus = self._lrus
-        out = []
-        for replica in replicas:
-            lru = lrus.get(replica)
-            out.append(lru.matched(hashes) if lru is not None and first in lru else 0)
-        return out
-
     def matched_sparse(
         self, position: Mapping[ReplicaId, int], hashes: Sequence[int]
     ) -> dict[int, int]:
@@ -195,10 +183,6 @@ class PrefixIndex:
             if len(yes) < len(group):
                 groups.append((lo, mid - 1, group - yes))
         return out
-
-    def holds_first(self, replica: ReplicaId, first: int) -> bool:
-        lru = self._lrus.get(replica)
-        return lru is not None and first in lru
 
     def forget(self, replica: ReplicaId) -> None:
         lru = self._lrus.pop(replica, None)

@@ -15,8 +15,7 @@ why a 1M-token context can need hundreds of GB on a dense model and tens on a hy
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Final
 
 from gateway.errors import ConfigError
@@ -133,9 +132,6 @@ class ModelShape:
             kinds.append(f"{self.linear_layers} linear")
         return " + ".join(kinds)
 
-    def with_dtype(self, weight_dtype: str) -> ModelShape:
-        return replace(self, weight_dtype=weight_dtype)
-
     # ---- KV ----------------------------------------------------------------------
     def kv_heads_per_rank(self, tp: int) -> int:
         # vLLM replicates KV heads when there are fewer than ranks.
@@ -233,11 +229,3 @@ class ModelShape:
 
 def gib(n_bytes: float) -> float:
     return n_bytes / 2**30
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def round_down(value: float, step: int) -> int:
-    return int(math.floor(value / step) * step)

@@ -52,11 +52,6 @@ class KVCache:
 
     # ---- queries -------------------------------------------------------------------
     @property
-    def num_free(self) -> int:
-        """Blocks with no owner (cached-but-unreferenced ones included, as vLLM counts)."""
-        return len(self._free)
-
-    @property
     def blocks_in_use(self) -> int:
         return self.num_blocks - len(self._free)
 

@@ -30,9 +30,6 @@ class StoreKeys:
     def session_pattern(self) -> str:
         return f"{self.prefix}:sess:*"
 
-    def session_from_key(self, key: str) -> SessionKey:
-        return SessionKey(key[len(self.prefix) + len(":sess:") :])
-
     def response_root(self, response: str) -> str:
         """String: the root of the Responses chain the answer `response` continues (both
         digests of response ids). Expires after the session TTL."""

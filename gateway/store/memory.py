@@ -109,9 +109,6 @@ class MemoryStore:
             self._sessions.popitem(last=False)
         return previous is None or previous[0] != replica or previous[1] <= self._clock()
 
-    def local_drop(self, session: SessionKey) -> None:
-        self._sessions.pop(session, None)
-
     def local_forget(self, replica: ReplicaId) -> int:
         gone = [s for s, (r, _) in self._sessions.items() if r == replica]
         for session in gone:
@@ -245,9 +242,6 @@ class MemoryStore:
         ]
         for key in idle:
             del self._windows[key]
-
-    def windows_tracked(self) -> int:
-        return len(self._windows)
 
     def status(self) -> StoreStatus:
         return StoreStatus(self.backend, False, len(self._sessions))
