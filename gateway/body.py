@@ -7,15 +7,13 @@ raise anything else for any input (a test feeds it malformed bodies).
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import orjson
 
+from gateway.asgi import Receive
 from gateway.errors import BadRequest, InvalidJSON, PayloadTooLarge, UnsupportedMediaType
 from gateway.types import ROUTE_SPECS, Endpoint
-
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
 
 class ClientGone(Exception):

@@ -18,10 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
+from collections.abc import Callable, Coroutine
 from typing import Any
 
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+from gateway.asgi import Receive
 
 log = logging.getLogger("kvgate.disconnect")
 

@@ -54,8 +54,8 @@ from prometheus_client.registry import Collector
 from gateway.cluster import Cluster
 from gateway.health import HealthMonitor
 from gateway.lineage import LineageIndex
+from gateway.metric_merge import MergeMode
 from gateway.token_timing import StreamTimer
-from gateway.workers.snapshot import MergeMode
 
 # Latencies of LLM calls span milliseconds (cached, short) to minutes (100K-token prefill).
 LATENCY_BUCKETS = (

@@ -21,13 +21,11 @@ client, after which the proxy retries nothing.
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from collections.abc import Callable
 
+from gateway.asgi import Receive
 from gateway.body import ClientGone
 from gateway.errors import BadRequest, PayloadTooLarge
-
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
 # How far into a form the gateway looks for its leading text fields (routing reads only
 # these); past them `FieldWatch` refuses a repeated field, or a needed one after the file.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 
 from gateway.app import build_app
-from gateway.middleware.request_id import Message, Receive, Scope, Send
+from gateway.asgi import Message, Receive, Scope, Send
 from gateway.serving import start_server
 from gateway.settings import load_settings
 from gateway.testing.servers import replica_config, sim_engines

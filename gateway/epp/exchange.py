@@ -24,12 +24,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
 
+from gateway.asgi import Message
 from gateway.epp import wire
 from gateway.errors import GatewayError, NoHealthyReplica, PayloadTooLarge, error_response_parts
 from gateway.forward import Leg
 from gateway.proxy.continuation import id_in_json, id_in_stream, response_key
 from gateway.proxy.decide import FirstByte, candidate, decide, mark_placed
-from gateway.proxy.exchange import Exchange, Message
+from gateway.proxy.exchange import Exchange
 from gateway.stream_usage import UsageStripper
 from gateway.types import ROUTE_SPECS, Choice, ReplicaId, RouteRequest
 from gateway.usage import USAGE_TAIL_BYTES, usage_from_json, usage_from_sse, usage_tokens

@@ -11,8 +11,8 @@ from prometheus_client.registry import Collector
 
 from gateway.kvevents.index import MEDIUM_NAMES, EventIndex, SyncState
 from gateway.kvevents.tokcache import CacheStats
+from gateway.metric_merge import MergeMode
 from gateway.types import ReplicaId
-from gateway.workers.snapshot import MergeMode
 
 
 class _IndexCollector(Collector):

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from gateway.asgi import ASGIApp, Receive, Scope, Send
 from gateway.auth.metrics import AuthMetrics
 from gateway.auth.principal import SCOPE_KEY, KeyRing
 from gateway.errors import Forbidden, GatewayError, Unauthorized, error_response_parts
-from gateway.middleware.request_id import ASGIApp, Receive, Scope, Send
 from gateway.types import error_shape
 
 PUBLIC_PATHS = frozenset({"/health", "/ready"})

@@ -9,6 +9,7 @@ whatever happens.
 
 from __future__ import annotations
 
+from gateway.asgi import ASGIApp, Message, Receive, Scope, Send
 from gateway.auth.limiter import Limiter, Ticket
 from gateway.auth.limits import scopes_of
 from gateway.auth.metrics import AuthMetrics
@@ -16,7 +17,6 @@ from gateway.auth.principal import SCOPE_KEY as PRINCIPAL_KEY
 from gateway.auth.principal import Principal
 from gateway.errors import RateLimited
 from gateway.middleware.auth import send_gateway_error
-from gateway.middleware.request_id import ASGIApp, Message, Receive, Scope, Send
 
 TICKET_KEY = "kvgate.ticket"
 

@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+from gateway.asgi import ASGIApp, Message, Receive, Scope, Send
 
 SCOPE_KEY = "kvgate.request_id"
 HEADER = b"x-request-id"

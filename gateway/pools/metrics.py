@@ -9,9 +9,9 @@ from typing import ClassVar
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from gateway.metric_merge import MergeMode
 from gateway.pools.controller import WeightSnapshot
 from gateway.pools.cost import BASES, CostLedger
-from gateway.workers.snapshot import MergeMode
 
 # name -> help; the reference table in the docs is checked against this.
 METRICS: dict[str, str] = {

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 
+from gateway.asgi import Receive, Scope, Send
 from gateway.body import ClientGone
 from gateway.disconnect import CallState
 from gateway.errors import GatewayError, NotFound, error_response_parts
@@ -31,7 +32,7 @@ from gateway.middleware.request_id import SCOPE_KEY, RequestIds
 from gateway.proxy.attempts import Attempts
 from gateway.proxy.continuation import chain_key, may_use, remember
 from gateway.proxy.decide import FirstByte
-from gateway.proxy.exchange import Exchange, Receive, Scope, Send
+from gateway.proxy.exchange import Exchange
 from gateway.proxy.identity import Identity, with_key, with_sticky
 from gateway.proxy.inbound import Inbound
 from gateway.proxy.outcome import Outcome

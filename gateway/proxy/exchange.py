@@ -11,9 +11,9 @@ fills its own part, so no stage needs more than the exchange as its argument:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
+from gateway.asgi import Receive, Scope, Send
 from gateway.disconnect import CallState
 from gateway.forecast import Forecast
 from gateway.types import ReplicaId, RouteRequest, SessionKey
@@ -23,10 +23,6 @@ if TYPE_CHECKING:
     from gateway.hooks import RequestSpans
     from gateway.upload import Upload
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 RawHeaders = list[tuple[bytes, bytes]]
 
 

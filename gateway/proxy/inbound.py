@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from gateway.asgi import Scope
 from gateway.auth.principal import SCOPE_KEY as PRINCIPAL_KEY
 from gateway.auth.principal import Principal
 from gateway.body import (
@@ -25,7 +26,7 @@ from gateway.hashing import digest_hex
 from gateway.keys import agent_lineage, route_request, session_key
 from gateway.pd.decision import CLIENT_PD_HEADERS, without_client_pd_fields
 from gateway.proxy.continuation import continuing, response_digest
-from gateway.proxy.exchange import Exchange, Scope
+from gateway.proxy.exchange import Exchange
 from gateway.state import GatewayState
 from gateway.stream_usage import inject_usage
 from gateway.tracing.context import TRACEPARENT, child

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from urllib.parse import quote
 
+from gateway.asgi import Receive, Scope, Send
 from gateway.auth.principal import SCOPE_KEY as PRINCIPAL_KEY
 from gateway.body import ClientGone, read_body
 from gateway.disconnect import CallState
@@ -27,7 +28,7 @@ from gateway.errors import GatewayError, NotFound, error_response_parts
 from gateway.forward import Leg, open_leg
 from gateway.middleware.request_id import SCOPE_KEY, RequestIds
 from gateway.proxy.continuation import may_use, response_key
-from gateway.proxy.exchange import Exchange, RawHeaders, Receive, Scope, Send
+from gateway.proxy.exchange import Exchange, RawHeaders
 from gateway.proxy.inbound import Inbound, declared_length
 from gateway.proxy.relay import relay
 from gateway.proxy.respond import send_error

@@ -9,8 +9,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gateway.metric_merge import MergeMode
 from gateway.types import EngineLoad, ReplicaId
-from gateway.workers.snapshot import MergeMode
 
 
 class _SnapshotCollector(Collector):

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal, Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 import orjson
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-MergeMode = Literal["sum", "max", "min", "latest", "worker"]
-MERGE_MODES: frozenset[str] = frozenset({"sum", "max", "min", "latest", "worker"})
+from gateway.metric_merge import MERGE_MODES, MergeMode
+
 WORKER_LABEL = "worker"
 
 Sample = tuple[str, dict[str, str], float]
