@@ -37,11 +37,11 @@ from gateway.fastpath import GatewayApp
 from gateway.health import HealthMonitor
 from gateway.lineage import Conversations
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
-from gateway.middleware.request_id import RequestIdMiddleware
 from gateway.models import ModelsCache
 from gateway.policy import PolicyContext, ReactsToMembership
 from gateway.proxy import ProxyEndpoint
 from gateway.proxy.stored import STORED_ROUTES, StoredResponseEndpoint
+from gateway.request_id import RequestIdMiddleware
 from gateway.routing import build_router
 from gateway.settings import KvgateSettings, ReplicaSettings
 from gateway.state import GatewayState

@@ -39,7 +39,7 @@ from gateway.admission.metrics import AdmissionMetrics
 from gateway.admission.order import Ordering, request_score
 from gateway.admission.queue import WaitingRoom
 from gateway.admission.saturation import is_saturated
-from gateway.middleware.auth import presented_key
+from gateway.auth.middleware import presented_key
 from gateway.policy import EstimatesCachedTokens
 from gateway.types import ClusterView, ReplicaId, RouteRequest
 

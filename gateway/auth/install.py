@@ -14,12 +14,12 @@ from starlette.middleware import Middleware
 from gateway.auth.host_counters import HostCounters
 from gateway.auth.limiter import Limiter, LocalLimiter
 from gateway.auth.metrics import AuthMetrics
+from gateway.auth.middleware import AuthMiddleware
 from gateway.auth.principal import KeyRing
+from gateway.auth.rate_limit import RateLimitMiddleware
 from gateway.auth.redis_limiter import RedisLimiter
 from gateway.auth.sources import RedisKeys, static_keys
 from gateway.console.api import console_asset_paths
-from gateway.middleware.auth import AuthMiddleware
-from gateway.middleware.rate_limit import RateLimitMiddleware
 from gateway.state import GatewayState
 from gateway.store.redis import RedisStore
 from gateway.workers.directory import shared_directory

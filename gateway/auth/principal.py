@@ -14,7 +14,6 @@ from types import MappingProxyType
 
 from gateway.auth.config import Grants, KeySettings, Limits
 
-SCOPE_KEY = "kvgate.principal"
 NO_LIMITS = Limits()
 
 

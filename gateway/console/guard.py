@@ -1,6 +1,6 @@
 """The one check every console admin endpoint passes through, besides the front door.
 
-With API keys configured, the auth middleware (gateway.middleware.auth) already admits
+With API keys configured, the auth middleware (gateway.auth.middleware) already admits
 only admin keys to /admin/*, while the page itself is open (it holds no data). This guard
 adds what keys cannot say: `console.local_only`, loopback clients only.
 """

@@ -24,10 +24,10 @@ from gateway.epp import wire
 from gateway.epp.addresses import AddressBook
 from gateway.epp.config import EppSettings
 from gateway.epp.exchange import EppStream
-from gateway.middleware.request_id import RequestIds
 from gateway.proxy import ProxyEndpoint
 from gateway.proxy.inbound import Inbound
 from gateway.proxy.outcome import Outcome
+from gateway.request_id import RequestIds
 from gateway.state import GatewayState
 from gateway.types import ENDPOINT_PATHS, EXTRA_PATHS, Endpoint, ReplicaId
 

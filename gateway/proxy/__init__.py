@@ -5,9 +5,9 @@ are inbound, identity, attempts (routing, admission, failover), relay and outcom
 its own module. See docs/architecture.md.
 """
 
-from gateway.middleware.request_id import SCOPE_KEY as REQUEST_ID_SCOPE_KEY
 from gateway.proxy.endpoint import ProxyEndpoint
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.relay import REPLICA_HEADER
+from gateway.scope import REQUEST_ID_KEY as REQUEST_ID_SCOPE_KEY
 
 __all__ = ["REPLICA_HEADER", "REQUEST_ID_SCOPE_KEY", "Exchange", "ProxyEndpoint"]

@@ -27,8 +27,6 @@ from gateway.body import ClientGone
 from gateway.disconnect import CallState
 from gateway.errors import GatewayError, NotFound, error_response_parts
 from gateway.hooks import RequestTracer, SessionPlacements
-from gateway.middleware.rate_limit import TICKET_KEY
-from gateway.middleware.request_id import SCOPE_KEY, RequestIds
 from gateway.proxy.attempts import Attempts
 from gateway.proxy.continuation import chain_key, may_use, remember
 from gateway.proxy.decide import FirstByte
@@ -38,6 +36,8 @@ from gateway.proxy.inbound import Inbound
 from gateway.proxy.outcome import Outcome
 from gateway.proxy.relay import relay
 from gateway.proxy.respond import send_error
+from gateway.request_id import RequestIds
+from gateway.scope import REQUEST_ID_KEY, TICKET_KEY
 from gateway.state import GatewayState
 from gateway.types import ROUTE_SPECS, Endpoint, ReplicaId, RouteRequest
 
@@ -61,7 +61,7 @@ class ProxyEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         call = CallState(asyncio.current_task())
-        request_id: str = scope.get(SCOPE_KEY) or self._new_id()
+        request_id: str = scope.get(REQUEST_ID_KEY) or self._new_id()
         ex = Exchange(scope, receive, send, call, request_id, time.perf_counter(), time.time())
         ex.errors = self._errors
         try:

@@ -12,11 +12,10 @@ from __future__ import annotations
 import dataclasses
 
 from gateway.admission.classes import BODY_FIELD, ClassMap
-from gateway.auth.principal import SCOPE_KEY as PRINCIPAL_KEY
 from gateway.auth.principal import Principal
 from gateway.errors import Forbidden
-from gateway.middleware.rate_limit import TICKET_KEY
 from gateway.proxy.exchange import Exchange
+from gateway.scope import PRINCIPAL_KEY, TICKET_KEY
 from gateway.state import GatewayState
 from gateway.types import ReplicaId, RouteRequest, SessionKey
 

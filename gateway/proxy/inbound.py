@@ -12,7 +12,6 @@ from typing import Any
 import orjson
 
 from gateway.asgi import Scope
-from gateway.auth.principal import SCOPE_KEY as PRINCIPAL_KEY
 from gateway.auth.principal import Principal
 from gateway.body import (
     check_content_type,
@@ -27,6 +26,7 @@ from gateway.keys import agent_lineage, route_request, session_key
 from gateway.pd.decision import CLIENT_PD_HEADERS, without_client_pd_fields
 from gateway.proxy.continuation import continuing, response_digest
 from gateway.proxy.exchange import Exchange
+from gateway.scope import PRINCIPAL_KEY
 from gateway.state import GatewayState
 from gateway.stream_usage import inject_usage
 from gateway.tracing.context import TRACEPARENT, child

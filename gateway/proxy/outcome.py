@@ -7,11 +7,10 @@ import time
 
 from gateway.auth.limiter import Ticket
 from gateway.auth.metrics import AuthMetrics
-from gateway.auth.principal import SCOPE_KEY as PRINCIPAL_KEY
 from gateway.auth.principal import Principal
 from gateway.hooks import RequestOutcome
-from gateway.middleware.rate_limit import TICKET_KEY
 from gateway.proxy.exchange import Exchange
+from gateway.scope import PRINCIPAL_KEY, TICKET_KEY
 from gateway.state import GatewayState
 from gateway.types import Endpoint, ReplicaId
 from gateway.usage import usage_tokens

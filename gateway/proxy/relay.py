@@ -26,11 +26,11 @@ from gateway.auth.limiter import Ticket
 from gateway.errors import GatewayError, stream_error_event
 from gateway.forward import Leg, name_replica
 from gateway.metrics import GatewayMetrics
-from gateway.middleware.rate_limit import TICKET_KEY
 from gateway.proxy.continuation import id_in_json, id_in_stream
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.passthrough import pass_through
 from gateway.proxy.respond import send_error
+from gateway.scope import TICKET_KEY
 from gateway.stream_usage import UsageStripper
 from gateway.types import ROUTE_SPECS
 from gateway.upstream import response_headers

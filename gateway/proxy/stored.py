@@ -21,17 +21,17 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from gateway.asgi import Receive, Scope, Send
-from gateway.auth.principal import SCOPE_KEY as PRINCIPAL_KEY
 from gateway.body import ClientGone, read_body
 from gateway.disconnect import CallState
 from gateway.errors import GatewayError, NotFound, error_response_parts
 from gateway.forward import Leg, open_leg
-from gateway.middleware.request_id import SCOPE_KEY, RequestIds
 from gateway.proxy.continuation import may_use, response_key
 from gateway.proxy.exchange import Exchange, RawHeaders
 from gateway.proxy.inbound import Inbound, declared_length
 from gateway.proxy.relay import relay
 from gateway.proxy.respond import send_error
+from gateway.request_id import RequestIds
+from gateway.scope import PRINCIPAL_KEY, REQUEST_ID_KEY
 from gateway.state import GatewayState
 from gateway.tracing.context import TRACEPARENT
 from gateway.types import Endpoint, ReplicaId
@@ -81,7 +81,7 @@ class StoredResponseEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         call = CallState(asyncio.current_task())
-        request_id: str = scope.get(SCOPE_KEY) or self._new_id()
+        request_id: str = scope.get(REQUEST_ID_KEY) or self._new_id()
         ex = Exchange(scope, receive, send, call, request_id, time.perf_counter(), time.time())
         try:
             await self._handle(ex)

@@ -11,8 +11,9 @@ from collections.abc import Callable
 
 from gateway.asgi import ASGIApp, Receive, Scope, Send
 from gateway.auth.metrics import AuthMetrics
-from gateway.auth.principal import SCOPE_KEY, KeyRing
+from gateway.auth.principal import KeyRing
 from gateway.errors import Forbidden, GatewayError, Unauthorized, error_response_parts
+from gateway.scope import PRINCIPAL_KEY
 from gateway.types import error_shape
 
 PUBLIC_PATHS = frozenset({"/health", "/ready"})
@@ -91,5 +92,5 @@ class AuthMiddleware:
                 "not_admin",
             )
             return
-        scope[SCOPE_KEY] = principal
+        scope[PRINCIPAL_KEY] = principal
         await self.app(scope, receive, send)

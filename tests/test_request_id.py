@@ -2,7 +2,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.middleware.request_id import SCOPE_KEY, RequestIdMiddleware
+from gateway.request_id import RequestIdMiddleware
+from gateway.scope import REQUEST_ID_KEY
 
 
 async def run(
@@ -30,14 +31,14 @@ async def run(
 
 async def test_client_id_is_propagated_and_returned_once() -> None:
     scope, sent = await run([(b"x-request-id", b"abc")], [(b"X-Request-Id", b"engine-id")])
-    assert scope[SCOPE_KEY] == "abc"
+    assert scope[REQUEST_ID_KEY] == "abc"
     assert [v for k, v in sent[0]["headers"] if k.lower() == b"x-request-id"] == [b"abc"]
 
 
 async def test_missing_or_bad_id_is_generated_and_forwarded() -> None:
     for headers in ([], [(b"x-request-id", b"")], [(b"x-request-id", b"x" * 500)]):
         scope, sent = await run(headers)
-        rid = scope[SCOPE_KEY]
+        rid = scope[REQUEST_ID_KEY]
         assert len(rid) == 24
         assert (b"x-request-id", rid.encode()) in scope["headers"]
         assert [v for k, v in scope["headers"] if k == b"x-request-id"] == [rid.encode()]

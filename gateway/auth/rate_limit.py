@@ -13,12 +13,10 @@ from gateway.asgi import ASGIApp, Message, Receive, Scope, Send
 from gateway.auth.limiter import Limiter, Ticket
 from gateway.auth.limits import scopes_of
 from gateway.auth.metrics import AuthMetrics
-from gateway.auth.principal import SCOPE_KEY as PRINCIPAL_KEY
+from gateway.auth.middleware import send_gateway_error
 from gateway.auth.principal import Principal
 from gateway.errors import RateLimited
-from gateway.middleware.auth import send_gateway_error
-
-TICKET_KEY = "kvgate.ticket"
+from gateway.scope import PRINCIPAL_KEY, TICKET_KEY
 
 
 class RateLimitMiddleware:

@@ -6,8 +6,8 @@ import itertools
 import os
 
 from gateway.asgi import ASGIApp, Message, Receive, Scope, Send
+from gateway.scope import REQUEST_ID_KEY
 
-SCOPE_KEY = "kvgate.request_id"
 HEADER = b"x-request-id"
 MAX_LENGTH = 128  # longer client ids are replaced: they would bloat logs and engine ids
 
@@ -58,7 +58,7 @@ class RequestIdMiddleware:
             scope["headers"] = [(n, v) for n, v in scope["headers"] if n != HEADER] + [
                 (HEADER, request_id.encode())
             ]
-        scope[SCOPE_KEY] = request_id
+        scope[REQUEST_ID_KEY] = request_id
         encoded = request_id.encode()
 
         async def send_with_id(message: Message) -> None:
