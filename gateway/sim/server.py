@@ -120,8 +120,11 @@ class SimEngine:
         api_key: str | None = None,
         kv_events: KVEventsOptions | None = None,
         metrics_enabled: bool = True,
+        low_priority_first: bool = False,
     ) -> None:
         self.index = index
+        # SGLang's --schedule-low-priority-values-first (its default runs larger first).
+        self.low_priority_first = low_priority_first
         # SGLang 0.5.23 serves /metrics only with --enable-metrics (off by default).
         self.metrics_enabled = metrics_enabled
         self.api_key = api_key
@@ -135,7 +138,7 @@ class SimEngine:
         self.model = EngineModel(
             profile,
             priority_scheduling=priority_scheduling,
-            higher_priority_first=flavor == "sglang",
+            higher_priority_first=flavor == "sglang" and not low_priority_first,
             seed=seed,
             tokenizer=tokenizer,
         )
@@ -547,7 +550,7 @@ class SimEngine:
                 "page_size": p.block_size,
                 "mem_fraction_static": p.gpu_memory_utilization,
                 "enable_priority_scheduling": self.priority_scheduling,
-                "schedule_low_priority_values_first": False,
+                "schedule_low_priority_values_first": self.low_priority_first,
                 "enable_metrics": self.metrics_enabled,
                 "enable_cache_report": True,  # the simulator always reports cached tokens
                 "kv_events": self._kv_events_descriptor(),
