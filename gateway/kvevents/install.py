@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from gateway.errors import ConfigError
+from gateway.kvevents.adapters import AdapterNames
 from gateway.kvevents.bridge import PromptBridge
 from gateway.kvevents.config import KVEventsSettings, TokenizerKind
 from gateway.kvevents.discover import EventDiscovery
@@ -99,6 +100,9 @@ def install(state: GatewayState) -> None:
         processes=processes,
         opening_held=evidence.holds_opening,
         opens_cold=evidence.opens_cold,
+        adapter_of=AdapterNames(
+            state.models, lambda m: state.resolve_model(m) if state.resolve_model else m
+        ),
     )
     state.cluster.set_cache_evidence(evidence)
     if tok.route_budget_ms > 0:

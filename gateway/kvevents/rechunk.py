@@ -26,7 +26,7 @@ from itertools import islice
 from typing import Any
 
 from gateway.kvevents.index import MEDIUM_BITS
-from gateway.kvevents.tokenkeys import chain_keys, in_namespace, namespace, root_seed
+from gateway.kvevents.tokenkeys import block_namespace, chain_keys, in_namespace, root_seed
 from gateway.kvevents.wire import (
     GPU,
     BlockHash,
@@ -198,7 +198,7 @@ class Rechunker:
             extras = [self._block_extra(seg, k) for k in range(count)]
         plain = chain_keys(seg.tokens[: count * B], B, seg.seed, extras)
         if e.lora_name is not None or e.cache_salt is not None or e.lora_id is not None:
-            keys = in_namespace(plain, namespace(e.lora_name, e.cache_salt, e.lora_id))
+            keys = in_namespace(plain, block_namespace(e))
         else:
             keys = plain
         seg.plains = plain

@@ -121,8 +121,12 @@ class SimEngine:
         kv_events: KVEventsOptions | None = None,
         metrics_enabled: bool = True,
         low_priority_first: bool = False,
+        lora_modules: tuple[str, ...] = (),
     ) -> None:
         self.index = index
+        # vLLM's --lora-modules names: served (listed with the base model as `parent`) and
+        # answered as the base model is (the simulator computes no adapter).
+        self.lora_modules = tuple(lora_modules)
         # SGLang's --schedule-low-priority-values-first (its default runs larger first).
         self.low_priority_first = low_priority_first
         # SGLang 0.5.23 serves /metrics only with --enable-metrics (off by default).
@@ -497,7 +501,7 @@ class SimEngine:
             parsed = parse_generation(raw, kind, to_chat)
         except WireError as exc:
             return error(exc.status, exc.message, exc.param)
-        if parsed.model is not None and parsed.model != self.model_name:
+        if parsed.model is not None and not self._serves(parsed.model):
             return error(404, f"The model `{parsed.model}` does not exist.", "model")
         # SGLang ignores a priority it does not schedule by; vLLM refuses it.
         if parsed.priority != 0 and not self.priority_scheduling and self.flavor == "vllm":
@@ -521,7 +525,16 @@ class SimEngine:
         return _json(body, request)
 
     async def _models(self, request: Request) -> Response:
-        return _json({"object": "list", "data": [self._card()]}, request)
+        cards = [self._card()]
+        for name in self.lora_modules:
+            cards.append(
+                {**self._card(), "id": name, "root": name, "parent": self.model_name}
+                | {"max_model_len": None}
+            )
+        return _json({"object": "list", "data": cards}, request)
+
+    def _serves(self, model: str) -> bool:
+        return model == self.model_name or model in self.lora_modules
 
     def _card(self) -> dict[str, Any]:
         return {
