@@ -45,6 +45,7 @@ class SimCluster:
         kv_events: KVEventsOptions | None = None,
         metrics_enabled: bool = True,
         low_priority_first: bool = False,
+        lora_modules: Sequence[str] = (),
     ) -> None:
         if replicas < 1:
             raise ValueError("replicas must be at least 1")
@@ -69,6 +70,7 @@ class SimCluster:
                 kv_events=kv_events,
                 metrics_enabled=metrics_enabled,
                 low_priority_first=low_priority_first,
+                lora_modules=tuple(lora_modules),
             )
             for i in range(replicas)
         ]
