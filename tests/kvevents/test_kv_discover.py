@@ -13,9 +13,11 @@ from gateway.facts.service import EngineFactsService
 from gateway.kvevents.discover import EventDiscovery, from_sglang, from_vllm
 from gateway.kvevents.feed import EventFeed
 from gateway.kvevents.index import EventIndex, SyncState
+from gateway.kvevents.install import KVEventsFeature
 from gateway.kvevents.intake import EventIntake, replica_of, stream_id
+from gateway.sim.faults import FaultConfig
 from gateway.sim.server import KVEventsOptions
-from gateway.testing.servers import sim_engines
+from gateway.testing.servers import gateway, sim_engines
 from gateway.types import ReplicaId
 from tests.kvevents.engine_fixtures import VLLM, load
 
@@ -95,3 +97,38 @@ async def test_an_unlisted_engine_is_found_and_followed(flavor: str) -> None:
         finally:
             await facts.stop()
             await intake.stop()
+
+
+async def test_a_replica_back_in_service_is_followed_where_it_publishes_now() -> None:
+    """The engine goes out of service and comes back with its publisher on other ports (a
+    restart): the gateway reads its description again and follows the new streams."""
+    health = {"interval_s": 0.1, "timeout_s": 0.5, "cooldown_s": 0.2, "success_threshold": 1}
+    async with (
+        sim_engines(1, "tiny", kv_events=KVEventsOptions()) as (engine,),
+        gateway([engine], health=health, kv_events={"enabled": True}) as gw,
+    ):
+        feature: KVEventsFeature = gw.state.extras["kv_events"]
+        facts: EngineFactsService = gw.state.extras["facts"]
+        discovery = next(x for x in facts.listeners if isinstance(x, EventDiscovery))
+        await until(lambda: R in discovery.found)
+        before = discovery.found[R]
+        await engine.set_faults(FaultConfig(unhealthy=True))
+        await until(lambda: not gw.state.cluster.view().replicas[0].healthy)
+        engine.stop_kv_events()
+        engine.kv_publisher = None  # started again on ports of its own choosing
+        engine.start_kv_events()
+        await engine.set_faults(FaultConfig())
+        await until(lambda: discovery.found.get(R, before) != before)
+        assert discovery.found[R][0].endpoint == engine.kv_publisher.endpoint
+        async with httpx.AsyncClient() as client:
+            r = await client.post(
+                engine.url + "/v1/completions",
+                json={"model": engine.model_name, "prompt": "y" * 1024, "max_tokens": 1},
+            )
+            assert r.status_code == 200
+
+        def indexed() -> bool:
+            blocks = feature.index.blocks(R)
+            return feature.feed.state(R) is SyncState.SYNCED and bool(blocks and blocks.media)
+
+        await until(indexed)
