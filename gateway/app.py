@@ -63,6 +63,9 @@ FEATURE_INSTALLERS: tuple[str, ...] = (
     "gateway.trace.install:install",
     "gateway.tracing.install:install",
     "gateway.scrape.install:install",
+    # After the scraper (it fills in a capacity the engine's metrics leave out), before
+    # the KV events (their discovery listens to it) and admission (the priority direction).
+    "gateway.facts.install:install",
     "gateway.kvevents.install:install",
     # Last: it detects the final router's abilities (e.g. a prefix index) once.
     "gateway.admission.install:install",

@@ -39,6 +39,11 @@ class ModelsCache:
         self._body: bytes | None = None
         self._fetched_at = float("-inf")
         self._lock = asyncio.Lock()
+        # What the last refresh found: every model id, and the LoRA adapters among them
+        # (cards with a `parent`, as vLLM lists its `--lora-modules`), for keying a
+        # request's prompt in its adapter's namespace (gateway.kvevents.adapters).
+        self.served: frozenset[str] = frozenset()
+        self.adapters: frozenset[str] = frozenset()
 
     async def _fetch_one(self, replica: ReplicaId) -> list[dict[str, Any]] | None:
         if replica not in self.cluster.members:
@@ -72,6 +77,8 @@ class ModelsCache:
             for card in cards or ():
                 merged.setdefault(card["id"], card)
         self._body = orjson.dumps({"object": "list", "data": list(merged.values())})
+        self.served = frozenset(merged)
+        self.adapters = frozenset(m for m, card in merged.items() if card.get("parent"))
         self._fetched_at = self.cluster.clock()
         return self._body
 

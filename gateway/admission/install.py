@@ -30,8 +30,14 @@ class _GateService:
 
 
 def detected_direction(state: GatewayState, replica: ReplicaId) -> bool | None:
-    """Whether the replica runs larger priorities first, by the engine kind its metrics
-    show (SGLang's default is larger first, vLLM's lower first); None while unknown."""
+    """Whether the replica runs larger priorities first: as the engine says of itself
+    (SGLang's `/server_info` `schedule_low_priority_values_first`, gateway.facts), else by
+    the engine kind its metrics show (SGLang's default is larger first, vLLM's lower
+    first); None while unknown."""
+    facts = state.extras.get("facts")
+    said = facts.runs_higher_first(replica) if facts is not None else None
+    if isinstance(said, bool):
+        return said
     scraper = state.extras.get("scrape")
     kind = getattr(scraper, "kinds", {}).get(replica)
     value = getattr(kind, "value", None)

@@ -64,10 +64,11 @@ def flag_findings(url: str, snap: EngineSnapshot, hints: Hints) -> list[Finding]
                 "event_block_size",
                 "severe",
                 url,
-                "KV events are keyed at another block size than kvgate's",
+                "KV events come at another block size than kvgate's",
                 (f"engine block size {size}, kv_events.block_size {hints.kv_block_size}",),
                 f"start the engine with {flag} {hints.kv_block_size}, or set "
-                f"kv_events.block_size: {size}; until then its events are never used",
+                f"kv_events.block_size: {size}; until then kvgate re-cuts its events on "
+                "intake (an entry per engine page: more memory and intake work)",
             )
         )
     if hints.priority_scheduling and sglang:

@@ -101,11 +101,17 @@ class KVEventsSettings(_Section):
     sources: tuple[EventSource, ...] = Field((), description="one publisher per replica")
     discover: bool = Field(
         True,
-        description="ask each replica not listed in `sources` for its publisher (vLLM "
-        "GET /kv_event_sources, SGLang /server_info kv_events) until it answers "
-        "(intake: thread only)",
+        description="follow the publishers each replica not listed in `sources` describes "
+        "(vLLM GET /kv_event_sources, SGLang /server_info kv_events; every DP rank), read at "
+        "start and again when the replica comes back into service (intake: thread only)",
     )
-    block_size: int = Field(16, ge=1, le=1024, description="the engines' KV block size (tokens)")
+    block_size: int = Field(
+        16,
+        ge=1,
+        le=1024,
+        description="the block size prompts are keyed at (tokens); an engine paging at "
+        "another size is re-cut to it on intake",
+    )
     medium_weights: dict[str, float] = Field(
         # vLLM's STORAGE and SGLang's EXTERNAL are fetched over a network or from an
         # offloading store: worth about as much as a local disk.

@@ -22,6 +22,7 @@ from gateway.kvevents.bridge import PromptBridge
 from gateway.kvevents.feed import EventFeed
 from gateway.kvevents.index import MEDIUM_BITS, EventIndex, ReplicaBlocks, SyncState
 from gateway.kvevents.inflight import InFlight
+from gateway.kvevents.intake import replica_of
 from gateway.kvevents.metrics import KVEventMetrics
 from gateway.types import ReplicaId, RouteRequest
 
@@ -119,12 +120,17 @@ class EventEvidence:
             keys, n = known
             chain = keys[:n] if n < len(keys) else keys
             matched = self.index.matched
-            for replica, _ in self._answering():
-                _, weighed = matched(replica, chain, self.weights)
-                out[replica] = int(weighed * self.block_size)
+            for stream, _ in self._answering():
+                _, weighed = matched(stream, chain, self.weights)
+                # A data-parallel replica's ranks are streams of their own: the request runs
+                # on one rank, so the replica holds what its best rank holds.
+                replica = replica_of(stream)
+                tokens = int(weighed * self.block_size)
+                if tokens >= out.get(replica, 0):
+                    out[replica] = tokens
         elif request.request_id in self._cold:
             # What the whole prompt's keys would give: no block of it on any synced replica.
-            out.update((replica, 0) for replica, _ in self._answering())
+            out.update((replica_of(stream), 0) for stream, _ in self._answering())
         inflight, bt = self.inflight, request.block_tokens
         for replica in list(inflight.replicas()):
             n = inflight.matched(replica, hashes, request.request_id)

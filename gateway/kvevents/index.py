@@ -26,7 +26,7 @@ from enum import Enum
 from itertools import filterfalse, islice, repeat
 from typing import TYPE_CHECKING, cast
 
-from gateway.kvevents.tokenkeys import chain_keys, in_namespace, namespace, root_seed
+from gateway.kvevents.tokenkeys import block_namespace, chain_keys, in_namespace, root_seed
 from gateway.kvevents.wire import GPU, AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, Event
 from gateway.types import ReplicaId
 
@@ -175,7 +175,7 @@ class EventIndex:
         if e.lora_name is not None or e.cache_salt is not None or e.lora_id is not None:
             # Keyed apart: a plain prompt never matches them (the engine would not hit).
             plain = chain
-            chain = in_namespace(plain, namespace(e.lora_name, e.cache_salt, e.lora_id))
+            chain = in_namespace(plain, block_namespace(e))
             r.plain.update(zip(chain, plain, strict=True))
         if not self._stored_fresh(r, e.block_hashes, chain, parent, bit):
             self._stored_each(r, e.block_hashes, chain, parent, bit)

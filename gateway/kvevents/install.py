@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from gateway.errors import ConfigError
+from gateway.kvevents.adapters import AdapterNames
 from gateway.kvevents.bridge import PromptBridge
 from gateway.kvevents.config import KVEventsSettings, TokenizerKind
 from gateway.kvevents.discover import EventDiscovery
@@ -51,23 +52,23 @@ def install(state: GatewayState) -> None:
             feed,
             replay_timeout_s=settings.replay_timeout_s,
             max_blocks=settings.max_blocks_per_replica,
+            block_size=settings.block_size,
             on_restart=metrics.intake_restarts.inc,
         )
     else:
         intake = EventIntake(
-            sources, feed, replay_timeout_s=settings.replay_timeout_s, dynamic=settings.discover
+            sources,
+            feed,
+            replay_timeout_s=settings.replay_timeout_s,
+            dynamic=settings.discover,
+            block_size=settings.block_size,
         )
     listed = {s.replica for s in settings.sources}
-    unlisted = {ReplicaId(r.id): r.url for r in state.settings.replicas if r.id not in listed}
-    discovery = None
-    if settings.discover and unlisted:
+    unlisted = [ReplicaId(r.id) for r in state.settings.replicas if r.id not in listed]
+    facts = state.extras.get("facts")
+    if settings.discover and unlisted and facts is not None:
         if isinstance(intake, EventIntake):
-            discovery = EventDiscovery(
-                intake,
-                unlisted,
-                settings.block_size,
-                headers={k.decode(): v.decode() for k, v in state.settings.upstream.auth_headers()},
-            )
+            facts.listeners.append(EventDiscovery(intake, unlisted))
         else:
             log.warning("kv_events.discover needs intake: thread; list the sources instead")
     tok = settings.tokenizer
@@ -99,13 +100,14 @@ def install(state: GatewayState) -> None:
         processes=processes,
         opening_held=evidence.holds_opening,
         opens_cold=evidence.opens_cold,
+        adapter_of=AdapterNames(
+            state.models, lambda m: state.resolve_model(m) if state.resolve_model else m
+        ),
     )
     state.cluster.set_cache_evidence(evidence)
     if tok.route_budget_ms > 0:
         state.pre_route = stage.before_route
     state.services.extend((stage, intake))
-    if discovery is not None:
-        state.services.append(discovery)
     state.dispatch_observers.extend((evidence.dispatched, stage.dispatched))
     state.observers.extend((evidence.finished, stage))
     state.extras["kv_events"] = KVEventsFeature(index, feed, bridge, evidence, intake, stage)

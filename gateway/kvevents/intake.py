@@ -37,8 +37,16 @@ from zmq.utils.monitor import parse_monitor_message
 
 from gateway.kvevents.fold import fold_history
 from gateway.kvevents.inbox import LoopInbox
+from gateway.kvevents.rechunk import Rechunker
 from gateway.kvevents.sequence import SeqTracker
-from gateway.kvevents.wire import EventBatch, WireError, decode_batch, decode_seq, encode_seq
+from gateway.kvevents.wire import (
+    BlockStored,
+    EventBatch,
+    WireError,
+    decode_batch,
+    decode_seq,
+    encode_seq,
+)
 from gateway.types import ReplicaId
 
 log = logging.getLogger("kvgate.kvevents")
@@ -48,12 +56,35 @@ POLL_MS = 100
 _UP_EVENT: int = getattr(zmq, "EVENT_HANDSHAKE_SUCCEEDED", zmq.EVENT_CONNECTED)
 
 
+RANK_MARK = "#dp"
+
+
 @dataclass(frozen=True, slots=True)
 class Source:
     replica: ReplicaId
     endpoint: str
     replay_endpoint: str | None = None
     topic: str = ""
+    # The data-parallel rank publishing here (rank r on port + r): each rank is a stream of
+    # its own, with its own numbering, replay and index, under one replica.
+    rank: int = 0
+
+    @property
+    def stream(self) -> ReplicaId:
+        """What the feed and the index know this stream as: the replica for rank 0, else
+        `<replica>#dp<rank>` (gateway.kvevents.evidence answers for the replica with the
+        best of its ranks)."""
+        return self.replica if not self.rank else stream_id(self.replica, self.rank)
+
+
+def stream_id(replica: ReplicaId, rank: int) -> ReplicaId:
+    return replica if not rank else ReplicaId(f"{replica}{RANK_MARK}{rank}")
+
+
+def replica_of(stream: ReplicaId) -> ReplicaId:
+    """The replica a stream belongs to (itself for rank 0)."""
+    head, mark, rank = stream.rpartition(RANK_MARK)
+    return ReplicaId(head) if mark and rank.isdigit() else stream
 
 
 class FeedSink(Protocol):
@@ -78,7 +109,7 @@ class FeedSink(Protocol):
 
 
 class _Sub:
-    __slots__ = ("monitor", "replay", "rolled", "socket", "source", "tracker", "ups")
+    __slots__ = ("monitor", "rechunk", "replay", "rolled", "socket", "source", "tracker", "ups")
 
     def __init__(
         self, source: Source, socket: zmq.Socket[bytes], monitor: zmq.Socket[bytes]
@@ -93,6 +124,8 @@ class _Sub:
         # nothing.
         self.rolled = False
         self.ups = 0  # connections made (the first is the join, any later a reconnect)
+        # Set once the engine shows a page size other than kvgate's block size.
+        self.rechunk: Rechunker | None = None
 
 
 def _digest(payload: bytes) -> int:
@@ -110,11 +143,17 @@ class EventIntake:
         replay_timeout_s: float = 1.0,
         hwm: int = 100_000,
         dynamic: bool = False,
+        block_size: int | None = None,
     ) -> None:
         self.sources = sources
+        # kvgate's block size: an engine paging at another size is re-cut to it
+        # (gateway.kvevents.rechunk); None: events are passed on as they come.
+        self.block_size = block_size
         # Sources found later (gateway.kvevents.discover): the thread subscribes to them.
         self.dynamic = dynamic
-        self._added: queue.SimpleQueue[Source] = queue.SimpleQueue()
+        self._added: queue.SimpleQueue[tuple[ReplicaId, tuple[Source, ...], bool]] = (
+            queue.SimpleQueue()
+        )
         self.sink = sink
         self.replay_timeout_s = replay_timeout_s
         self.hwm = hwm
@@ -139,7 +178,13 @@ class EventIntake:
 
     def add(self, source: Source) -> None:
         """Subscribe to one more publisher (any thread; taken up within `POLL_MS`)."""
-        self._added.put(source)
+        self._added.put((source.replica, (source,), True))
+
+    def replace(self, replica: ReplicaId, sources: tuple[Source, ...]) -> None:
+        """The replica publishes on `sources` now (one per DP rank; none: stop following
+        it): streams no longer listed are dropped (their index cleared, shown down), new
+        ones subscribed, unchanged ones kept as they are (any thread)."""
+        self._added.put((replica, tuple(s for s in sources if s.replica == replica), False))
 
     # -- thread side --------------------------------------------------------------------
     def _post(self, fn: Callable[..., None], *args: object) -> None:
@@ -166,12 +211,37 @@ class EventIntake:
             poller.register(sock, zmq.POLLIN)
             poller.register(monitor, zmq.POLLIN)
 
+        def close(sub: _Sub) -> None:
+            poller.unregister(sub.socket)
+            poller.unregister(sub.monitor)
+            subs.pop(sub.socket, None)
+            monitors.pop(sub.monitor, None)
+            sub.socket.disable_monitor()
+            sub.monitor.close(0)
+            sub.socket.close(0)
+            if sub.replay is not None:
+                sub.replay.close(0)
+            stream = sub.source.stream
+            self._post(self.sink.reset, stream, False, "source_changed")
+            self._post(self.sink.connection, stream, False)
+
+        def update(replica: ReplicaId, sources: tuple[Source, ...], only_add: bool) -> None:
+            current = [sub for sub in subs.values() if sub.source.replica == replica]
+            if not only_add:
+                for sub in current:
+                    if sub.source not in sources:
+                        close(sub)
+            have = {sub.source for sub in current}
+            for source in sources:
+                if source not in have:
+                    subscribe(source)
+
         try:
             for source in self.sources:
                 subscribe(source)
             while not self._stop.is_set():
                 while not self._added.empty():
-                    subscribe(self._added.get())
+                    update(*self._added.get())
                 for sock, _ in poller.poll(POLL_MS):
                     if sock in monitors:
                         self._on_monitor(ctx, monitors[sock])
@@ -180,7 +250,7 @@ class EventIntake:
         except Exception:  # the thread's boundary: log once, routing falls back to approximate
             log.exception("KV event intake stopped")
             for sub in subs.values():
-                self._post(self.sink.connection, sub.source.replica, False)
+                self._post(self.sink.connection, sub.source.stream, False)
         finally:
             for sub in subs.values():
                 sub.socket.disable_monitor()
@@ -192,7 +262,7 @@ class EventIntake:
 
     def _on_monitor(self, ctx: zmq.Context[zmq.Socket[bytes]], sub: _Sub) -> None:
         event = parse_monitor_message(sub.monitor.recv_multipart())["event"]
-        replica = sub.source.replica
+        replica = sub.source.stream
         if event == zmq.EVENT_DISCONNECTED:
             self._post(self.sink.connection, replica, False)
         elif event == _UP_EVENT and sub.source.replay_endpoint is not None:
@@ -210,7 +280,7 @@ class EventIntake:
 
     def _on_message(self, ctx: zmq.Context[zmq.Socket[bytes]], sub: _Sub) -> None:
         frames = sub.socket.recv_multipart()
-        replica = sub.source.replica
+        replica = sub.source.stream
         try:
             if len(frames) != 3:
                 raise WireError(f"expected 3 frames, got {len(frames)}")
@@ -232,35 +302,57 @@ class EventIntake:
             self._post(self.sink.gap, replica, seq - tracker.last - 1)
             self._catch_up(ctx, sub, tracker.last + 1, seq, "gap")
         elif seq == 0:
-            self._post(self.sink.reset, replica, True, "start" if verdict == "first" else "reset")
+            self._reset(sub, True, "start" if verdict == "first" else "reset")
         elif verdict == "first" and sub.rolled:
-            self._post(self.sink.reset, replica, False, "join_cleared")
+            self._reset(sub, False, "join_cleared")
         else:
             self._catch_up(ctx, sub, 0, seq, "join" if verdict == "first" else "reset")
         self._deliver(sub, seq, batch, frames[2])
 
     def _deliver(self, sub: _Sub, seq: int, batch: EventBatch, payload: bytes) -> None:
         sub.tracker.advance(seq, _digest(payload))
-        self._post(self.sink.batch, sub.source.replica, seq, batch)
+        self._emit(sub, seq, batch)
+
+    def _emit(self, sub: _Sub, seq: int, batch: EventBatch) -> None:
+        """Hand a batch to the loop, re-cut to kvgate's block size when the engine pages at
+        another size."""
+        if sub.rechunk is None and self.block_size is not None:
+            size = self.block_size
+            if any(isinstance(e, BlockStored) and e.block_size != size for e in batch.events):
+                sub.rechunk = Rechunker(size)
+                log.info(
+                    "replica %s: engine pages of %d tokens, re-cut to blocks of %d",
+                    sub.source.stream,
+                    next(e.block_size for e in batch.events if isinstance(e, BlockStored)),
+                    size,
+                )
+        if sub.rechunk is not None:
+            batch = sub.rechunk.batch(batch)
+        self._post(self.sink.batch, sub.source.stream, seq, batch)
+
+    def _reset(self, sub: _Sub, complete: bool, reason: str) -> None:
+        if sub.rechunk is not None:
+            sub.rechunk.clear()
+        self._post(self.sink.reset, sub.source.stream, complete, reason)
 
     def _catch_up(
         self, ctx: zmq.Context[zmq.Socket[bytes]], sub: _Sub, start: int, upto: int, reason: str
     ) -> None:
         """Fill [start, upto) from the replay endpoint, or clear the replica (warming)."""
-        replica = sub.source.replica
+        replica = sub.source.stream
         got = self._replay(ctx, sub, start)
         wanted = [(s, b) for s, b, _ in got if start <= s < upto]
         if [s for s, _ in wanted] == list(range(start, upto)):
             batches = [b for _, b in wanted]
             if start == 0:
-                self._post(self.sink.reset, replica, True, f"{reason}_replayed")
+                self._reset(sub, True, f"{reason}_replayed")
                 batches = fold_history(batches)
             for s, b in zip(range(start, upto), batches, strict=True):
-                self._post(self.sink.batch, replica, s, b)
+                self._emit(sub, s, b)
             if start > 0:
                 self._post(self.sink.recovered, replica, f"{reason}_replayed")
             return
-        self._post(self.sink.reset, replica, False, f"{reason}_cleared")
+        self._reset(sub, False, f"{reason}_cleared")
 
     def _reconnected(self, ctx: zmq.Context[zmq.Socket[bytes]], sub: _Sub) -> None:
         tracker = sub.tracker
@@ -272,15 +364,15 @@ class EventIntake:
             ordered = [(s, b, d) for s, b, d in got if s > last]
             if [s for s, _, _ in ordered] == list(range(last + 1, last + 1 + len(ordered))):
                 for s, b, d in ordered:
-                    self._post(self.sink.batch, sub.source.replica, s, b)
+                    self._emit(sub, s, b)
                     tracker.advance(s, d)
                 tracker.replayed_upto = tracker.last if tracker.last is not None else -1
-                self._post(self.sink.recovered, sub.source.replica, "reconnect_replayed")
+                self._post(self.sink.recovered, sub.source.stream, "reconnect_replayed")
                 return
         # A different publisher (restarted engine) or a rolled-over buffer: start over.
         tracker.last = None
         if not self._replay_all(ctx, sub, "reconnect"):
-            self._post(self.sink.reset, sub.source.replica, False, "reconnect_cleared")
+            self._reset(sub, False, "reconnect_cleared")
 
     def _replay_all(self, ctx: zmq.Context[zmq.Socket[bytes]], sub: _Sub, reason: str) -> bool:
         """Rebuild the replica from the publisher's whole history, if its buffer still
@@ -289,10 +381,10 @@ class EventIntake:
         if not full or full[0][0] != 0 or [s for s, _, _ in full] != list(range(len(full))):
             return False
         tracker = sub.tracker
-        self._post(self.sink.reset, sub.source.replica, True, f"{reason}_replayed")
+        self._reset(sub, True, f"{reason}_replayed")
         folded = fold_history([b for _, b, _ in full])
         for (s, _, d), b in zip(full, folded, strict=True):
-            self._post(self.sink.batch, sub.source.replica, s, b)
+            self._emit(sub, s, b)
             tracker.advance(s, d)
         tracker.replayed_upto = tracker.last if tracker.last is not None else -1
         return True
@@ -338,7 +430,7 @@ class EventIntake:
                 if useful:
                     out.append((seq, decode_batch(frames[2]), _digest(frames[2])))
         except (WireError, zmq.ZMQError) as exc:
-            log.warning("replica %s: replay from %d failed: %s", sub.source.replica, start, exc)
+            log.warning("replica %s: replay from %d failed: %s", sub.source.stream, start, exc)
         # Timed out or broken: a late answer must not be read as the next one.
         sock.close(0)
         sub.replay = None

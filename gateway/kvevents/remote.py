@@ -109,11 +109,13 @@ def child_main(
     sources: tuple[Source, ...],
     timeout_s: float,
     max_blocks: int,
+    block_size: int | None = None,
 ) -> None:
     """The child's entry point (spawned: it shares nothing with the gateway but the pipes)."""
     try:
         sink = _Forward(out, EventIndex(max_blocks))
-        asyncio.run(_serve(EventIntake(sources, sink, replay_timeout_s=timeout_s), control))
+        intake = EventIntake(sources, sink, replay_timeout_s=timeout_s, block_size=block_size)
+        asyncio.run(_serve(intake, control))
     except (BrokenPipeError, EOFError, KeyboardInterrupt):
         pass  # the gateway went away
 
@@ -131,6 +133,7 @@ class RemoteIntake:
         *,
         replay_timeout_s: float = 1.0,
         max_blocks: int = 1 << 21,
+        block_size: int | None = None,
         restart_s: float = RESTART_S,
         on_restart: Callable[[], None] | None = None,
     ) -> None:
@@ -138,6 +141,7 @@ class RemoteIntake:
         self.sink = sink
         self.replay_timeout_s = replay_timeout_s
         self.max_blocks = max_blocks
+        self.block_size = block_size
         self.restart_s = restart_s
         self.on_restart = on_restart
         self.restarts = 0
@@ -168,7 +172,14 @@ class RemoteIntake:
         control_r, control_w = ctx.Pipe(duplex=False)
         proc = ctx.Process(
             target=child_main,
-            args=(data_w, control_r, self.sources, self.replay_timeout_s, self.max_blocks),
+            args=(
+                data_w,
+                control_r,
+                self.sources,
+                self.replay_timeout_s,
+                self.max_blocks,
+                self.block_size,
+            ),
             name="kvgate-kv-events",
             daemon=True,
         )
@@ -196,7 +207,7 @@ class RemoteIntake:
         has joined the streams again."""
         log.warning("KV event intake process exited; starting another in %.1f s", self.restart_s)
         for source in self.sources:
-            self._post(("connection", source.replica, False))
+            self._post(("connection", source.stream, False))
         old, data, control = self._proc, self._data, self._control
         if old is not None:
             old.join(1.0)

@@ -68,13 +68,17 @@ _RESUME_WAIT_S = 0.005
 _FRUITLESS = 1024  # prompts whose job taught nothing, remembered so as not to retry them
 
 
-def salt_namespace(body: Mapping[str, Any]) -> int | None:
-    """A `cache_salt` puts the prompt's blocks in their own namespace at the engine (both
-    engines hash it in): its keys must match only blocks stored under the same salt."""
+def salt_namespace(body: Mapping[str, Any], adapter: str | None = None) -> int | None:
+    """A `cache_salt` and a LoRA adapter put the prompt's blocks in their own namespace at
+    the engine (both engines hash them in): its keys must match only blocks stored under
+    the same salt and adapter (gateway.kvevents.tokenkeys.block_namespace), never the base
+    model's."""
     salt = body.get("cache_salt")
-    if salt is None or salt == "":
+    if salt == "":
+        salt = None
+    if salt is None and adapter is None:
         return None
-    return namespace(None, salt if isinstance(salt, str) else repr(salt))
+    return namespace(adapter, salt if isinstance(salt, str) or salt is None else repr(salt))
 
 
 class TokenStage:
@@ -94,6 +98,7 @@ class TokenStage:
         processes: ProcessJobs | None = None,
         opening_held: Callable[[int], bool] | None = None,
         opens_cold: Callable[[str], None] | None = None,
+        adapter_of: Callable[[Mapping[str, Any]], str | None] | None = None,
     ) -> None:
         # Jobs run in `processes` when given (each worker holds its own renderer and
         # cache: `renderer` then only says which endpoints it renders), else in threads.
@@ -113,10 +118,12 @@ class TokenStage:
         # prompt is released as soon as its opening is known.
         self._opening_held = opening_held
         self._opens_cold = opens_cold
+        # The LoRA adapter a request body names, if any (gateway.kvevents.adapters).
+        self._adapter_of = adapter_of
         self.endpoints = renderer.endpoints & {Endpoint.CHAT, Endpoint.COMPLETIONS}
         self.pending = 0
         self._queued: set[int] = set()  # last prompt hash of each job waiting or running
-        # Queued jobs of salted prompts: their keys go into the salt's namespace.
+        # Queued jobs of salted or adapter prompts: their keys go into that namespace.
         self._ns: dict[int, int] = {}
         self._fruitless: OrderedDict[int, None] = OrderedDict()
         # Routing decisions waiting for a job, by its last prompt hash: (request id, the
@@ -241,7 +248,8 @@ class TokenStage:
         hashes = request.prefix_hashes
         self.pending += 1
         self._queued.add(last)
-        ns = salt_namespace(body)
+        adapter = self._adapter_of(body) if self._adapter_of is not None else None
+        ns = salt_namespace(body, adapter)
         if ns is not None:
             self._ns[last] = ns
         if self.processes is not None:

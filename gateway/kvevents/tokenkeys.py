@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import xxhash
+
+if TYPE_CHECKING:
+    from gateway.kvevents.wire import BlockStored
 
 _xxh3 = xxhash.xxh3_64_intdigest
 ROOT_SEED = 0x6B76_6B76  # separates these keys from the gateway's byte-stream hashes
@@ -31,6 +34,15 @@ def namespace(lora_name: str | None, cache_salt: str | None, lora_id: int | None
     """Seed of the namespace an adapter and/or a cache salt put blocks in (the engine
     hashes them apart from plain prompt blocks, so their keys must never equal those)."""
     return _xxh3(msgspec.msgpack.encode([lora_name, cache_salt, lora_id]), ROOT_SEED)
+
+
+def block_namespace(event: BlockStored) -> int:
+    """The namespace of a stored block under an adapter and/or a salt. The adapter is known
+    by its name, as a request names it (vLLM's `lora_id` is a number the engine gave it
+    when it loaded it, which no request can know; SGLang sends none): the id only names the
+    namespace of an event that gives no name."""
+    lora_id = event.lora_id if event.lora_name is None else None
+    return namespace(event.lora_name, event.cache_salt, lora_id)
 
 
 def in_namespace(keys: Sequence[int], ns: int) -> list[int]:

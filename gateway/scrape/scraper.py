@@ -89,6 +89,9 @@ class MetricsScraper:
         self._counters: dict[ReplicaId, CounterState | None] = {}
         self._pending: dict[ReplicaId, EngineLoad] = {}
         self._missing: set[ReplicaId] = set()  # warned once each; gauge while missing
+        # The KV capacity an engine states elsewhere (SGLang's /server_info
+        # max_total_num_tokens, gateway.facts), for a replica whose metrics are off.
+        self.capacity_of: Callable[[ReplicaId], int | None] | None = None
         self._tasks: dict[ReplicaId, asyncio.Task[None]] = {}
         self._supervisor: asyncio.Task[None] | None = None
         self.metrics = (
@@ -206,7 +209,14 @@ class MetricsScraper:
                 "max_prompt_tokens",
                 replica,
             )
-        load = EngineLoad(waiting=0.0, running=0.0, scraped_at=self._clock(), engine=False)
+        capacity = self.capacity_of(replica) if self.capacity_of is not None else None
+        load = EngineLoad(
+            waiting=0.0,
+            running=0.0,
+            kv_capacity_tokens=capacity,
+            scraped_at=self._clock(),
+            engine=False,
+        )
         self._loads[replica] = load
         self._pending[replica] = load
         if publish:

@@ -49,6 +49,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --flavor sglang-0.5.23: serve /metrics (SGLang's flag, off by default)",
     )
     parser.add_argument(
+        "--schedule-low-priority-values-first",
+        action="store_true",
+        help="with --flavor sglang*: run lower priority values first (SGLang's flag; its "
+        "default runs larger ones first), and say so under /server_info",
+    )
+    parser.add_argument(
+        "--lora-modules",
+        nargs="*",
+        default=[],
+        metavar="NAME",
+        help="LoRA adapter names served beside the model (vLLM's --lora-modules): listed "
+        "in /v1/models with the model as parent, answered as the model is",
+    )
+    parser.add_argument(
         "--time-scale",
         type=float,
         default=1.0,
@@ -181,6 +195,8 @@ def cluster_from_args(args: argparse.Namespace) -> SimCluster:
         flavor="sglang" if args.flavor.startswith("sglang") else "vllm",
         seed=args.seed,
         metrics_enabled=args.flavor != "sglang-0.5.23" or args.enable_metrics,
+        low_priority_first=args.schedule_low_priority_values_first,
+        lora_modules=args.lora_modules,
         time_scale=args.time_scale,
         roles=args.role,
         priority_scheduling=args.priority_scheduling,

@@ -44,6 +44,8 @@ class SimCluster:
         api_key: str | None = None,
         kv_events: KVEventsOptions | None = None,
         metrics_enabled: bool = True,
+        low_priority_first: bool = False,
+        lora_modules: Sequence[str] = (),
     ) -> None:
         if replicas < 1:
             raise ValueError("replicas must be at least 1")
@@ -67,6 +69,8 @@ class SimCluster:
                 api_key=api_key,
                 kv_events=kv_events,
                 metrics_enabled=metrics_enabled,
+                low_priority_first=low_priority_first,
+                lora_modules=tuple(lora_modules),
             )
             for i in range(replicas)
         ]

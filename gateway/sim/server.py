@@ -120,8 +120,15 @@ class SimEngine:
         api_key: str | None = None,
         kv_events: KVEventsOptions | None = None,
         metrics_enabled: bool = True,
+        low_priority_first: bool = False,
+        lora_modules: tuple[str, ...] = (),
     ) -> None:
         self.index = index
+        # vLLM's --lora-modules names: served (listed with the base model as `parent`) and
+        # answered as the base model is (the simulator computes no adapter).
+        self.lora_modules = tuple(lora_modules)
+        # SGLang's --schedule-low-priority-values-first (its default runs larger first).
+        self.low_priority_first = low_priority_first
         # SGLang 0.5.23 serves /metrics only with --enable-metrics (off by default).
         self.metrics_enabled = metrics_enabled
         self.api_key = api_key
@@ -135,7 +142,7 @@ class SimEngine:
         self.model = EngineModel(
             profile,
             priority_scheduling=priority_scheduling,
-            higher_priority_first=flavor == "sglang",
+            higher_priority_first=flavor == "sglang" and not low_priority_first,
             seed=seed,
             tokenizer=tokenizer,
         )
@@ -494,7 +501,7 @@ class SimEngine:
             parsed = parse_generation(raw, kind, to_chat)
         except WireError as exc:
             return error(exc.status, exc.message, exc.param)
-        if parsed.model is not None and parsed.model != self.model_name:
+        if parsed.model is not None and not self._serves(parsed.model):
             return error(404, f"The model `{parsed.model}` does not exist.", "model")
         # SGLang ignores a priority it does not schedule by; vLLM refuses it.
         if parsed.priority != 0 and not self.priority_scheduling and self.flavor == "vllm":
@@ -518,7 +525,16 @@ class SimEngine:
         return _json(body, request)
 
     async def _models(self, request: Request) -> Response:
-        return _json({"object": "list", "data": [self._card()]}, request)
+        cards = [self._card()]
+        for name in self.lora_modules:
+            cards.append(
+                {**self._card(), "id": name, "root": name, "parent": self.model_name}
+                | {"max_model_len": None}
+            )
+        return _json({"object": "list", "data": cards}, request)
+
+    def _serves(self, model: str) -> bool:
+        return model == self.model_name or model in self.lora_modules
 
     def _card(self) -> dict[str, Any]:
         return {
@@ -547,7 +563,7 @@ class SimEngine:
                 "page_size": p.block_size,
                 "mem_fraction_static": p.gpu_memory_utilization,
                 "enable_priority_scheduling": self.priority_scheduling,
-                "schedule_low_priority_values_first": False,
+                "schedule_low_priority_values_first": self.low_priority_first,
                 "enable_metrics": self.metrics_enabled,
                 "enable_cache_report": True,  # the simulator always reports cached tokens
                 "kv_events": self._kv_events_descriptor(),

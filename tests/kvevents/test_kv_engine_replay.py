@@ -94,12 +94,12 @@ class FixturePublisher:
 
 
 class Gateway:
-    def __init__(self, sc: Scenario, pub: FixturePublisher) -> None:
+    def __init__(self, sc: Scenario, pub: FixturePublisher, block_size: int | None = None) -> None:
         self.registry = CollectorRegistry()
         self.index = EventIndex()
         self.feed = EventFeed(self.index, KVEventMetrics(self.registry), warmup_s=3600)
         source = Source(R, pub.endpoint, pub.replay_endpoint, sc.topic)
-        self.intake = EventIntake((source,), self.feed, replay_timeout_s=1.0)
+        self.intake = EventIntake((source,), self.feed, replay_timeout_s=1.0, block_size=block_size)
 
     def value(self, name: str, **labels: str) -> float:
         return self.registry.get_sample_value(name, {"replica": "e0", **labels}) or 0.0
@@ -114,12 +114,15 @@ class Gateway:
         return out
 
 
+@pytest.mark.parametrize("block_size", [None, 16], ids=["as-sent", "recut-16"])
 @pytest.mark.parametrize("sc", all_scenarios(), ids=lambda s: f"{s.engine}:{s.name}")
-async def test_fixtures_replay_with_no_rejected_batch_and_no_wipe(sc: Scenario) -> None:
+async def test_fixtures_replay_with_no_rejected_batch_and_no_wipe(
+    sc: Scenario, block_size: int | None
+) -> None:
     pub = FixturePublisher(sc)
     pub.start()
     pub.publish_all()  # the engine published before the gateway came up
-    gw = Gateway(sc, pub)
+    gw = Gateway(sc, pub, block_size)
     await gw.intake.start()
     try:
         # Joining: the whole history comes from the replay endpoint.
@@ -140,11 +143,11 @@ async def test_fixtures_replay_with_no_rejected_batch_and_no_wipe(sc: Scenario) 
         pub.stop()
 
 
-async def _indexed(sc: Scenario) -> EventIndex:
+async def _indexed(sc: Scenario, block_size: int | None = None) -> EventIndex:
     pub = FixturePublisher(sc)
     pub.start()
     pub.publish_all()
-    gw = Gateway(sc, pub)
+    gw = Gateway(sc, pub, block_size)
     await gw.intake.start()
     try:
         await until(lambda: gw.resyncs().get("join_replayed") == 1)
@@ -208,3 +211,16 @@ async def test_a_salted_prompt_matches_the_blocks_of_its_own_salt_only() -> None
     assert index.matched(R, in_namespace(_plain(16)[:1], own), {1: 1.0})[0] == 1
     assert index.matched(R, in_namespace(_plain(16)[:1], other), {1: 1.0})[0] == 0
     assert salt_namespace({"prompt": "x"}) is None
+
+
+@pytest.mark.parametrize(("name", "blocks"), [("page1", 3), ("eagle_bigram_page1", 2)])
+async def test_sglang_page_size_1_is_recut_to_kvgates_block_size(name: str, blocks: int) -> None:
+    """SGLang's default page size 1 (and EAGLE's pairs at it), as its own publisher sent
+    them, with kvgate keying at 16: prompts keyed at 16 match the engine's pages."""
+    index = await _indexed(scenario(SGLANG, name), block_size=16)
+    held = index.blocks(R)
+    assert held is not None and held.block_size == 16
+    assert index.matched(R, _plain(16), {1: 1.0})[0] == blocks
+    # Passed on as they came, the pages are keyed at 1 and no prompt at 16 matches them.
+    plain = await _indexed(scenario(SGLANG, name))
+    assert plain.matched(R, _plain(16), {1: 1.0})[0] == 0
