@@ -44,12 +44,26 @@ class ScrapeSettings(BaseModel):
     engines: dict[str, EngineKind] = Field(
         default_factory=dict, description="per-replica dialect override, keyed by replica id"
     )
+    shared: bool = Field(
+        default=True,
+        description="with store.backend redis: gateways sharing the store scrape each "
+        "replica once between them (a lease per replica) and read the others' loads",
+    )
+    lease_ttl_s: float = Field(
+        default=3.0,
+        gt=0,
+        le=60,
+        description="a shared-scrape lease expires this long after its holder last renewed "
+        "it; another gateway takes the replica over within about 4/3 of it",
+    )
 
     @model_validator(mode="after")
     def _stale_covers_interval(self) -> ScrapeSettings:
         # A limit below one interval would flag every healthy replica as unknown between scrapes.
         if self.stale_after_s <= self.interval_s:
             raise ValueError("stale_after_s must be larger than interval_s")
+        if self.lease_ttl_s <= self.interval_s:
+            raise ValueError("lease_ttl_s must be larger than interval_s")
         if not self.path.startswith("/"):
             raise ValueError("path must start with '/'")
         return self

@@ -5,7 +5,9 @@ from __future__ import annotations
 from gateway.health import HealthMonitor
 from gateway.scrape.config import EngineKind, ScrapeSettings
 from gateway.scrape.scraper import MetricsScraper
+from gateway.scrape.shared import ScrapeShare
 from gateway.state import GatewayState
+from gateway.store.redis import RedisStore
 from gateway.types import ReplicaId
 
 # Only an unreachable replica says something about its health; a slow or unreadable
@@ -41,6 +43,21 @@ def scrape_settings(state: GatewayState) -> ScrapeSettings:
     return settings.model_copy(update={"engines": engines})
 
 
+def shared_scraping(state: GatewayState, settings: ScrapeSettings) -> ScrapeShare | None:
+    """The lease-sharing side of the scraper, when a Redis store is shared (installed
+    before this feature); None scrapes every replica, as without a store."""
+    store = state.extras.get("store")
+    if not settings.shared or not isinstance(store, RedisStore):
+        return None
+    return ScrapeShare(
+        lambda: None if store.degraded else store.redis,
+        store.keys,
+        store.instance_id,
+        lease_ttl_s=settings.lease_ttl_s,
+        clock=state.cluster.clock,
+    )
+
+
 def install(state: GatewayState) -> None:
     settings = scrape_settings(state)
     state.cluster.stale_after = settings.stale_after_s
@@ -55,6 +72,7 @@ def install(state: GatewayState) -> None:
         on_load=cluster.publish_load,
         health=ScrapeHealth(state.health),
         clock=cluster.clock,
+        share=shared_scraping(state, settings),
     )
     state.services.append(scraper)
     state.extras["scrape"] = scraper

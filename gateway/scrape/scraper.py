@@ -25,6 +25,7 @@ from gateway.errors import GatewayError, UpstreamTimeout
 from gateway.scrape.adapters import CounterState, MetricsFormatError, read_engine
 from gateway.scrape.config import EngineKind, ScrapeSettings
 from gateway.scrape.metrics import ScrapeMetrics
+from gateway.scrape.shared import ScrapeShare
 from gateway.types import EngineLoad, ReplicaId
 from gateway.upstream import Timeouts, UpstreamClient, make_client
 
@@ -72,8 +73,12 @@ class MetricsScraper:
         on_load: LoadListener | None = None,
         health: ScrapeHealthSink | None = None,
         clock: Callable[[], float] = time.monotonic,
+        share: ScrapeShare | None = None,
     ) -> None:
         self.settings = settings
+        # Gateways sharing a store: this one scrapes only the engines it holds a lease on.
+        self.share = share
+        self._known: set[ReplicaId] = set()
         self._targets = targets
         self._client = client
         self._headers = tuple(headers)  # the engines' API key
@@ -94,6 +99,7 @@ class MetricsScraper:
         self.capacity_of: Callable[[ReplicaId], int | None] | None = None
         self._tasks: dict[ReplicaId, asyncio.Task[None]] = {}
         self._supervisor: asyncio.Task[None] | None = None
+        self._sharer: asyncio.Task[None] | None = None
         self.metrics = (
             ScrapeMetrics(registry, lambda: self._loads_view, clock, lambda: self._missing)
             if registry
@@ -114,20 +120,28 @@ class MetricsScraper:
             t = 2 * self.settings.timeout_s
             # One connection per replica is all the poll loops use.
             self._client = make_client("h1", Timeouts(t, t, t), max_connections=4)
+        if self.share is not None:
+            # The first round says which engines are this gateway's before any is scraped
+            # (bounded: a slow store only means scraping every engine for a while).
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.timeout_s):
+                    await self._share_round()
+            self._sharer = asyncio.create_task(self._share_loop(), name="kvgate-scrape-share")
         self._reconcile()
         self._supervisor = asyncio.create_task(self._supervise(), name="kvgate-scrape")
 
     async def stop(self) -> None:
         tasks = list(self._tasks.values())
-        if self._supervisor is not None:
-            tasks.append(self._supervisor)
+        for task in (self._supervisor, self._sharer):
+            if task is not None:
+                tasks.append(task)
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
-        self._supervisor = None
+        self._supervisor = self._sharer = None
         if self._owns_client and self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -192,6 +206,8 @@ class MetricsScraper:
         if self._health is not None:
             self._health.scrape_succeeded(target.id)
         self._pending[target.id] = load
+        if self.share is not None:
+            self.share.offer(target.id, load, reading.kind)
         if publish:
             self.flush()
         return load
@@ -219,6 +235,8 @@ class MetricsScraper:
         )
         self._loads[replica] = load
         self._pending[replica] = load
+        if self.share is not None:
+            self.share.offer(replica, load, None)
         if publish:
             self.flush()
         return load
@@ -248,20 +266,57 @@ class MetricsScraper:
 
     def _reconcile(self) -> None:
         current = {t.id: t for t in self._targets()}
+        share = self.share
+        scraped = current if share is None else {r: t for r, t in current.items() if share.owns(r)}
         for replica in list(self._tasks):
-            if replica not in current:
+            if replica not in scraped:
                 self._tasks.pop(replica).cancel()
-                self._loads.pop(replica, None)
-                self._pending.pop(replica, None)
+                # Another gateway scrapes it now; a later lease starts the rate afresh.
                 self._counters.pop(replica, None)
-                self._kinds.pop(replica, None)
-                if self.metrics is not None:
-                    self.metrics.forget(replica)
-        for replica, target in current.items():
+        for replica in self._known - current.keys():
+            self._loads.pop(replica, None)
+            self._pending.pop(replica, None)
+            self._counters.pop(replica, None)
+            self._kinds.pop(replica, None)
+            self._missing.discard(replica)
+            if share is not None:
+                share.forget(replica)
+            if self.metrics is not None:
+                self.metrics.forget(replica)
+        self._known = set(current)
+        for replica, target in scraped.items():
             if replica not in self._tasks:
                 self._tasks[replica] = asyncio.create_task(
                     self._poll(target), name=f"kvgate-scrape-{replica}"
                 )
+
+    async def _share_round(self) -> None:
+        share = self.share
+        if share is None:
+            return
+        before = share.owned
+        taken = await share.round(sorted(self._known | {t.id for t in self._targets()}))
+        for replica, (load, kind) in taken.items():
+            if share.owns(replica):
+                continue  # claimed in this round: its own scrape follows
+            self._loads[replica] = load
+            self._pending[replica] = load
+            if kind is not None:
+                self._kinds[replica] = kind
+            if load.engine:
+                self._missing.discard(replica)
+            else:
+                self._missing.add(replica)
+        if share.owned != before:
+            self._reconcile()
+
+    async def _share_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.interval_s)
+            try:
+                await self._share_round()
+            except Exception:  # outermost boundary of this task: keep sharing, but say so
+                log.exception("shared scrape round failed unexpectedly")
 
     async def _supervise(self) -> None:
         period = self.settings.interval_s / FLUSHES_PER_INTERVAL

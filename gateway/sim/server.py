@@ -131,6 +131,8 @@ class SimEngine:
         self.low_priority_first = low_priority_first
         # SGLang 0.5.23 serves /metrics only with --enable-metrics (off by default).
         self.metrics_enabled = metrics_enabled
+        # GET /metrics answered so far: how tests and benchmarks count scrapes.
+        self.metrics_requests = 0
         self.api_key = api_key
         self.profile = profile
         self.model_name = model_name
@@ -578,6 +580,7 @@ class SimEngine:
         return Response(status_code=200)
 
     async def _metrics(self, request: Request) -> Response:
+        self.metrics_requests += 1
         if not self.metrics_enabled:
             return _error(404, "Not Found")
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)

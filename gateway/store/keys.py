@@ -6,7 +6,9 @@ Each key expires or is trimmed; nothing here grows without bound.
 
 On a Redis Cluster a multi-key script must find all its keys in one hash slot: the quota
 counters and in-flight sets, which one request's admission script reads together, share
-the hash tag `{quota}`. Every other verb touches one key per command.
+the hash tag `{quota}`; the shared scraping's leases, members and loads, which one
+pipeline per scrape round touches (and one script claims together), share `{scrape}`.
+Every other verb touches one key per command.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from gateway.types import SessionKey
 
 # One hash slot for every key the quota script reads at once (Redis Cluster).
 QUOTA_TAG = "{quota}"
+# One hash slot for the shared scraping's keys: a round is one pipeline to one node.
+SCRAPE_TAG = "{scrape}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +67,20 @@ class StoreKeys:
     def api_keys(self) -> str:
         """Hash: sha256 hex of an API key -> JSON key record (`kvgate keys`). No expiry."""
         return f"{self.prefix}:apikeys"
+
+    def scrape_lease(self, replica: str) -> str:
+        """String: the instance id of the gateway that scrapes `replica`; expires after
+        `scrape.lease_ttl_s` unless its holder renews it."""
+        return f"{self.prefix}:{SCRAPE_TAG}:lease:{replica}"
+
+    def scrape_members(self) -> str:
+        """Sorted set: instance id -> expiry (epoch ms) of the gateways sharing scrapes."""
+        return f"{self.prefix}:{SCRAPE_TAG}:members"
+
+    def scrape_loads(self) -> str:
+        """Hash: replica -> JSON of its last shared load and when it was scraped; expires
+        when no gateway writes to it for a few lease TTLs."""
+        return f"{self.prefix}:{SCRAPE_TAG}:loads"
 
     def events(self) -> str:
         """Pub/sub channel: session moves, forgotten replicas, ejections (pushed at once)."""

@@ -250,3 +250,30 @@ def test_vllm_capacity_prefers_the_group_aware_label() -> None:
     assert reading is not None and reading.kv_capacity_tokens == 6000  # hybrid: not 16000
     reading = read_engine(text({**values, "kv_cache_size_tokens": "None"}))
     assert reading is not None and reading.kv_capacity_tokens == 16_000
+
+
+def test_fast_reader_agrees_with_prometheus_client_on_the_text_format() -> None:
+    # First line without a newline before it, escaped label values, a timestamp, a
+    # carriage return and a label set with a trailing comma: read as prometheus-client does.
+    text = (
+        'vllm:num_requests_running{engine="0",model_name="a\\"b\\\\c"} 3 1700000000000\r\n'
+        'vllm:num_requests_waiting{engine="0",} 2\n'
+        "vllm:num_requests_waiting_other 9\n"
+        'vllm:cache_config_info{num_gpu_blocks="10",block_size="16",note="x,y}z"} 1\n'
+    )
+    from gateway.scrape.adapters import select_read_samples
+
+    fast, kind = select_read_samples(text)
+    assert kind is EngineKind.VLLM
+    full = index_samples(text)
+    for name, series in fast.items():
+        assert [(dict(labels), v) for labels, v in series] == [
+            (dict(labels), v) for labels, v in full[name]
+        ]
+    assert set(fast) == {n for n in full if n != "vllm:num_requests_waiting_other"}
+    assert read_engine(text).kv_capacity_tokens == 160
+
+
+def test_a_malformed_label_set_of_a_read_series_is_unparseable() -> None:
+    with pytest.raises(MetricsFormatError, match="unparseable"):
+        read_engine('vllm:num_requests_running{engine="0" junk} 3\nvllm:num_requests_waiting 1\n')

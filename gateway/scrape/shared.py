@@ -1,0 +1,268 @@
+"""Shared scraping: gateways that share a Redis store scrape each engine once between them.
+
+Each engine has a lease in the store (`SET ... PX`, `scrape.lease_ttl_s`). The live
+gateways register in a sorted set (member -> expiry) renewed with the leases; each engine
+goes to one of them by rendezvous hashing, so the work spreads evenly and moves only as
+gateways come and go. A gateway claims (or renews) the leases of the engines it is
+preferred for and lets go of the ones it holds but is no longer preferred for; it never
+takes a lease another gateway holds. When a gateway dies, its member entry and its leases
+expire within `lease_ttl_s`, and the survivors' next lease round (every third of the TTL)
+claims its engines: a dead holder's engines are scraped again within about
+`lease_ttl_s * 4 / 3`, during which their loads age (and turn stale, as after a failed
+scrape).
+
+The lease holder writes each scraped load, stamped with its wall-clock time, to one hash;
+the others read the loads of the engines they do not hold from it once per scrape interval
+and age them by that stamp (gateways' clocks are assumed to agree to well under
+`scrape.stale_after_s`). One pipeline per round carries every lease, write and read, and
+every key carries the hash tag `{scrape}`, so on a Redis Cluster that pipeline is one
+round trip to one node and the lease script finds all its keys in one slot.
+
+When the store is unreachable (degraded, or a round fails), the gateway scrapes every
+engine itself, as a gateway without a shared store does, until a round succeeds again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import orjson
+from redis.exceptions import RedisError
+
+from gateway.scrape.config import EngineKind
+from gateway.store.connect import RedisClient
+from gateway.store.keys import StoreKeys
+from gateway.types import EngineLoad, ReplicaId
+
+log = logging.getLogger("kvgate.scrape")
+
+_FAILURES: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError)
+
+# KEYS: one lease per engine. ARGV: me, ttl ms, then one mode per key: "1" claim or renew
+# (when free or mine), "0" let go (when mine). Answers 1 per lease held after the call.
+CLAIM = """
+local me, ttl = ARGV[1], ARGV[2]
+local out = {}
+for i, key in ipairs(KEYS) do
+  local holder = redis.call('GET', key)
+  out[i] = 0
+  if ARGV[i + 2] == '1' then
+    if not holder or holder == me then
+      redis.call('SET', key, me, 'PX', ttl)
+      out[i] = 1
+    end
+  elseif holder == me then
+    redis.call('DEL', key)
+  end
+end
+return out
+"""
+
+# The lease round runs this many times per lease TTL: a holder renews twice before expiry.
+LEASE_ROUNDS_PER_TTL = 3
+
+
+@dataclass(frozen=True, slots=True)
+class SharedLoad:
+    """A load as another gateway scraped it: `at` is the holder's wall clock."""
+
+    load: EngineLoad
+    kind: EngineKind | None
+    at: float
+
+    def aged(self, wall_now: float, clock_now: float) -> EngineLoad:
+        """The load with `scraped_at` on this gateway's clock, as old as the holder says."""
+        return replace(self.load, scraped_at=clock_now - max(0.0, wall_now - self.at))
+
+
+def encode(load: EngineLoad, kind: EngineKind | None, at: float) -> bytes:
+    return orjson.dumps(
+        [
+            load.waiting,
+            load.running,
+            load.kv_usage,
+            load.prefix_hit_rate,
+            load.kv_capacity_tokens,
+            load.engine,
+            kind.value if kind is not None else None,
+            at,
+        ]
+    )
+
+
+def decode(raw: bytes) -> SharedLoad | None:
+    try:
+        w, r, kv, hit, cap, engine, kind, at = orjson.loads(raw)
+        load = EngineLoad(
+            waiting=float(w),
+            running=float(r),
+            kv_usage=None if kv is None else float(kv),
+            prefix_hit_rate=None if hit is None else float(hit),
+            kv_capacity_tokens=None if cap is None else int(cap),
+            engine=bool(engine),
+        )
+        return SharedLoad(load, None if kind is None else EngineKind(kind), float(at))
+    except (orjson.JSONDecodeError, ValueError, TypeError):
+        return None  # another version's or a broken entry: as if not there
+
+
+def preferred(replica: ReplicaId, members: Sequence[str]) -> str:
+    """The member that scrapes `replica` (rendezvous hashing: stable as members change)."""
+    return max(
+        members,
+        key=lambda m: hashlib.blake2b(f"{m}\0{replica}".encode(), digest_size=8).digest(),
+    )
+
+
+class ScrapeShare:
+    """One gateway's side of the shared scraping; `ScrapeShare.round` runs every interval."""
+
+    def __init__(
+        self,
+        redis: Callable[[], RedisClient | None],
+        keys: StoreKeys,
+        instance_id: str,
+        *,
+        lease_ttl_s: float,
+        wall: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._redis = redis  # None while the store is degraded
+        self.keys = keys
+        self.me = instance_id
+        self.lease_ttl_s = lease_ttl_s
+        self._wall = wall
+        self._clock = clock
+        # None: not sharing (no store, or it failed): every engine is scraped here.
+        self._owned: frozenset[ReplicaId] | None = None
+        self._members: tuple[str, ...] = (instance_id,)
+        self._preferred: dict[ReplicaId, bool] = {}
+        self._preferred_for: tuple[str, ...] = ()
+        self._last_lease = -float("inf")
+        self._outbox: dict[ReplicaId, bytes] = {}
+        self._seen: dict[ReplicaId, float] = {}  # stamp of the last shared load taken in
+        self._gone: set[ReplicaId] = set()
+        self.rounds = 0
+        self.failures = 0
+
+    @property
+    def sharing(self) -> bool:
+        return self._owned is not None
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        return self._members
+
+    def owns(self, replica: ReplicaId) -> bool:
+        """Whether this gateway scrapes `replica` itself (always, while not sharing)."""
+        return self._owned is None or replica in self._owned
+
+    @property
+    def owned(self) -> frozenset[ReplicaId] | None:
+        return self._owned
+
+    def offer(self, replica: ReplicaId, load: EngineLoad, kind: EngineKind | None) -> None:
+        """A load this gateway scraped: written to the store in the next round."""
+        self._outbox[replica] = encode(load, kind, self._wall())
+
+    def forget(self, replica: ReplicaId) -> None:
+        self._outbox.pop(replica, None)
+        self._seen.pop(replica, None)
+        self._gone.add(replica)
+
+    def _modes(self, replicas: Sequence[ReplicaId]) -> list[str]:
+        if self._preferred_for != self._members:
+            self._preferred.clear()
+            self._preferred_for = self._members
+        out = []
+        for replica in replicas:
+            mine = self._preferred.get(replica)
+            if mine is None:
+                mine = self._preferred[replica] = preferred(replica, self._members) == self.me
+            out.append("1" if mine else "0")
+        return out
+
+    async def round(
+        self, replicas: Sequence[ReplicaId]
+    ) -> Mapping[ReplicaId, tuple[EngineLoad, EngineKind | None]]:
+        """One pipeline: the leases (every third of the TTL), this gateway's fresh loads
+        out, the loads of the engines others hold in. Answers those loads (new ones only);
+        on any store failure, stops sharing (every engine scraped here) and answers none."""
+        redis = self._redis()
+        if redis is None:
+            self._stop_sharing("the store is degraded")
+            return {}
+        now = self._wall()
+        ttl_ms = int(self.lease_ttl_s * 1000)
+        lease_round = (
+            self._owned is None
+            or self._clock() - self._last_lease >= self.lease_ttl_s / LEASE_ROUNDS_PER_TTL
+        )
+        others = [r for r in replicas if self._owned is not None and r not in self._owned]
+        outbox, self._outbox = self._outbox, {}
+        gone, self._gone = self._gone, set()
+        pipe: Any = redis.pipeline(transaction=False)
+        members_key, loads_key = self.keys.scrape_members(), self.keys.scrape_loads()
+        if lease_round:
+            pipe.zadd(members_key, {self.me: int(now * 1000) + ttl_ms})
+            pipe.zremrangebyscore(members_key, "-inf", int(now * 1000))
+            pipe.zrange(members_key, 0, -1)
+            pipe.pexpire(members_key, 4 * ttl_ms)
+            leases = [self.keys.scrape_lease(r) for r in replicas]
+            if leases:
+                pipe.eval(CLAIM, len(leases), *leases, self.me, ttl_ms, *self._modes(replicas))
+        if outbox:
+            pipe.hset(loads_key, mapping=outbox)
+            pipe.pexpire(loads_key, 4 * ttl_ms)
+        if gone:
+            pipe.hdel(loads_key, *gone)
+        if others:
+            pipe.hmget(loads_key, others)
+        try:
+            # A round that outlasts a lease renewal period is a store in trouble.
+            async with asyncio.timeout(self.lease_ttl_s / LEASE_ROUNDS_PER_TTL):
+                results = await pipe.execute()
+        except _FAILURES as exc:
+            self.failures += 1
+            self._stop_sharing(f"a scrape round failed: {exc!r}")
+            return {}
+        self.rounds += 1
+        if lease_round:
+            self._last_lease = self._clock()
+            live = tuple(sorted({m.decode() for m in results[2]} | {self.me}))
+            held = results[4] if replicas else []
+            owned = frozenset(r for r, h in zip(replicas, held) if h)
+            if self._owned is None:
+                log.info("scraping shared through the store with %d gateway(s)", len(live))
+            self._members = live
+            self._owned = owned
+        return self._taken_in(others, results[-1] if others else [])
+
+    def _taken_in(
+        self, replicas: Sequence[ReplicaId], raws: Sequence[bytes | None]
+    ) -> dict[ReplicaId, tuple[EngineLoad, EngineKind | None]]:
+        out: dict[ReplicaId, tuple[EngineLoad, EngineKind | None]] = {}
+        wall_now, clock_now = self._wall(), self._clock()
+        for replica, raw in zip(replicas, raws):
+            if raw is None:
+                continue
+            shared = decode(raw)
+            if shared is None or self._seen.get(replica) == shared.at:
+                continue  # nothing new since the last round
+            self._seen[replica] = shared.at
+            out[replica] = (shared.aged(wall_now, clock_now), shared.kind)
+        return out
+
+    def _stop_sharing(self, why: str) -> None:
+        if self._owned is not None:
+            log.warning("scraping every engine from this gateway: %s", why)
+        self._owned = None
+        self._members = (self.me,)
+        # A load written before the outage is re-sent by the next scrape anyway.
+        self._outbox.clear()
