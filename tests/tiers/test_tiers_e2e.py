@@ -3,8 +3,13 @@ driven with the official openai client."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -43,7 +48,9 @@ def tiers_section(**small: Any) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def tiered_gateway(**small: Any) -> AsyncIterator[RunningGateway]:
+async def tiered_gateway(
+    capture: dict[str, Any] | None = None, **small: Any
+) -> AsyncIterator[RunningGateway]:
     faults = FaultConfig(hard_marker=HARD)  # the small model fails every HARD request
     async with (
         sim_engines(1, "instant", model_name="small-7b", faults=faults) as small_engines,
@@ -51,8 +58,12 @@ async def tiered_gateway(**small: Any) -> AsyncIterator[RunningGateway]:
     ):
         replicas = [{"id": "small-0", "url": small_engines[0].url}]
         replicas += [{"id": "large-0", "url": large_engines[0].url}]
+        extra = {"trace_capture": capture} if capture is not None else {}
         async with gateway(
-            small_engines + large_engines, replicas=replicas, tiers=tiers_section(**small)
+            small_engines + large_engines,
+            replicas=replicas,
+            tiers=tiers_section(**small),
+            **extra,
         ) as gw:
             yield gw
 
@@ -193,3 +204,34 @@ async def test_an_unavailable_small_tier_escalates_on_error() -> None:
         headers, answer = await ask(client, [{"role": "user", "content": "hi"}])
         assert answer.model == "large-70b"
         assert headers["x-kvgate-tier-reason"] == "escalated:error"
+
+
+def in_flight_is_zero(gw: RunningGateway) -> bool:
+    return all(n == 0 for n in gw.state.cluster.view().in_flight.values())
+
+
+async def test_the_capture_records_tier_decisions_never_text(tmp_path: Path) -> None:
+    path = tmp_path / "capture.jsonl"
+    capture = {"enabled": True, "path": str(path), "salt_file": str(tmp_path / "salt")}
+    async with tiered_gateway(capture) as gw, client_for(gw) as client:
+        for i in range(3):
+            await ask(client, [{"role": "user", "content": f"secret easy {i}"}])
+        await ask(client, [{"role": "user", "content": f"secret hard {HARD}"}])
+        assert in_flight_is_zero(gw)  # the escalated attempt released its slot too
+    text = path.read_text()
+    assert "secret" not in text and HARD not in text
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "gateway.cli", "trace", "stats", str(path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    # four small attempts (one escalated away), one large answer
+    assert "tier small       4 attempts (80.0%)" in done.stdout
+    assert "tier large       1 attempts (20.0%)" in done.stdout
+    assert "escalations      length 1" in done.stdout
+    assert "tier reasons     default 4, escalated 1" in done.stdout
