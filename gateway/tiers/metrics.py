@@ -34,6 +34,8 @@ class TierLedger:
         self.tokens: Counter[tuple[str, str, str]] = Counter()
         self.cost: defaultdict[tuple[str, str], float] = defaultdict(float)
         self.all_largest: defaultdict[str, float] = defaultdict(float)
+        # Tokens of the answers clients got (escalated-away attempts not counted).
+        self.answered_tokens: Counter[str] = Counter()
 
     def saved(self) -> dict[str, float]:
         spent: defaultdict[str, float] = defaultdict(float)

@@ -161,6 +161,7 @@ class TiersRuntime:
         if final:
             largest = ladder.tiers[-1].price_per_1m_tokens
             ledger.all_largest[decision.public] += total * largest / 1e6
+            ledger.answered_tokens[decision.public] += total
             self.remember(decision)
 
     def remember(self, decision: TierDecision) -> None:
