@@ -56,6 +56,8 @@ FEATURE_INSTALLERS: tuple[str, ...] = (
     # Pools first: one composed router per pool behind the pool selector, which the
     # store's sticky wrapper then sits around (it only reorders the pool-safe ranking).
     "gateway.pools.install:install",
+    # After pools: a tier's model may be a pools alias (state.resolve_model).
+    "gateway.tiers.install:install",
     "gateway.store.install:install",
     # After the store: shared keys and quotas use its Redis.
     "gateway.auth.install:install",

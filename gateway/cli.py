@@ -26,6 +26,7 @@ FEATURE_CLIS: tuple[str, ...] = (
     "gateway.doctor.cli",
     "gateway.auth.cli",
     "gateway.epp.cli",
+    "gateway.tiers.cli",
 )
 
 Handler = Callable[[argparse.Namespace], int]

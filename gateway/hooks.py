@@ -36,6 +36,9 @@ request path pays nothing for a feature that is not configured:
   quick when it returns None; the awaitable must end on its own within its budget.
 * `state.cluster.publish_load(replica, EngineLoad)` -- the scraper's input.
 * `state.services: list[Service]` -- started in order in the lifespan, stopped in reverse.
+* `state.tiers: TiersRuntime | None` -- tiered public model names (gateway.tiers): the
+  inbound stage asks it for the entry tier, gateway.proxy.tiered for an answer's checks and
+  the next tier; each attempt's `RequestOutcome.tier` says which tier it ran on.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from gateway.types import Choice, ClusterView, ReplicaId, RouteRequest, SessionK
 
 if TYPE_CHECKING:
     from gateway.forward import Leg
+    from gateway.tiers.ladder import TierDecision
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +84,9 @@ class RequestOutcome:
     headers: Sequence[tuple[bytes, bytes]] | None = field(default=None, repr=False, compare=False)
     # The router's cache estimate at dispatch (None: its policy estimates nothing).
     forecast: Forecast | None = None
+    # The tier this attempt ran on and why, for a tiered model name (gateway.tiers); an
+    # escalated request has one outcome per tier it ran on.
+    tier: TierDecision | None = None
 
 
 OutcomeObserver = Callable[[RequestOutcome], None]

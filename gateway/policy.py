@@ -123,14 +123,15 @@ def known_policy_names() -> list[str]:
     return sorted(names)
 
 
-def _import_string(target: str) -> Any:
+def import_string(target: str) -> Any:
+    """`module:attr` -> the attribute (policies, classifiers); a ConfigError otherwise."""
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
-        raise ConfigError(f"policy import string {target!r} must look like 'module:Class'")
+        raise ConfigError(f"import string {target!r} must look like 'module:Class'")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigError(f"cannot import policy module {module_name!r}: {exc}") from exc
+        raise ConfigError(f"cannot import module {module_name!r}: {exc}") from exc
     try:
         return getattr(module, attr)
     except AttributeError as exc:
@@ -140,14 +141,14 @@ def _import_string(target: str) -> Any:
 def resolve_policy_class(name: str) -> PolicyFactory:
     """Find a policy class by registered name or `module:Class`."""
     if name in BUILTIN_POLICIES:
-        cls: PolicyFactory = _import_string(BUILTIN_POLICIES[name])
+        cls: PolicyFactory = import_string(BUILTIN_POLICIES[name])
         return cls
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == name:
             loaded: PolicyFactory = ep.load()
             return loaded
     if ":" in name:
-        target: PolicyFactory = _import_string(name)
+        target: PolicyFactory = import_string(name)
         return target
     raise ConfigError(
         f"unknown routing policy {name!r}; known policies: {', '.join(known_policy_names())}"

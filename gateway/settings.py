@@ -42,6 +42,7 @@ from gateway.pools.config import PoolsSettings
 from gateway.routing import RoutingSettings
 from gateway.scrape.config import ScrapeSettings
 from gateway.store.config import StoreSettings
+from gateway.tiers.config import TiersSettings
 from gateway.trace.config import TraceCaptureSettings
 from gateway.tracing.config import TracingSettings
 from gateway.types import Role
@@ -479,6 +480,9 @@ class KvgateSettings(BaseSettings):
     upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     pools: PoolsSettings | None = Field(None, description="card pools (gateway.pools)")
+    tiers: TiersSettings | None = Field(
+        None, description="public model names served by tiers of models (gateway.tiers)"
+    )
     pd: PDSettings = Field(default_factory=PDSettings, description="prefill/decode hand-off")
     admission: AdmissionSettings = Field(
         default_factory=AdmissionSettings, description="priority classes and admission queue"

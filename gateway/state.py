@@ -35,6 +35,7 @@ from gateway.policy import (
     TracksPrefill,
 )
 from gateway.settings import KvgateSettings
+from gateway.tiers.runtime import TiersRuntime
 from gateway.types import ReplicaId, RouteRequest
 from gateway.upstream import UpstreamClient
 from gateway.wrappers import ROUTER_LAYERS
@@ -69,6 +70,8 @@ class GatewayState:
     middleware: list[Middleware] = field(default_factory=list)
     # Public model name -> name sent upstream (aliases); None: names pass unchanged.
     resolve_model: Callable[[str], str] | None = None
+    # Tiered public model names (gateway.tiers): entry tier, checks, escalation.
+    tiers: TiersRuntime | None = None
     # Router abilities, detected once (see set_router), never probed per request.
     router_placed: Callable[[RouteRequest, ReplicaId], None] | None = None
     router_finished: Callable[[RouteRequest, ReplicaId, bool, float], None] | None = None

@@ -22,4 +22,5 @@ run simulate   loadtests/bench_simulate.py
 run policies   loadtests/bench_policies.py
 run admission  loadtests/bench_admission.py
 run pools      loadtests/bench_pools.py
+run tiers      loadtests/bench_tiers.py
 run pd         loadtests/bench_pd.py

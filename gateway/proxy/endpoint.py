@@ -36,6 +36,7 @@ from gateway.proxy.inbound import Inbound
 from gateway.proxy.outcome import Outcome
 from gateway.proxy.relay import relay
 from gateway.proxy.respond import send_error
+from gateway.proxy.tiered import run_tiered
 from gateway.request_id import RequestIds
 from gateway.scope import REQUEST_ID_KEY, TICKET_KEY
 from gateway.state import GatewayState
@@ -101,7 +102,12 @@ class ProxyEndpoint:
         if tracer is not None:
             self._begin_trace(ex, tracer)
         try:
-            await self._route_and_relay(ex)
+            if ex.tier is not None and state.tiers is not None:
+                await run_tiered(
+                    ex, state.tiers, self.endpoint, self._route_and_relay, self._inbound.retier
+                )
+            else:
+                await self._route_and_relay(ex)
         except asyncio.CancelledError:
             if not call.disconnected:
                 raise
@@ -192,7 +198,7 @@ class ProxyEndpoint:
                 return
             await self._placed(ex, request, leg.replica)
             # Usage is read for the observers, and for a quota ticket to settle on.
-            want_usage = bool(state.observers) or TICKET_KEY in ex.scope
+            want_usage = bool(state.observers) or TICKET_KEY in ex.scope or ex.tier is not None
             keep = partial(self._keep, ex, leg.replica) if state.placements is not None else None
             await relay(ex, leg, state.metrics, want_usage, first_byte.token, keep)
         except OSError:

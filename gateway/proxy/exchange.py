@@ -21,6 +21,7 @@ from gateway.types import ReplicaId, RouteRequest, SessionKey
 if TYPE_CHECKING:
     from gateway.forward import Leg
     from gateway.hooks import RequestSpans
+    from gateway.tiers.ladder import TierDecision
     from gateway.upload import Upload
 
 RawHeaders = list[tuple[bytes, bytes]]
@@ -54,10 +55,12 @@ class Exchange:
         "retries",
         "scope",
         "send",
+        "session_header",
         "started_at",
         "status",
         "strip_usage",
         "t0",
+        "tier",
         "trace",
         "traceparent",
         "upload",
@@ -114,5 +117,8 @@ class Exchange:
         self.forecast: Forecast | None = None  # the router's cache estimate at dispatch
         self.response_id: str | None = None
         # The caller's W3C traceparent, and the spans of this request (tracing enabled).
+        self.session_header: str | None = None  # the client's session id, as sent
+        # Tiered models (gateway.tiers): the tier this attempt runs on, and why.
+        self.tier: TierDecision | None = None
         self.traceparent: bytes | None = None
         self.trace: RequestSpans | None = None

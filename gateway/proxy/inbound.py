@@ -29,6 +29,7 @@ from gateway.proxy.exchange import Exchange
 from gateway.scope import PRINCIPAL_KEY
 from gateway.state import GatewayState
 from gateway.stream_usage import inject_usage
+from gateway.tiers.ladder import TierDecision
 from gateway.tracing.context import TRACEPARENT, child
 from gateway.types import ROUTE_SPECS, UPSTREAM_PATHS, Endpoint, RouteRequest, SessionKey
 from gateway.upload import open_upload
@@ -48,6 +49,21 @@ def declared_length(value: bytes | None) -> int | None:
         return int(value)
     except ValueError:
         raise BadRequest("invalid Content-Length header") from None
+
+
+# What inbound and identity wrote that a re-run on another tier keeps.
+_CARRIED = (
+    "errors",
+    "find_response_id",
+    "headers",
+    "named_class",
+    "parent_key",
+    "path",
+    "pools",
+    "session_header",
+    "strip_usage",
+    "traceparent",
+)
 
 
 class Inbound:
@@ -203,6 +219,22 @@ class Inbound:
             body = {**body, "model": model}
             rewritten = True
         tenant_name = self._authorize(scope, model, tenant.decode("latin-1") if tenant else None)
+        ex.session_header = session.decode("latin-1") if session else None
+        if state.tiers is not None and (ladder := state.tiers.ladder(model)) is not None:
+            # A tiered public name: the entry tier's model from here on (gateway.tiers).
+            principal: Principal | None = scope.get(PRINCIPAL_KEY)
+            ex.tier = state.tiers.decide(
+                ladder,
+                self._endpoint,
+                body,
+                scope["headers"],
+                session=ex.session_header,
+                api_key=principal.name if principal is not None else None,
+                tenant=tenant_name,
+                priority_class=priority.decode("latin-1") if priority else None,
+            )
+            model = ex.tier.model
+            body, rewritten = {**body, "model": model}, True
         if state.resolve_model is not None and (served := state.resolve_model(model)) != model:
             # An alias: the engines only know the served name.
             body = {**body, "model": served}
@@ -253,6 +285,43 @@ class Inbound:
         ex.body, ex.raw, ex.request = body, raw, request
         ex.named_class = priority is not None or "priority" in body
         self.forward_headers(ex, scope, self._path)
+
+    def retier(self, ex: Exchange, decision: TierDecision) -> Exchange:
+        """A fresh exchange for the same client request on another tier: the body as
+        forwarded, with that tier's model, and its `RouteRequest` rebuilt (prefix hashes are
+        seeded with the model). Before any byte of the answer went out."""
+        state = self._state
+        model = decision.model
+        if state.resolve_model is not None:
+            model = state.resolve_model(model)
+        assert ex.body is not None and ex.request is not None
+        body = {**ex.body, "model": model}
+        known = state.cluster.known_models()
+        if known is not None and model not in known:
+            raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
+        session_cfg = state.settings.session
+        first = ex.request
+        request = route_request(
+            body,
+            self._endpoint,
+            ex.request_id,
+            session_header=ex.session_header,
+            block_tokens=session_cfg.block_tokens,
+            max_prefix_blocks=session_cfg.max_prefix_blocks,
+            completion_key_chars=session_cfg.completion_key_chars,
+            priority_class=first.priority_class,
+            tenant=first.tenant,
+            user_is_session=session_cfg.user_is_session,
+            lineage=self._lineage_key,
+        )
+        fresh = Exchange(
+            ex.scope, ex.receive, ex.send, ex.call, ex.request_id, ex.t0, ex.started_at
+        )
+        fresh.body, fresh.raw, fresh.request = body, orjson.dumps(body), request
+        for name in _CARRIED:
+            setattr(fresh, name, getattr(ex, name))
+        fresh.tier = decision
+        return fresh
 
     def _only_model(self) -> str:
         known = self._state.cluster.known_models()

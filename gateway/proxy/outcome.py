@@ -77,6 +77,7 @@ class Outcome:
             body=ex.body if request is not None else None,
             headers=ex.headers if request is not None else None,
             forecast=ex.forecast,
+            tier=ex.tier,
         )
         for observer in observers:
             try:

@@ -13,6 +13,10 @@ body replaces the whole fault set, `{}` clears it):
   keep the connection open, on every API that streams (chat, completions, Responses,
   Messages); a non-streaming request never gets an answer.
 * ``unhealthy``: `/health` answers 503.
+* ``hard_marker``: a non-streamed chat/completions request whose prompt contains this text
+  is answered with ``finish_reason: "length"`` (a small model failing a hard request), for
+  ``hard_fail_rate`` of them (deterministically from the seed); the tokens are generated
+  as usual. Tiered models' escalation is tested with it (docs/tiers.md).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ class FaultConfig(BaseModel):
     refuse_for: float | None = Field(default=None, gt=0.0)
     stall: int | None = Field(default=None, ge=0)
     unhealthy: bool = False
+    hard_marker: str | None = Field(default=None, min_length=1)
+    hard_fail_rate: float = Field(default=1.0, ge=0.0, le=1.0)
 
     @property
     def active(self) -> bool:
@@ -49,6 +55,12 @@ class FaultState:
         self._rng = random.Random(seed)
         self.injected_errors = 0
         self.stalled = 0
+
+    def fails_hard(self, prompt: str) -> bool:
+        marker = self.config.hard_marker
+        if marker is None or marker not in prompt:
+            return False
+        return self.config.hard_fail_rate >= 1.0 or self._rng.random() < self.config.hard_fail_rate
 
     def should_error(self) -> int | None:
         status = self.config.error

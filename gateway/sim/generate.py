@@ -323,10 +323,9 @@ class Generation(Response):
         if p.kind in ("responses", "messages"):
             body = orjson.dumps(self._api_object(text))
         else:
+            finish = "length" if engine.faults.fails_hard(p.text) else handle.finish_reason
             body = orjson.dumps(
-                full_response(
-                    p.kind, self.rid, engine.model_name, text, handle.finish_reason, use, kv_out
-                )
+                full_response(p.kind, self.rid, engine.model_name, text, finish, use, kv_out)
             )
         await send(
             {

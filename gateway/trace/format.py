@@ -29,7 +29,7 @@ import csv
 import hashlib
 import struct
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -76,6 +76,11 @@ class TraceRecord:
     predicted_cached: int | None = None
     best_cached: int | None = None
     achieved_cached: int | None = None
+    # Tiered models (gateway.tiers): the tier the attempt ran on, why (e.g. "rule:0",
+    # "escalated:length") and the classifier's score. Never any text.
+    tier: str | None = None
+    tier_reason: str | None = None
+    tier_score: float | None = None
 
     def block_lengths(self, block_tokens: int) -> list[int]:
         n = len(self.block_hashes)
@@ -99,17 +104,8 @@ class Trace:
         if not chosen:
             return Trace(self.header, ())
         t0 = chosen[0].arrival_s
-        rebased = tuple(
-            TraceRecord(
-                r.arrival_s - t0,
-                r.input_tokens,
-                r.output_tokens,
-                r.block_hashes,
-                r.last_block_tokens,
-                r.session_id,
-            )
-            for r in chosen
-        )
+        # Every other field (forecasts, tiers) kept as recorded.
+        rebased = tuple(replace(r, arrival_s=r.arrival_s - t0) for r in chosen)
         return Trace(self.header, rebased)
 
 
@@ -214,6 +210,11 @@ def record_line(rec: TraceRecord) -> bytes:
         value = getattr(rec, name)
         if value is not None:
             obj[name] = value
+    if rec.tier is not None:
+        obj["tier"] = rec.tier
+        obj["tier_reason"] = rec.tier_reason
+        if rec.tier_score is not None:
+            obj["tier_score"] = round(rec.tier_score, 4)
     return orjson.dumps(obj) + b"\n"
 
 
@@ -261,6 +262,9 @@ def _parse_record(obj: dict[str, Any], block_tokens: int, where: str) -> TraceRe
             predicted_cached=_opt_int(obj.get("predicted_cached")),
             best_cached=_opt_int(obj.get("best_cached")),
             achieved_cached=_opt_int(obj.get("achieved_cached")),
+            tier=None if obj.get("tier") is None else str(obj["tier"]),
+            tier_reason=None if obj.get("tier_reason") is None else str(obj["tier_reason"]),
+            tier_score=None if obj.get("tier_score") is None else float(obj["tier_score"]),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise TraceFormatError(f"{where}: bad record ({exc!r})") from exc

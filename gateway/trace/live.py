@@ -61,6 +61,9 @@ class _Item:
     session: str
     forecast: Forecast | None = None
     achieved: int | None = None
+    tier: str | None = None
+    tier_reason: str | None = None
+    tier_score: float | None = None
 
 
 class GatewayCapture:
@@ -87,6 +90,7 @@ class GatewayCapture:
         req = outcome.request
         if req is None or outcome.endpoint not in _GENERATING or outcome.replica is None:
             return
+        tier = outcome.tier
         item = _Item(
             started_at=outcome.started_at,
             prefix_hashes=req.prefix_hashes,
@@ -98,6 +102,9 @@ class GatewayCapture:
             session=str(req.session_key),
             forecast=outcome.forecast,
             achieved=outcome.cached_tokens,
+            tier=tier.tier if tier is not None else None,
+            tier_reason=tier.reason if tier is not None else None,
+            tier_score=tier.score if tier is not None else None,
         )
         try:
             self._queue.put_nowait(item)
@@ -212,4 +219,7 @@ class GatewayCapture:
             predicted_cached=forecast.predicted if forecast is not None else None,
             best_cached=forecast.best if forecast is not None else None,
             achieved_cached=item.achieved,
+            tier=item.tier,
+            tier_reason=item.tier_reason,
+            tier_score=item.tier_score,
         )

@@ -19,6 +19,7 @@ from typing import Any
 from gateway.trace.format import Trace
 from gateway.trace.report import Percentiles
 from gateway.trace.routing import PolicyDriver, make_replicas, route_request_for
+from gateway.trace.tierstats import TierSummary, tier_summary
 from gateway.types import ClusterView, EngineLoad
 
 LONG_CONTEXT_TOKENS = 16 * 1024
@@ -199,6 +200,7 @@ class TraceStats:
     cluster: tuple[ClusterHitRate, ...] = ()
     cost: Cost | None = None
     forecast: CacheForecast | None = None
+    tiers: TierSummary | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -226,6 +228,7 @@ class TraceStats:
                 for c in self.cluster
             ],
             "cache_forecast": None if self.forecast is None else self.forecast.as_dict(),
+            "tiers": None if self.tiers is None else self.tiers.as_dict(),
             "cost": None
             if self.cost is None
             else {
@@ -308,6 +311,7 @@ def compute_stats(
         cluster=tuple(cluster),
         cost=cost,
         forecast=cache_forecast(trace),
+        tiers=tier_summary(recs),
     )
 
 
@@ -362,6 +366,8 @@ def render_stats(s: TraceStats) -> str:
             f" engine reported {f.achieved / inputs:.1%} of their input;"
             f" mean |reported - predicted| {f.mean_abs_error:,.0f} tokens"
         )
+    if s.tiers is not None:
+        lines.extend(s.tiers.render())
     if s.cost is not None:
         cost = s.cost
         lines.append(
