@@ -8,7 +8,7 @@ import pytest
 from sim_helpers import chat_body, eventually, test_profile
 
 from gateway.sim.cluster import SimCluster
-from gateway.sim.faults import FaultConfig
+from gateway.sim.faults import FaultConfig, FaultState
 
 
 async def test_error_fault_set_and_cleared_at_runtime() -> None:
@@ -129,3 +129,13 @@ async def test_unhealthy_fault_fails_health_check() -> None:
     ):
         assert (await c.get("/health")).status_code == 503
         assert (await c.get("/admin/faults")).json()["unhealthy"] is True
+
+
+def test_hard_marker_fails_a_seeded_share_of_marked_prompts() -> None:
+    state = FaultState(FaultConfig(hard_marker="#hard", hard_fail_rate=0.25), seed=3)
+    assert not any(state.fails_hard("easy prompt") for _ in range(100))
+    failed = sum(state.fails_hard("a #hard prompt") for _ in range(4000))
+    assert 800 < failed < 1200
+    always = FaultState(FaultConfig(hard_marker="#hard"))
+    assert all(always.fails_hard("#hard") for _ in range(10))
+    assert not FaultState(FaultConfig()).fails_hard("#hard")

@@ -235,3 +235,30 @@ async def test_the_capture_records_tier_decisions_never_text(tmp_path: Path) -> 
     assert "tier large       1 attempts (20.0%)" in done.stdout
     assert "escalations      length 1" in done.stdout
     assert "tier reasons     default 4, escalated 1" in done.stdout
+
+
+async def test_a_client_leaving_during_the_escalated_attempt_releases_everything() -> None:
+    async with tiered_gateway() as gw:
+        large_url = next(r.url for r in gw.state.cluster.members.values() if r.id == "large-0")
+        async with httpx.AsyncClient() as http:
+            await http.post(large_url + "/admin/faults", json={"slow": 5.0})
+        quick = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="-", max_retries=0, timeout=1.0)
+        async with quick:
+            try:
+                await ask(quick, [{"role": "user", "content": f"hard {HARD}"}])
+            except openai.APITimeoutError:
+                pass
+            else:
+                raise AssertionError("the large tier was slowed past the client's timeout")
+        for _ in range(100):
+            if in_flight_is_zero(gw):
+                break
+            await asyncio.sleep(0.05)
+        assert in_flight_is_zero(gw)
+        assert gw.state.tiers is not None
+        ledger = gw.state.tiers.ledger
+        # the small attempt answered (and escalated); the large one was cut by the client
+        assert ledger.escalations[("auto", "small", "length")] == 1
+        async with httpx.AsyncClient(base_url=gw.url) as http:
+            metrics = (await http.get("/metrics")).text
+        assert 'kvgate_client_disconnects_total{phase="before_response"} 1.0' in metrics
