@@ -1174,7 +1174,7 @@ async def scenario_oversized(o: Options) -> list[Row]:
                                     ans.gw5xx += 1
                             except (httpx.HTTPError, ValueError) as exc:
                                 ans.errors[type(exc).__name__] += 1
-                for row, w, g in ((rows[0], w1, gw), (rows[1], w2, gw_raw)):
+                for row, w in ((rows[0], w1), (rows[1], w2)):
                     row.inflight_end = await w.settle()
                     row.rss_peak_mb, row.rss_end_mb, _ = w.rss_figures(t0)
             req.into(rows[0], sessions=False)

@@ -35,7 +35,7 @@ async def test_loop_lag_counts_wakeups_and_sees_a_held_loop() -> None:
             await asyncio.sleep(0.3)
             idle = _lag((await http.get("/metrics")).text)
             # The test shares the server's loop: holding it delays the timer's wake-up.
-            time.sleep(0.3)  # noqa: ASYNC251 (the point: the loop held)
+            time.sleep(0.3)
             await asyncio.sleep(0.1)
             held = _lag((await http.get("/metrics")).text)
     finally:

@@ -41,7 +41,7 @@ def test_the_tour_runs_and_keeps_its_promises() -> None:
             out = io.StringIO()
             with contextlib.redirect_stdout(out):
                 # The README is this repository's own text: running it is the point.
-                exec(block.replace(TOUR_URL, f"http://127.0.0.1:{port}"), namespace)  # noqa: S102
+                exec(block.replace(TOUR_URL, f"http://127.0.0.1:{port}"), namespace)
             printed.append(out.getvalue().splitlines())
     first, sticky, streamed = printed
 

@@ -127,7 +127,7 @@ class EnginePayload:
         replica: ReplicaId,
         *,
         uncached: int | None = None,
-    ) -> int | None | _Keep:
+    ) -> int | _Keep | None:
         """The `priority` to send `replica` (None: none), or KEEP for the client's own."""
         classes = self._classes
         if replica not in self._replicas:

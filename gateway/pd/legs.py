@@ -121,10 +121,10 @@ async def commit_first_chunk(
             first = await probe._next()
     except StopAsyncIteration:
         await leg.aclose()
-        raise UpstreamError(f"replica {leg.replica} ended the response before any byte")
+        raise UpstreamError(f"replica {leg.replica} ended the response before any byte") from None
     except TimeoutError:
         await leg.aclose()
-        raise UpstreamError(f"replica {leg.replica} sent no byte within {timeout_s}s")
+        raise UpstreamError(f"replica {leg.replica} sent no byte within {timeout_s}s") from None
     except BaseException:
         await leg.aclose()
         raise

@@ -394,7 +394,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     try:
         config = orjson.loads(args.policy_config)
         if not isinstance(config, dict):
-            raise ValueError("--policy-config must be a JSON object")  # noqa: TRY004
+            raise ValueError("--policy-config must be a JSON object")
         trace = read_trace(args.trace).window(args.start, args.limit)
         profile: str | HardwareProfile | None = args.profile
         if args.kv_blocks is not None:

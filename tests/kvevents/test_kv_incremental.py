@@ -254,7 +254,7 @@ async def test_a_gateway_tokenizes_each_turn_incrementally(executor: str) -> Non
         assert (processes is not None) is (executor == "process")
         rng = random.Random(4)
         messages: list[dict[str, Any]] = [{"role": "system", "content": text(rng, 1500)}]
-        for turn in range(4):
+        for _ in range(4):
             # More than a prompt block (2048 bytes) a turn, else the stage knows it already.
             messages.append({"role": "user", "content": text(rng, 600)})
             done = await client.chat.completions.create(

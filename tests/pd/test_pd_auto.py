@@ -18,9 +18,14 @@ def _text(tokens: int, seed: str) -> str:
 
 async def test_auto_splits_only_where_it_pays(rig_factory: Any) -> None:
     async with rig_factory([B, P, D], mode="auto", min_uncached_tokens=1024) as rig:
-        decided = lambda reason, how: rig.metric(
-            "kvgate_pd_decisions_total", model="kvgate-sim", decision=how, reason=reason
-        )
+
+        def decided(reason: str, how: str) -> float:
+            return float(
+                rig.metric(
+                    "kvgate_pd_decisions_total", model="kvgate-sim", decision=how, reason=reason
+                )
+            )
+
         # Shorter than one block: nothing to move.
         resp = await rig.chat("hello there", headers={"X-Session-Id": "c0"})
         assert resp.headers["x-kvgate-replica"] == "c0"

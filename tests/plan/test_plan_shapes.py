@@ -105,7 +105,7 @@ def test_config_paths_and_errors(tmp_path: Path) -> None:
     assert load_config(path).name == "Llama-3.1-8B"
     assert resolve_model(str(path.parent)).kv_bytes_per_token("bf16") == 131_072
     assert resolve_model("DeepSeek-R1").name == "deepseek-v3"
-    with pytest.raises(ShapeError, match="unknown model 'nope'.*llama-3.1-8b"):
+    with pytest.raises(ShapeError, match=r"unknown model 'nope'.*llama-3\.1-8b"):
         resolve_model("nope")
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")

@@ -80,7 +80,7 @@ def test_labels_and_errors(tmp_path: Path) -> None:
         parse_label("maybe", "f:1")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": []}\n')
-    with pytest.raises(ConfigError, match="bad.jsonl:1"):
+    with pytest.raises(ConfigError, match=r"bad\.jsonl:1"):
         read_labelled(bad)
     scores = per_label([1, 1, 0, 0], [1, 0, 0, 0])
     assert [(s.label, s.precision, s.recall) for s in scores] == [
