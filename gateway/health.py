@@ -27,6 +27,11 @@ State machine per replica (a circuit breaker):
 
 Only the health of the replica changes; its ring positions stay, so sessions come back when
 it recovers. Probes never block a request: they run in a lifespan task.
+
+Probes are not shared between gateways (unlike `/metrics` scrapes, gateway.scrape.shared):
+each gateway probes every replica, so a failed probe takes the replica out of its service
+without waiting on a lease takeover or the store, and still does while the store is down.
+Ejections are shared through the store (gateway.store.install).
 """
 
 from __future__ import annotations
