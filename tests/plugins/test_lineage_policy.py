@@ -305,3 +305,59 @@ def test_a_preamble_every_replica_holds_pulls_no_one() -> None:
         p.placed(turn(f"seed{i}", PREAMBLE, 0), rid(i))
     homes = {serve(p, turn(f"n{s}", (*PREAMBLE, 7000 + s), 0), v) for s in range(8)}
     assert len(homes) == 4, homes
+
+
+def _forks_and_resume(
+    p: Lineage, v: ClusterView, turns: int
+) -> tuple[ReplicaId, list[ReplicaId], ReplicaId]:
+    """Other sessions open with PREAMBLE (it turns hot); one conversation of `turns` turns
+    grows a 60-block history past it; then 4 forks of that history and the parent's
+    resume, each a new session (as lineage inference keys them). Where do they go?"""
+    for s in range(6):
+        serve(p, turn(f"x{s}", (*PREAMBLE, 9000 + s), 0), v)
+    history: tuple[int, ...] = (*PREAMBLE, 1)
+    home = serve(p, turn("parent", history, 0), v)
+    for n in range(1, turns):
+        history = (*history, *range(100 * n, 100 * n + 60 // max(1, turns - 1)))
+        assert serve(p, turn("parent", history, n), v) == home
+    forks = [serve(p, turn(f"fork{k}", (*history, 7000 + k), 0), v) for k in range(4)]
+    resume = serve(p, turn("resume", (*history, 8000), 0), v)
+    return home, forks, resume
+
+
+def test_forks_and_the_resume_follow_a_deep_history_past_hot_after() -> None:
+    # Five sessions branch at the history's end (more than hot_after): it is not a
+    # preamble, as the prefix one replica holds beyond what most hold (60 blocks) is far
+    # more than a new session sends later (measured: about one more turn of a block).
+    p, v = policy(8)
+    home, forks, resume = _forks_and_resume(p, v, turns=4)
+    assert forks == [home] * 4 and resume == home
+
+
+def test_the_control_before_any_continued_turn_the_band_spreads_them() -> None:
+    # The control: with one turn nothing has measured what a session sends later, the
+    # band alone decides, and the hot branch point spreads the later forks.
+    p, v = policy(8)
+    home, forks, resume = _forks_and_resume(p, v, turns=1)
+    assert set(forks + [resume]) != {home}
+
+
+def test_a_deep_history_over_the_load_bound_does_not_pull() -> None:
+    p, v = policy(8, load_factor=1.0, slack_requests=0.0)
+    home, _, _ = _forks_and_resume(p, v, turns=4)
+    fork = turn("late", (*PREAMBLE, 1, *range(100, 120), 7100), 0)
+    assert p.choose(fork, v).first == home
+    # 400K tokens of prefill queued there (sent, no first token yet): recomputing the
+    # 31-block history elsewhere is sooner.
+    p.dispatched(turn("backlog", tuple(range(50_000, 50_800)), 0), home)
+    assert p.choose(fork, v).first != home
+
+
+def test_a_preamble_every_replica_holds_does_not_pull_new_sessions_together() -> None:
+    p, v = policy(4)
+    for i in range(4):  # every replica holds the preamble and a measured conversation
+        p.placed(turn(f"seed{i}", (*PREAMBLE, 3000 + i), 0), rid(i))
+        p.placed(turn(f"seed{i}", (*PREAMBLE, 3000 + i, 3100 + i), 1), rid(i))
+    homes = [serve(p, turn(f"new{s}", (*PREAMBLE, 4000 + s), 0), v) for s in range(8)]
+    assert max(homes.count(rid(i)) for i in range(4)) <= 3, homes
+    assert len(set(homes)) >= 3, homes
