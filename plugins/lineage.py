@@ -40,8 +40,10 @@ conversation's lineage inferred from the prompt (gateway.lineage). Per request:
   will send later (its expected further turns times a continued turn's uncached prefill,
   both measured from placements: requests per new session, and the prompt tokens a
   continued turn did not find cached). Deeper than that, the request follows the prefix
-  to its replica, unless that replica's load is over the sticky bound. Until a continued
-  turn has been seen nothing is measured and the band decides alone.
+  to its replica, unless that replica's load is over the sticky bound or exceeds the
+  least loaded replica's by more than that prefix (tokens queued against tokens
+  recomputed). Until a continued turn has been seen nothing is measured and the band
+  decides alone.
 
 With KV cache events (gateway.kvevents), ``view.cache_evidence`` says what each replica
 really holds of the prompt: ``uncached_r`` then comes from it for every replica it knows
@@ -485,7 +487,13 @@ class Lineage:
         if best - common <= owed:
             return False
         holder = replicas[cached.index(best)].id
-        return self._load(holder, view, unit) <= self._bound(view, unit)
+        load = self._load(holder, view, unit)
+        if load > self._bound(view, unit):
+            return False
+        # Tokens for tokens: waiting behind the holder's queue beyond the least loaded
+        # replica's must cost less than recomputing the prefix it saves.
+        least = min(self._load(r.id, view, unit) for r in replicas)
+        return load - least <= best - common
 
     def _band(
         self, request: RouteRequest, replicas: Sequence[ReplicaState], matched: dict[int, int]

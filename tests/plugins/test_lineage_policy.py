@@ -361,3 +361,28 @@ def test_a_preamble_every_replica_holds_does_not_pull_new_sessions_together() ->
     homes = [serve(p, turn(f"new{s}", (*PREAMBLE, 4000 + s), 0), v) for s in range(8)]
     assert max(homes.count(rid(i)) for i in range(4)) <= 3, homes
     assert len(set(homes)) >= 3, homes
+
+
+def _resume_after_forks_with_backlog(backlog_blocks: int) -> bool:
+    """Forks of a 40-block history (20K tokens) make its branch point hot; then the
+    history's replica gets `backlog_blocks` of prefill queued (under the load bound).
+    Does the parent's resume still go there?"""
+    p, v = policy(8)
+    _warm(p, v, sessions=8, turns=2, grow=1)
+    history = tuple(range(1, 41))
+    home = serve(p, turn("parent", history, 0), v)
+    for k in range(3):
+        serve(p, turn(f"child{k}", (*history, 500 + k), 0), v)
+    p.dispatched(turn("backlog", tuple(range(60_000, 60_000 + backlog_blocks)), 0), home)
+    assert p._load(home, v, p.unit_tokens) <= p._bound(v, p.unit_tokens)
+    return p.choose(turn("resume", (*history, 600), 0), v).first == home
+
+
+def test_a_queue_longer_than_the_prefix_it_saves_spreads_the_resume() -> None:
+    # 30K tokens queued ahead on the history's replica against a 20K-token recompute.
+    assert not _resume_after_forks_with_backlog(60)
+
+
+def test_a_queue_shorter_than_the_prefix_keeps_the_resume_home() -> None:
+    # The control: 10K tokens queued there, less than recomputing the history.
+    assert _resume_after_forks_with_backlog(20)
