@@ -12,9 +12,10 @@ token is
   index, or r's KV events, say r holds). A request counts as held on its replica the
   moment it is dispatched, so a burst that extends one prefix (forks, ``n > 1`` sent as
   separate requests) finds it where the first of them went;
-* ``owed_r``: the prefill r owes its live sessions' next turns: sessions there seen within
-  three mean gaps between a session's turns, times the mean uncached prefill of a turn
-  that continues a session on its replica (both measured here from placements);
+* ``owed_r``: the prefill r owes its live sessions' next turns: sessions there that have
+  sent a second request and were seen within three mean gaps between a session's turns,
+  times the mean uncached prefill of a turn that continues a session on its replica (both
+  measured here from placements);
 * ``speed_r``: r's prefill speed in tokens per second, measured online from its answers
   (gateway.prefill_meter; the cluster's mean for a replica not measured yet; with no
   measurement at all every replica counts alike and the sum is in tokens);
@@ -163,7 +164,12 @@ class Cost:
             self._block_tokens = request.block_tokens or 1
             self.index.record(replica, hashes, self._block_tokens)
         self.sessions.place(key, replica, now, request.prompt_tokens)
-        self.active.place(key, replica, now)
+        if last is not None:
+            # Only a session that has sent a second request owes turns: counting every
+            # one-shot request (a job, a fork, a sample) as owing the mean turn charged
+            # the replica a burst's prefix is on for work that never comes, and how many
+            # of them were still "active" (within three mean gaps) depended on timing.
+            self.active.place(key, replica, now)
 
     # -- decision ----------------------------------------------------------------------
 

@@ -32,6 +32,18 @@ conversation's lineage inferred from the prompt (gateway.lineage). Per request:
   those sessions' latest prompt tokens, what their next turns send, over their mean) is
   within ``2 x session_band`` of the lowest, by cost among those. Hot preambles spread,
   hot sessions stay.
+* **Deep prefixes pull.** A hot branch point is not always a preamble: four forks of one
+  conversation, or a parent resuming after them, branch at its whole history, held by one
+  replica. What tells them apart is the depth the band would throw away: the prefix the
+  best replica holds beyond what most replicas hold (a preamble every replica holds
+  costs nothing to spread). The band is worth it while that is at most what a new session
+  will send later (its expected further turns times a continued turn's uncached prefill,
+  both measured from placements: requests per new session, and the prompt tokens a
+  continued turn did not find cached). Deeper than that, the request follows the prefix
+  to its replica, unless that replica's load is over the sticky bound or exceeds the
+  least loaded replica's by more than that prefix (tokens queued against tokens
+  recomputed). Until a continued turn has been seen nothing is measured and the band
+  decides alone.
 
 With KV cache events (gateway.kvevents), ``view.cache_evidence`` says what each replica
 really holds of the prompt: ``uncached_r`` then comes from it for every replica it knows
@@ -71,6 +83,9 @@ from plugins.cache_churn import ChurnMeter
 from plugins.live_sessions import LiveSessions
 from plugins.load_model import TieBreaker, mix
 from plugins.prefix_index import DEFAULT_CAPACITY_TOKENS, PrefixIndex
+
+# Memory of the requests-per-session counts, per request: the last few thousand weigh.
+_COUNT_MEMORY = 1.0 - 1.0 / 4096
 
 
 class LineageConfig(PolicyConfig):
@@ -187,6 +202,11 @@ class Lineage:
         self._branches: OrderedDict[int, int] = OrderedDict()
         self._evidence: CacheEvidence | None = None
         self.churn = ChurnMeter(config.default_capacity_tokens)
+        # Measured from placements: decayed counts of requests and of new sessions (their
+        # ratio, requests per session) and the mean uncached prefill of a continued turn.
+        self._requests = 0.0
+        self._new_sessions = 0.0
+        self._turn_tokens: float | None = None
         self.membership_changed(context.replicas)
 
     # -- abilities ---------------------------------------------------------------------
@@ -246,15 +266,43 @@ class Lineage:
 
     def placed(self, request: RouteRequest, replica: ReplicaId) -> None:
         hashes = request.prefix_hashes
+        home = self.sessions.replica_of(request.session_key, self._now)
+        self._count_request(request, replica, home)
         if hashes:
             self._block_tokens = request.block_tokens or 1
-            if (
-                self.config.session_band is not None
-                and self.sessions.replica_of(request.session_key, self._now) is None
-            ):
+            if self.config.session_band is not None and home is None:
                 self._count_branch(hashes, self.index.matched(replica, hashes))
             self.index.record(replica, hashes, self._block_tokens)
         self.sessions.place(request.session_key, replica, self._now, request.prompt_tokens)
+
+    def _count_request(
+        self, request: RouteRequest, replica: ReplicaId, home: ReplicaId | None
+    ) -> None:
+        """Requests per session and a continued turn's uncached prefill (see `_owed`)."""
+        keep = _COUNT_MEMORY
+        self._requests = self._requests * keep + 1.0
+        if home is None:
+            self._new_sessions = self._new_sessions * keep + 1.0
+            return
+        self._new_sessions *= keep
+        if home != replica or not request.prefix_hashes:
+            return
+        bt = request.block_tokens or 1
+        turn = float(
+            max(0, request.prompt_tokens - self.index.matched(replica, request.prefix_hashes) * bt)
+        )
+        if self._turn_tokens is None:
+            self._turn_tokens = turn
+        else:
+            self._turn_tokens += self.config.ewma_alpha * (turn - self._turn_tokens)
+
+    def _owed(self) -> float | None:
+        """Tokens a new session is expected to send after its first request (its further
+        turns' uncached prefill), or None before any continued turn was measured."""
+        if self._turn_tokens is None or self._new_sessions <= 0:
+            return None
+        turns = self._requests / self._new_sessions
+        return max(0.0, turns - 1.0) * self._turn_tokens
 
     def _count_branch(self, hashes: Sequence[int], depth: int) -> None:
         if depth <= 0:
@@ -370,6 +418,8 @@ class Lineage:
         rh = self._tie.replica_hash
         keys: list[tuple[float, int, int]] = []
         in_band = self._band(request, replicas, matched) if not moved else None
+        if in_band is not None and self._deep(request, view, unit, matched, precise):
+            in_band = None  # one conversation's history, not a preamble: follow it
         cold = in_band is None and not moved
         per_session = (cfg.cold_session_weight if cold else cfg.session_weight) * unit
         # A session moved by the bound goes by load; one from a hot preamble by the band.
@@ -407,6 +457,43 @@ class Lineage:
         else:
             reason = "prefix" if held.get(best[0][2], 0) else "least_cost"
         return Choice(ranked, reason, self.name)
+
+    def _deep(
+        self,
+        request: RouteRequest,
+        view: ClusterView,
+        unit: float,
+        matched: dict[int, int],
+        precise: Mapping[ReplicaId, int] | None,
+    ) -> bool:
+        """The prefix the best replica holds beyond what most replicas hold is longer
+        than what a new session will send later, and that replica is within the load
+        bound: spreading would recompute more than it balances (only on the band's path)."""
+        owed = self._owed()
+        if owed is None:
+            return False
+        replicas = view.replicas
+        prompt = request.prompt_tokens
+        bt = request.block_tokens or 1
+        cached = []
+        for i, r in enumerate(replicas):
+            if precise is not None and r.id in precise:
+                cached.append(min(prompt, precise[r.id]))
+            else:
+                cached.append(min(prompt, matched.get(i, 0) * bt))
+        majority = len(replicas) // 2 + 1
+        common = heapq.nlargest(majority, cached)[-1]
+        best = max(cached)
+        if best - common <= owed:
+            return False
+        holder = replicas[cached.index(best)].id
+        load = self._load(holder, view, unit)
+        if load > self._bound(view, unit):
+            return False
+        # Tokens for tokens: waiting behind the holder's queue beyond the least loaded
+        # replica's must cost less than recomputing the prefix it saves.
+        least = min(self._load(r.id, view, unit) for r in replicas)
+        return load - least <= best - common
 
     def _band(
         self, request: RouteRequest, replicas: Sequence[ReplicaState], matched: dict[int, int]

@@ -118,3 +118,23 @@ def test_without_a_meter_every_replica_counts_alike_and_sessions_stay() -> None:
     assert home is not None
     p.placed(req, home)
     assert p.choose(turn("s", tuple(range(11)), 1), v).first == home
+
+
+def test_one_shot_sessions_owe_nothing_and_forks_follow_their_history() -> None:
+    # Six one-shot jobs from the preamble sit with the conversation on its replica (the
+    # preamble pulled them there). They owe no turns: the four forks of the conversation,
+    # sent at once, go where its history is, not wherever fewer sessions sit.
+    p, v, meter = rig()
+    for s in range(6):
+        req = turn(f"job{s}", (*PREAMBLE, 9000 + s), 0)
+        send(p, meter, req, v)
+        done(meter, req)
+    history: tuple[int, ...] = (*PREAMBLE, 1)
+    home = send(p, meter, turn("parent", history, 0), v)
+    for n in range(1, 4):
+        done(meter, turn("parent", history, n - 1))
+        history = (*history, *range(100 * n, 100 * n + 3))
+        assert send(p, meter, turn("parent", history, n), v) == home
+    done(meter, turn("parent", history, 3))
+    forks = [send(p, meter, turn(f"fork{k}", (*history, 7000 + k), 0), v) for k in range(4)]
+    assert forks == [home] * 4

@@ -235,3 +235,154 @@ def test_events_that_hold_a_prompt_nowhere_leave_it_to_the_prefix_index() -> Non
     held = Said({r.id: 4 * 512 if r.id == other else 0 for r in v.replicas})
     moved = p.choose(turn("a", (*history, 5), 1), dataclasses.replace(v, cache_evidence=held))
     assert moved.reason == "evicted" and moved.first == other
+
+
+def _warm(p: Lineage, v: ClusterView, sessions: int, turns: int, grow: int) -> None:
+    """Conversations of `turns` requests, each turn `grow` new blocks: what the policy
+    measures a new session will send after its first request."""
+    for s in range(sessions):
+        history: tuple[int, ...] = (80_000 + 100 * s,)
+        for n in range(turns):
+            serve(p, turn(f"w{s}", history, n), v)
+            history += tuple(range(90_000 + 1000 * s + 10 * n, 90_000 + 1000 * s + 10 * n + grow))
+
+
+def _fork_burst(p: Lineage, v: ClusterView, busy: ClusterView | None = None) -> list[bool]:
+    """A 40-block conversation, then four subagents branching at its whole history and
+    the parent's resume (new sessions each, as without a header): which land home?"""
+    history = tuple(range(1, 41))
+    home = serve(p, turn("parent", history, 0), v)
+    landed = []
+    for k in range(4):
+        landed.append(serve(p, turn(f"child{k}", (*history, 500 + k), 0), busy or v) == home)
+    landed.append(serve(p, turn("resume", (*history, 600), 0), busy or v) == home)
+    return landed
+
+
+def test_forks_and_the_resume_follow_a_deep_history_past_the_hot_threshold() -> None:
+    # Four forks and the resume all branch at one point, which makes it "hot" after the
+    # third; but the 40 blocks there are held by one replica and a session here sends
+    # about one block after its first request: spreading would recompute 40 to balance 1.
+    p, v = policy(8)
+    _warm(p, v, sessions=8, turns=2, grow=1)
+    assert _fork_burst(p, v) == [True] * 5
+
+
+def test_forks_leave_a_replica_over_the_load_bound() -> None:
+    # The same burst, but the history's replica has far more in flight than the bound
+    # allows: the band spreads the later ones (the first three come before it is hot).
+    p, v = policy(8, load_factor=1.0, slack_requests=0.0)
+    _warm(p, v, sessions=8, turns=2, grow=1)
+    history = tuple(range(1, 41))
+    home = serve(p, turn("parent", history, 0), v)
+    busy = view(replicas(8), inflight={int(home[1:]): 50})
+    for k in range(3):
+        serve(p, turn(f"child{k}", (*history, 500 + k), 0), busy)
+    later = p.choose(turn("resume", (*history, 600), 0), busy)
+    assert later.first != home
+
+
+def test_a_shallow_hot_preamble_still_spreads_sessions_that_will_send_more() -> None:
+    # Sessions of six turns of four blocks each: a new one will send some 20 blocks more,
+    # more than the 16-block preamble it opens with. Spreading them costs the preamble's
+    # recompute once and balances their later turns, so the band spreads them.
+    p, v = policy(8)
+    preamble = tuple(range(1000, 1016))
+    homes = []
+    for s in range(12):
+        history = (*preamble, 5000 + s)
+        homes.append(serve(p, turn(f"s{s}", history, 0), v))
+        for n in range(1, 6):
+            history += tuple(range(7000 + 100 * s + 10 * n, 7000 + 100 * s + 10 * n + 4))
+            assert serve(p, turn(f"s{s}", history, n), v) == homes[-1]
+    assert len(set(homes)) >= 5, homes
+
+
+def test_a_preamble_every_replica_holds_pulls_no_one() -> None:
+    p, v = policy(4)
+    _warm(p, v, sessions=4, turns=2, grow=1)
+    for i in range(4):  # the preamble everywhere, as after the band has spread it
+        p.placed(turn(f"seed{i}", PREAMBLE, 0), rid(i))
+    homes = {serve(p, turn(f"n{s}", (*PREAMBLE, 7000 + s), 0), v) for s in range(8)}
+    assert len(homes) == 4, homes
+
+
+def _forks_and_resume(
+    p: Lineage, v: ClusterView, turns: int
+) -> tuple[ReplicaId, list[ReplicaId], ReplicaId]:
+    """Other sessions open with PREAMBLE (it turns hot); one conversation of `turns` turns
+    grows a 60-block history past it; then 4 forks of that history and the parent's
+    resume, each a new session (as lineage inference keys them). Where do they go?"""
+    for s in range(6):
+        serve(p, turn(f"x{s}", (*PREAMBLE, 9000 + s), 0), v)
+    history: tuple[int, ...] = (*PREAMBLE, 1)
+    home = serve(p, turn("parent", history, 0), v)
+    for n in range(1, turns):
+        history = (*history, *range(100 * n, 100 * n + 60 // max(1, turns - 1)))
+        assert serve(p, turn("parent", history, n), v) == home
+    forks = [serve(p, turn(f"fork{k}", (*history, 7000 + k), 0), v) for k in range(4)]
+    resume = serve(p, turn("resume", (*history, 8000), 0), v)
+    return home, forks, resume
+
+
+def test_forks_and_the_resume_follow_a_deep_history_past_hot_after() -> None:
+    # Five sessions branch at the history's end (more than hot_after): it is not a
+    # preamble, as the prefix one replica holds beyond what most hold (60 blocks) is far
+    # more than a new session sends later (measured: about one more turn of a block).
+    p, v = policy(8)
+    home, forks, resume = _forks_and_resume(p, v, turns=4)
+    assert forks == [home] * 4 and resume == home
+
+
+def test_the_control_before_any_continued_turn_the_band_spreads_them() -> None:
+    # The control: with one turn nothing has measured what a session sends later, the
+    # band alone decides, and the hot branch point spreads the later forks.
+    p, v = policy(8)
+    home, forks, resume = _forks_and_resume(p, v, turns=1)
+    assert set(forks + [resume]) != {home}
+
+
+def test_a_deep_history_over_the_load_bound_does_not_pull() -> None:
+    p, v = policy(8, load_factor=1.0, slack_requests=0.0)
+    home, _, _ = _forks_and_resume(p, v, turns=4)
+    fork = turn("late", (*PREAMBLE, 1, *range(100, 120), 7100), 0)
+    assert p.choose(fork, v).first == home
+    # 400K tokens of prefill queued there (sent, no first token yet): recomputing the
+    # 31-block history elsewhere is sooner.
+    p.dispatched(turn("backlog", tuple(range(50_000, 50_800)), 0), home)
+    assert p.choose(fork, v).first != home
+
+
+def test_a_preamble_every_replica_holds_does_not_pull_new_sessions_together() -> None:
+    p, v = policy(4)
+    for i in range(4):  # every replica holds the preamble and a measured conversation
+        p.placed(turn(f"seed{i}", (*PREAMBLE, 3000 + i), 0), rid(i))
+        p.placed(turn(f"seed{i}", (*PREAMBLE, 3000 + i, 3100 + i), 1), rid(i))
+    homes = [serve(p, turn(f"new{s}", (*PREAMBLE, 4000 + s), 0), v) for s in range(8)]
+    assert max(homes.count(rid(i)) for i in range(4)) <= 3, homes
+    assert len(set(homes)) >= 3, homes
+
+
+def _resume_after_forks_with_backlog(backlog_blocks: int) -> bool:
+    """Forks of a 40-block history (20K tokens) make its branch point hot; then the
+    history's replica gets `backlog_blocks` of prefill queued (under the load bound).
+    Does the parent's resume still go there?"""
+    p, v = policy(8)
+    _warm(p, v, sessions=8, turns=2, grow=1)
+    history = tuple(range(1, 41))
+    home = serve(p, turn("parent", history, 0), v)
+    for k in range(3):
+        serve(p, turn(f"child{k}", (*history, 500 + k), 0), v)
+    p.dispatched(turn("backlog", tuple(range(60_000, 60_000 + backlog_blocks)), 0), home)
+    assert p._load(home, v, p.unit_tokens) <= p._bound(v, p.unit_tokens)
+    return p.choose(turn("resume", (*history, 600), 0), v).first == home
+
+
+def test_a_queue_longer_than_the_prefix_it_saves_spreads_the_resume() -> None:
+    # 30K tokens queued ahead on the history's replica against a 20K-token recompute.
+    assert not _resume_after_forks_with_backlog(60)
+
+
+def test_a_queue_shorter_than_the_prefix_keeps_the_resume_home() -> None:
+    # The control: 10K tokens queued there, less than recomputing the history.
+    assert _resume_after_forks_with_backlog(20)

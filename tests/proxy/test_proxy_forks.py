@@ -29,27 +29,7 @@ async def ask(client: openai.AsyncOpenAI, messages: list[dict[str, str]]) -> tup
     return raw.headers["x-kvgate-replica"], raw.parse().choices[0].message.content or ""
 
 
-@pytest.mark.parametrize(
-    "policy",
-    [
-        pytest.param(
-            None,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="lineage (the default) sends the parent's resume elsewhere: after "
-                "three forks its branch point is a hot preamble and the band spreads it",
-            ),
-        ),
-        pytest.param(
-            "cost",
-            marks=pytest.mark.xfail(
-                strict=False,
-                reason="cost spreads the four concurrent forks in about half the runs (issue "
-                "45, open): its prefill meter's samples from loopback engines vary run to run",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("policy", [None, "cost"])
 async def test_four_parallel_forks_land_on_their_conversations_replica(
     policy: str | None,
 ) -> None:
