@@ -117,10 +117,29 @@ class PolicyFactory(Protocol):
     def __call__(self, config: Any, context: PolicyContext) -> Policy: ...
 
 
-def known_policy_names() -> list[str]:
-    names = set(BUILTIN_POLICIES)
-    names.update(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+def registered_names(builtins: Mapping[str, str], group: str) -> list[str]:
+    """The built-in names and those installed under the entry-points `group`."""
+    names = set(builtins)
+    names.update(ep.name for ep in entry_points(group=group))
     return sorted(names)
+
+
+def find_registered(name: str, builtins: Mapping[str, str], group: str) -> Any | None:
+    """What `name` names: a built-in, then an installed entry point of `group`, then a
+    literal `module:Class`; None when it is none of them (the caller says what was known).
+    The one lookup order of every registry (policies, tier classifiers)."""
+    if name in builtins:
+        return import_string(builtins[name])
+    for ep in entry_points(group=group):
+        if ep.name == name:
+            return ep.load()
+    if ":" in name:
+        return import_string(name)
+    return None
+
+
+def known_policy_names() -> list[str]:
+    return registered_names(BUILTIN_POLICIES, ENTRY_POINT_GROUP)
 
 
 def import_string(target: str) -> Any:
@@ -140,16 +159,9 @@ def import_string(target: str) -> Any:
 
 def resolve_policy_class(name: str) -> PolicyFactory:
     """Find a policy class by registered name or `module:Class`."""
-    if name in BUILTIN_POLICIES:
-        cls: PolicyFactory = import_string(BUILTIN_POLICIES[name])
-        return cls
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name == name:
-            loaded: PolicyFactory = ep.load()
-            return loaded
-    if ":" in name:
-        target: PolicyFactory = import_string(name)
-        return target
+    found: PolicyFactory | None = find_registered(name, BUILTIN_POLICIES, ENTRY_POINT_GROUP)
+    if found is not None:
+        return found
     raise ConfigError(
         f"unknown routing policy {name!r}; known policies: {', '.join(known_policy_names())}"
         " (or give a 'module:Class' import string)",

@@ -199,7 +199,9 @@ class ProxyEndpoint:
             await self._placed(ex, request, leg.replica)
             # Usage is read for the observers, and for a quota ticket to settle on.
             want_usage = bool(state.observers) or TICKET_KEY in ex.scope or ex.tier is not None
-            keep = partial(self._keep, ex, leg.replica) if state.placements is not None else None
+            keep = None
+            if ex.find_response_id and state.placements is not None:
+                keep = partial(self._keep, ex, leg.replica)
             await relay(ex, leg, state.metrics, want_usage, first_byte.token, keep)
         except OSError:
             # The ASGI server refused a send: the client is gone (transport errors of the

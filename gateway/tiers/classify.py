@@ -11,13 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gateway.errors import ConfigError
-from gateway.policy import import_string
+from gateway.policy import find_registered, registered_names
 from gateway.types import Endpoint
 
 ENTRY_POINT_GROUP = "kvgate.classifiers"
@@ -52,22 +51,13 @@ class ClassifierFactory(Protocol):
 
 
 def known_classifier_names() -> list[str]:
-    names = set(BUILTIN_CLASSIFIERS)
-    names.update(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
-    return sorted(names)
+    return registered_names(BUILTIN_CLASSIFIERS, ENTRY_POINT_GROUP)
 
 
 def resolve_classifier(name: str) -> ClassifierFactory:
-    if name in BUILTIN_CLASSIFIERS:
-        found: ClassifierFactory = import_string(BUILTIN_CLASSIFIERS[name])
+    found: ClassifierFactory | None = find_registered(name, BUILTIN_CLASSIFIERS, ENTRY_POINT_GROUP)
+    if found is not None:
         return found
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name == name:
-            loaded: ClassifierFactory = ep.load()
-            return loaded
-    if ":" in name:
-        target: ClassifierFactory = import_string(name)
-        return target
     raise ConfigError(
         f"unknown classifier {name!r}; known classifiers: {', '.join(known_classifier_names())}"
         " (or give a 'module:Class' import string)",

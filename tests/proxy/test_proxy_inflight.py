@@ -15,7 +15,7 @@ from gateway.hooks import RequestOutcome
 from gateway.settings import load_settings
 from gateway.sim.faults import FaultConfig
 from gateway.sim.server import SimEngine
-from gateway.testing.servers import RunningGateway, gateway, replica_config, sim_engines
+from gateway.testing.servers import RunningGateway, gateway, replica_config
 
 MODEL = "kvgate-sim"
 
@@ -31,12 +31,6 @@ def body(**extra: Any) -> dict[str, Any]:
 
 def all_zero(gw: RunningGateway) -> bool:
     return all(n == 0 for n in gw.state.cluster.in_flight.values())
-
-
-@pytest.fixture
-async def engines() -> AsyncIterator[list[SimEngine]]:
-    async with sim_engines(3, "instant") as engines:
-        yield engines
 
 
 @pytest.fixture
