@@ -7,9 +7,9 @@ request path pays nothing for a feature that is not configured:
   routing; after the routing decision `must_wait` (sync, free) says whether the chosen
   replica is saturated, and only then `wait` queues (or raises `RateLimited`, 429);
   `finished(request, replica)` is called
-  after the in-flight slot of a request is released, on every exit path. A gate may also
-  define `first_byte(request, replica)`: called once per request at its first response
-  byte, or before `finished` when none arrived (the prefill is over either way).
+  after the in-flight slot of a request is released, on every exit path; `first_byte(request,
+  replica)` once per request at its first response byte, or before `finished` when none
+  arrived (the prefill is over either way).
 * `state.payload: PayloadShaper | None` -- the body bytes to send to one replica, given
   (request, body, raw bytes, replica): the engine's `priority` set or stripped
   (gateway.admission.engine_order). None: the client's bytes as they came.
@@ -130,6 +130,11 @@ class AdmissionGate(Protocol):
 
     async def wait(self, request: RouteRequest, replica: ReplicaId) -> float:
         """Queue until `replica` has room, or raise a GatewayError (429)."""
+        ...
+
+    def first_byte(self, request: RouteRequest, replica: ReplicaId | None) -> None:
+        """The request's prefill is over: its first response byte, or its end without one
+        (`replica` None when no leg opened). Once per request, before `finished`."""
         ...
 
     def finished(self, request: RouteRequest, replica: ReplicaId | None) -> None: ...

@@ -148,8 +148,9 @@ class FirstByte:
         self._ex = ex
         self._request = request
         self._meter, self._clock = state.cluster.prefill, state.cluster.clock
-        self._notify: Callable[[RouteRequest, ReplicaId | None], None] | None = getattr(
-            state.admission, "first_byte", None
+        gate = state.admission
+        self._notify: Callable[[RouteRequest, ReplicaId | None], None] | None = (
+            gate.first_byte if gate is not None else None
         )
         self._tracker = state.router_prefill
         # False when neither admission nor the router listens.
