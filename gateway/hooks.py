@@ -90,6 +90,19 @@ class RequestOutcome:
 
 
 OutcomeObserver = Callable[[RequestOutcome], None]
+
+
+@dataclass(frozen=True, slots=True)
+class InboundRewrite:
+    """A feature's rewrite of every proxied JSON body, before the request is understood
+    (gateway.pd: the engine-steering fields a client may not send). `body(body)` returns
+    the new body, or None when it leaves it as it is (the usual case, free); the request
+    headers in `drop_headers` are never forwarded."""
+
+    body: Callable[[dict[str, Any]], dict[str, Any] | None]
+    drop_headers: frozenset[bytes] = frozenset()
+
+
 DispatchObserver = Callable[[RouteRequest, ReplicaId, Mapping[str, Any]], None]
 PreRoute = Callable[[RouteRequest, Mapping[str, Any]], Awaitable[None] | None]
 
