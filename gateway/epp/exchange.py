@@ -59,6 +59,9 @@ class _Forwarded:
     async def read(self) -> bytes:
         raise NotImplementedError("Envoy forwards the body")
 
+    def body_done(self) -> None:
+        return None
+
     async def aclose(self) -> None:
         return None
 

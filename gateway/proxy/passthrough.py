@@ -42,7 +42,7 @@ async def pass_through(
     response = leg.response
     send, call = ex.send, ex.call
     # The last chunk goes out with the end of the response, as for streams (gateway.upstream).
-    body_done: Callable[[], bool] | None = getattr(response, "body_done", None)
+    body_done = response.body_done
     try:
         chunk = await leg.next_chunk()
     except GatewayError as err:
@@ -59,7 +59,7 @@ async def pass_through(
     await send({"type": "http.response.start", "status": ex.status, "headers": out_headers})
     try:
         while True:
-            if body_done is not None and body_done():
+            if body_done():
                 call.stop_watching()
                 await send({"type": "http.response.body", "body": chunk, "more_body": False})
                 ex.ok = ex.status < 400
@@ -67,7 +67,7 @@ async def pass_through(
             if chunk:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             chunk = await leg.next_chunk()
-            if not chunk and (body_done is None or body_done()):
+            if not chunk and body_done() is not False:
                 break
     except GatewayError as err:
         log.warning("upstream %s failed mid-body: %s", leg.replica, err.message)

@@ -96,7 +96,7 @@ async def relay(
 
     # The last chunk goes out with the end of the response (one write) when the client
     # can tell the body is complete without another read.
-    body_done: Callable[[], bool] | None = getattr(response, "body_done", None)
+    body_done = response.body_done
     tail = b""
     stripper = UsageStripper() if ex.strip_usage else None
     error_code: str | None = None
@@ -135,7 +135,7 @@ async def relay(
                     chunk = stripper.feed(chunk)
                 elif want_usage:
                     tail = (tail + chunk)[-USAGE_TAIL_BYTES:]
-            if body_done is not None and body_done():
+            if body_done():
                 if stripper is not None:
                     chunk += stripper.flush()
                 call.stop_watching()
@@ -149,7 +149,7 @@ async def relay(
                 if ticket is not None:
                     ticket.delivered(timer.token_events)
             chunk = await leg.next_chunk()
-            if not chunk and (body_done is None or body_done()):
+            if not chunk and body_done() is not False:
                 break
     except GatewayError as err:
         error_code = err.code or "upstream_error"
