@@ -3,15 +3,15 @@
 Nothing is created at import time. Background work (embedded simulated engines when no
 replica is configured, model discovery, health probes, feature services) starts in the
 lifespan and stops in reverse order. Feature packages wire themselves in through
-`FEATURE_INSTALLERS`: each is an import string of `install(state) -> None`, called at the
-end of `build_app`, which may set the hooks described in `gateway.hooks`.
+`FEATURE_INSTALLERS`: each names an `install(state) -> None` by import string and the
+installers it requires, run in order (checked) at the end of `build_app`; an installer
+may set the hooks described in `gateway.hooks`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -35,6 +35,7 @@ from gateway.errors import (
 )
 from gateway.fastpath import GatewayApp
 from gateway.health import HealthMonitor
+from gateway.installers import Installer, run_installers
 from gateway.lineage import Conversations
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.models import ModelsCache
@@ -50,35 +51,61 @@ from gateway.upstream import Timeouts, make_client
 
 log = logging.getLogger("kvgate")
 
-# Import strings of `install(state)` functions, run in order by build_app. Feature helpers
-# add their line here (the module must exist and import cleanly).
-FEATURE_INSTALLERS: tuple[str, ...] = (
+# The feature installers, run in this order by build_app, which checks that each comes
+# after every installer it `requires` (gateway.installers). Feature helpers add their line
+# here (the module must exist and import cleanly).
+FEATURE_INSTALLERS: tuple[Installer, ...] = (
     # Pools first: one composed router per pool behind the pool selector, which the
     # store's sticky wrapper then sits around (it only reorders the pool-safe ranking).
-    "gateway.pools.install:install",
-    # After pools: a tier's model may be a pools alias (state.resolve_model).
-    "gateway.tiers.install:install",
-    "gateway.store.install:install",
-    # After the store: shared keys and quotas use its Redis.
-    "gateway.auth.install:install",
-    "gateway.pd.install:install",
-    "gateway.trace.install:install",
-    "gateway.tracing.install:install",
-    "gateway.scrape.install:install",
-    # After the scraper (it fills in a capacity the engine's metrics leave out), before
-    # the KV events (their discovery listens to it) and admission (the priority direction).
-    "gateway.facts.install:install",
-    "gateway.kvevents.install:install",
-    # Last: it detects the final router's abilities (e.g. a prefix index) once.
-    "gateway.admission.install:install",
-    "gateway.accounting:install",
-    "gateway.looplag:install",
+    Installer("pools", "gateway.pools.install:install"),
+    # A tier's model may be a pools alias (state.resolve_model).
+    Installer("tiers", "gateway.tiers.install:install", requires=("pools",)),
+    # Its sticky layer goes around the pools' router (ROUTER_LAYERS).
+    Installer("store", "gateway.store.install:install", requires=("pools",)),
+    # Shared keys and quotas use the store's Redis.
+    Installer("auth", "gateway.auth.install:install", requires=("store",)),
+    # PD's colocated layer is the outermost router layer.
+    Installer("pd", "gateway.pd.install:install", requires=("pools", "store")),
+    Installer("trace", "gateway.trace.install:install"),
+    Installer("tracing", "gateway.tracing.install:install"),
+    Installer("scrape", "gateway.scrape.install:install"),
+    # The engine's own description fills in a capacity its metrics leave out.
+    Installer("facts", "gateway.facts.install:install", requires=("scrape",)),
+    # Endpoint discovery follows the facts' endpoints.
+    Installer("kvevents", "gateway.kvevents.install:install", requires=("facts",)),
+    # It detects the final router's abilities (e.g. a prefix index) once, after every
+    # router layer; the priority direction comes from the facts, else the scraper.
+    Installer(
+        "admission",
+        "gateway.admission.install:install",
+        requires=("pools", "store", "pd", "scrape", "facts"),
+    ),
+    Installer("accounting", "gateway.accounting:install"),
+    Installer("looplag", "gateway.looplag:install"),
     # Reads what the others installed (scraper, pools, admission); adds no request-path hook.
-    "gateway.console.install:install",
+    Installer(
+        "console", "gateway.console.install:install", requires=("scrape", "pools", "admission")
+    ),
     # With --workers N: /metrics merges every worker's series (gateway.workers).
-    "gateway.workers.install:install",
-    # Its service starts after every other one (they listen to membership changes).
-    "gateway.discovery.install:install",
+    Installer("workers", "gateway.workers.install:install"),
+    # Its service starts after every other service (they listen to membership changes).
+    Installer(
+        "discovery",
+        "gateway.discovery.install:install",
+        requires=(
+            "pools",
+            "store",
+            "auth",
+            "trace",
+            "tracing",
+            "scrape",
+            "kvevents",
+            "admission",
+            "looplag",
+            "console",
+            "workers",
+        ),
+    ),
 )
 
 _UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")
@@ -220,9 +247,7 @@ def build_app(settings: KvgateSettings | None = None) -> Starlette:
     """A fresh gateway app; everything it uses hangs on `app.state.gateway`."""
     settings = settings or KvgateSettings()
     state = build_state(settings)
-    for target in FEATURE_INSTALLERS:
-        module_name, _, attr = target.partition(":")
-        getattr(importlib.import_module(module_name), attr)(state)
+    run_installers(state, FEATURE_INSTALLERS)
 
     async def health(request: Request) -> Response:
         return Response(b'{"status":"ok"}', media_type="application/json")

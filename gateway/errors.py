@@ -9,9 +9,14 @@ place (the upstream seam); every boundary that owns a response renders it with
 from __future__ import annotations
 
 import re
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import orjson
+
+# The dialect of the gateway's own error bodies on a route, and of the event in which a
+# stream's failure is told (the Responses API numbers its events; Anthropic names them).
+ErrorDialect = Literal["openai", "anthropic"]
+EventDialect = Literal["openai", "responses", "anthropic"]
 
 
 class GatewayError(Exception):
@@ -202,7 +207,9 @@ def anthropic_body(err: GatewayError) -> bytes:
 _SEQUENCE = re.compile(rb'"sequence_number":\s*(\d+)')
 
 
-def stream_error_event(err: GatewayError, shape: str = "openai", last: bytes = b"") -> bytes:
+def stream_error_event(
+    err: GatewayError, shape: EventDialect = "openai", last: bytes = b""
+) -> bytes:
     """A failure told in-band, once a stream has started, in the stream's own dialect.
 
     "openai" (chat, completions): a `data:` chunk holding OpenAI's error object, as vLLM
@@ -225,7 +232,7 @@ def stream_error_event(err: GatewayError, shape: str = "openai", last: bytes = b
 
 
 def error_response_parts(
-    err: GatewayError, shape: str = "openai"
+    err: GatewayError, shape: ErrorDialect = "openai"
 ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
     """Status, raw ASGI headers and body for a gateway-made error, in the route's shape."""
     body = anthropic_body(err) if shape == "anthropic" else err.body()

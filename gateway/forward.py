@@ -19,9 +19,11 @@ RETRYABLE_STATUSES = frozenset({502, 503, 504})
 
 
 class Leg:
-    """`first` and `chunks`: for a stream, its first body chunk (already read, so that an
-    engine that sends headers and then nothing can still be failed over) and the iterator
-    the rest comes from."""
+    """One response from one replica. `first` and `chunks`: for a stream, its first body
+    chunk (already read, so that an engine that sends headers and then nothing can still be
+    failed over) and the iterator the rest comes from. A leg names its replica in the
+    errors its body raises (`read`, `next_chunk`): the clients' messages never name the
+    engine's address, and the stages that relay the body need not."""
 
     __slots__ = ("_cluster", "_released", "chunks", "first", "replica", "response")
 
@@ -32,6 +34,29 @@ class Leg:
         self._released = False
         self.first: bytes | None = None
         self.chunks: AsyncIterator[bytes] | None = None
+
+    async def read(self) -> bytes:
+        """The whole body (see `UpstreamResponse.read`)."""
+        try:
+            return await self.response.read()
+        except GatewayError as err:
+            name_replica(err, self.replica)
+            raise
+
+    async def next_chunk(self) -> bytes:
+        """The next body chunk, `b""` at the end; the chunk `open_leg` peeked comes first."""
+        first = self.first
+        if first is not None:
+            self.first = None
+            return first
+        chunks = self.chunks
+        if chunks is None:
+            chunks = self.chunks = self.response.iter_bytes()
+        try:
+            return await anext(chunks, b"")
+        except GatewayError as err:
+            name_replica(err, self.replica)
+            raise
 
     async def aclose(self) -> None:
         if not self._released:

@@ -7,9 +7,9 @@ request path pays nothing for a feature that is not configured:
   routing; after the routing decision `must_wait` (sync, free) says whether the chosen
   replica is saturated, and only then `wait` queues (or raises `RateLimited`, 429);
   `finished(request, replica)` is called
-  after the in-flight slot of a request is released, on every exit path. A gate may also
-  define `first_byte(request, replica)`: called once per request at its first response
-  byte, or before `finished` when none arrived (the prefill is over either way).
+  after the in-flight slot of a request is released, on every exit path; `first_byte(request,
+  replica)` once per request at its first response byte, or before `finished` when none
+  arrived (the prefill is over either way).
 * `state.payload: PayloadShaper | None` -- the body bytes to send to one replica, given
   (request, body, raw bytes, replica): the engine's `priority` set or stripped
   (gateway.admission.engine_order). None: the client's bytes as they came.
@@ -90,6 +90,19 @@ class RequestOutcome:
 
 
 OutcomeObserver = Callable[[RequestOutcome], None]
+
+
+@dataclass(frozen=True, slots=True)
+class InboundRewrite:
+    """A feature's rewrite of every proxied JSON body, before the request is understood
+    (gateway.pd: the engine-steering fields a client may not send). `body(body)` returns
+    the new body, or None when it leaves it as it is (the usual case, free); the request
+    headers in `drop_headers` are never forwarded."""
+
+    body: Callable[[dict[str, Any]], dict[str, Any] | None]
+    drop_headers: frozenset[bytes] = frozenset()
+
+
 DispatchObserver = Callable[[RouteRequest, ReplicaId, Mapping[str, Any]], None]
 PreRoute = Callable[[RouteRequest, Mapping[str, Any]], Awaitable[None] | None]
 
@@ -130,6 +143,11 @@ class AdmissionGate(Protocol):
 
     async def wait(self, request: RouteRequest, replica: ReplicaId) -> float:
         """Queue until `replica` has room, or raise a GatewayError (429)."""
+        ...
+
+    def first_byte(self, request: RouteRequest, replica: ReplicaId | None) -> None:
+        """The request's prefill is over: its first response byte, or its end without one
+        (`replica` None when no leg opened). Once per request, before `finished`."""
         ...
 
     def finished(self, request: RouteRequest, replica: ReplicaId | None) -> None: ...

@@ -103,6 +103,28 @@ class EstimatesCachedTokens(Protocol):
     def cached_tokens(self, request: RouteRequest, replica: ReplicaId) -> int: ...
 
 
+@runtime_checkable
+class HandlesSaturation(Protocol):
+    """A scorer that weighs saturation itself (its own load bound on the sticky or cached
+    replica): the composed router does not demote saturated replicas before it, and the
+    store's sticky layer does not reorder its ranking."""
+
+    handles_saturation: ClassVar[bool]
+
+
+def weighs_saturation(policy: object) -> bool:
+    """Whether `policy` bounds saturation itself (`HandlesSaturation`)."""
+    return isinstance(policy, HandlesSaturation) and policy.handles_saturation
+
+
+@runtime_checkable
+class Composite(Protocol):
+    """A policy made of other policies: a wrapper's inner router, a composed router's
+    scorer and fallback. The first part is the primary one (the one that ranks)."""
+
+    def parts(self) -> tuple[Policy, ...]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class PolicyContext:
     """What a policy may receive at construction besides its own config."""

@@ -34,6 +34,7 @@ from gateway.policy import (
     TracksPrefill,
     build_policy,
     resolve_policy_class,
+    weighs_saturation,
 )
 from gateway.types import Choice, ClusterView, EngineLoad, ReplicaId, ReplicaState, RouteRequest
 
@@ -125,9 +126,7 @@ class ComposedRouter:
         self.fallback = fallback
         self._drop = tuple(DROP_FILTERS[f] for f in filters if f in DROP_FILTERS)
         # A scorer that weighs saturation itself (its own load bound) is not second-guessed.
-        self._demote = "not_saturated" in filters and not getattr(
-            scorer, "handles_saturation", False
-        )
+        self._demote = "not_saturated" in filters and not weighs_saturation(scorer)
         self._limits = saturation or SaturationLimits()
         self._narrow_source: tuple[ReplicaState, ...] | None = None
         self._narrowed: dict[
@@ -144,6 +143,10 @@ class ComposedRouter:
             # Set only when a part has it, so `isinstance(router, EstimatesCachedTokens)`
             # stays false otherwise (PD then falls back to its own served-prefix index).
             self.cached_tokens = estimators[0].cached_tokens
+
+    def parts(self) -> tuple[Policy, ...]:
+        """`Composite`: the scorer, then the fallback."""
+        return (self.scorer,) if self.fallback is None else (self.scorer, self.fallback)
 
     def choose(self, request: RouteRequest, view: ClusterView) -> Choice:
         sub = self._narrow(request, view)

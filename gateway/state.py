@@ -16,6 +16,7 @@ from gateway.hooks import (
     AdmissionGate,
     Dispatcher,
     DispatchObserver,
+    InboundRewrite,
     LocalPlacements,
     OutcomeObserver,
     PayloadShaper,
@@ -54,6 +55,8 @@ class GatewayState:
     models: ModelsCache
     observers: list[OutcomeObserver] = field(default_factory=list)
     dispatch_observers: list[DispatchObserver] = field(default_factory=list)
+    # Body rewrites features ask of inbound (gateway.hooks.InboundRewrite), in order.
+    inbound_rewrites: list[InboundRewrite] = field(default_factory=list)
     admission: AdmissionGate | None = None
     payload: PayloadShaper | None = None
     pre_route: PreRoute | None = None

@@ -12,6 +12,8 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Literal, NewType, Protocol
 
+from gateway.errors import ErrorDialect, EventDialect
+
 ReplicaId = NewType("ReplicaId", str)
 SessionKey = NewType("SessionKey", str)
 
@@ -69,9 +71,9 @@ class RouteSpec:
     path: str
     prompt: PromptKind
     generates: bool = False
-    errors: Literal["openai", "anthropic"] = "openai"
+    errors: ErrorDialect = "openai"
     multipart: bool = False
-    events: Literal["openai", "responses", "anthropic"] = "openai"
+    events: EventDialect = "openai"
     # The body field that names an earlier answer stored on one replica (Responses API).
     continues: str | None = None
 
@@ -128,7 +130,7 @@ UPSTREAM_PATHS: Mapping[str, str] = MappingProxyType({"/v1/classify": "/classify
 _ANTHROPIC_PATHS = frozenset(s.path for s in ROUTE_SPECS.values() if s.errors == "anthropic")
 
 
-def error_shape(path: str) -> Literal["openai", "anthropic"]:
+def error_shape(path: str) -> ErrorDialect:
     """The error body shape of the API served at `path`."""
     return "anthropic" if path in _ANTHROPIC_PATHS else "openai"
 

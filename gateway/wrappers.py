@@ -16,9 +16,10 @@ store's `StickyFirst`, PD's `ColocatedFirst`). Two rules keep that composable:
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
 
 from gateway.policy import (
+    Composite,
     EstimatesCachedTokens,
     ObservesOutcome,
     ObservesPlacement,
@@ -64,7 +65,27 @@ class RouterWrapper:
                     if not hasattr(own, name):
                         setattr(self, name, getattr(inner, name))
 
+    def parts(self) -> tuple[Policy, ...]:
+        """`Composite`: the inner router."""
+        return (self.inner,)
+
     @property
-    def scorer(self) -> Any:
-        # Feature packages look into a router for parts (e.g. `handles_saturation`).
-        return getattr(self.inner, "scorer", self.inner)
+    def scorer(self) -> Policy:
+        """The policy that ranks, under every wrapper and composition (`primary`)."""
+        return primary(self.inner)
+
+
+def walk(router: Policy) -> Iterator[Policy]:
+    """`router`, then the parts it is made of (`Composite`), depth first: the one way
+    feature packages look into a composed router for an ability."""
+    yield router
+    if isinstance(router, Composite):
+        for part in router.parts():
+            yield from walk(part)
+
+
+def primary(router: Policy) -> Policy:
+    """The policy that ranks: the first part, followed down to one made of no parts."""
+    while isinstance(router, Composite) and (parts := router.parts()):
+        router = parts[0]
+    return router

@@ -74,7 +74,7 @@ def test_the_cli_line_lists_every_command_and_only_those() -> None:
 def test_the_installers_are_listed_in_their_order() -> None:
     paragraph = DOC.split("The installers run in this order", 1)[1].split("\n\n", 1)[0]
     documented = re.findall(r"`(gateway\.[\w.]+)`", paragraph)
-    assert documented == [entry.split(":", 1)[0] for entry in FEATURE_INSTALLERS]
+    assert documented == [installer.module for installer in FEATURE_INSTALLERS]
 
 
 def test_every_state_hook_is_in_the_table_and_every_one_named_exists() -> None:

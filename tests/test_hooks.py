@@ -13,10 +13,11 @@ import pytest
 from gateway.errors import RateLimited
 from gateway.forward import Leg
 from gateway.hooks import ForwardContext, LocalPlacements, RequestOutcome
-from gateway.policy import PolicyConfig, PolicyContext
+from gateway.policy import ObservesOutcome, ObservesPlacement, PolicyConfig, PolicyContext
 from gateway.sim.server import SimEngine
 from gateway.testing.servers import RunningGateway, gateway, sim_engines
 from gateway.types import Choice, ClusterView, ReplicaId, RouteRequest, SessionKey
+from gateway.wrappers import primary
 
 MODEL = "kvgate-sim"
 
@@ -78,6 +79,7 @@ class Gate:
         self.classified: list[RouteRequest] = []
         self.waited: list[str] = []
         self.finished_on: list[str | None] = []
+        self.first_byte_on: list[str | None] = []
         self.refuse = False
 
     def classify(
@@ -99,13 +101,17 @@ class Gate:
     def payload(self, request: RouteRequest, body: Any, raw: bytes, replica: ReplicaId) -> bytes:
         return raw
 
+    def first_byte(self, request: RouteRequest, replica: ReplicaId | None) -> None:
+        assert len(self.first_byte_on) == len(self.finished_on)  # before `finished`
+        self.first_byte_on.append(replica)
+
     def finished(self, request: RouteRequest, replica: ReplicaId | None) -> None:
         self.finished_on.append(replica)
 
 
 async def test_admission_gate_is_called_and_released(gw: RunningGateway) -> None:
     gate = Gate()
-    gw.state.admission = gate  # type: ignore[assignment]
+    gw.state.admission = gate
     async with openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client:
         await client.chat.completions.create(
             model=MODEL,
@@ -114,6 +120,7 @@ async def test_admission_gate_is_called_and_released(gw: RunningGateway) -> None
         )
         assert len(gate.classified) == 1 and len(gate.waited) == 1
         assert gate.finished_on == gate.waited
+        assert gate.first_byte_on == gate.waited  # once, on the replica that served it
         assert (
             gate.classified[0].priority_class == "interactive"
             and gate.classified[0].tenant == "acme"
@@ -205,9 +212,10 @@ class Recording:
 
 async def test_router_abilities_are_called(engines: list[SimEngine]) -> None:
     async with gateway(engines, routing={"policy": "tests.test_hooks:Recording"}) as gw:
-        composed = gw.state.router
-        router = getattr(composed, "scorer", composed)  # the routing layer may wrap the policy
+        router = primary(gw.state.router)  # the routing layer composes the policy
+        # Loaded by its import string: `tests.test_hooks.Recording`, not this module's class.
         assert type(router).__name__ == "Recording" and gw.state.router_placed is not None
+        assert isinstance(router, ObservesPlacement) and isinstance(router, ObservesOutcome)
         async with httpx.AsyncClient(base_url=gw.url) as http:
             r = await http.post(
                 "/v1/chat/completions", json=chat(), headers={"x-request-id": "abc"}

@@ -6,13 +6,23 @@ import pytest
 
 from gateway.app import build_app
 from gateway.errors import ConfigError
+from gateway.pd.cached import find_estimator
 from gateway.pd.colocated import ColocatedFirst
-from gateway.policy import EstimatesCachedTokens, ObservesPlacement, TracksPrefill
+from gateway.policy import (
+    Composite,
+    EstimatesCachedTokens,
+    ObservesPlacement,
+    TracksPrefill,
+    weighs_saturation,
+)
+from gateway.routing import ComposedRouter
 from gateway.settings import KvgateSettings
 from gateway.state import GatewayState
+from gateway.store.memory import MemoryStore
+from gateway.store.sticky import StickyFirst
 from gateway.testing.views import make_request
 from gateway.types import Choice, ClusterView, ReplicaId, RouteRequest
-from gateway.wrappers import ROUTER_LAYERS, RouterWrapper, abilities_of
+from gateway.wrappers import ROUTER_LAYERS, RouterWrapper, abilities_of, primary, walk
 
 
 class _Base:
@@ -104,3 +114,35 @@ def test_layers_apply_only_in_the_declared_order() -> None:
     with pytest.raises(ConfigError, match="declared layers"):
         state.wrap_router("cors", lambda inner: inner)
     assert ROUTER_LAYERS.index("pools") < ROUTER_LAYERS.index("sticky")
+
+
+class _Sticking(_Plain):
+    name = "sticking"
+    handles_saturation = True
+
+
+def test_parts_are_declared_and_walked_through_every_layer() -> None:
+    """Sticky over a composed router (scorer + fallback) under PD's layer: the walk finds
+    every part, the primary is the scorer, its declared saturation handling is seen."""
+    scorer, fallback = _Sticking(), _Base()
+    composed = ComposedRouter(scorer, fallback, filters=("not_saturated",))
+    sticky = StickyFirst(composed, MemoryStore())
+    top = ColocatedFirst(sticky)
+    assert isinstance(top, Composite) and top.parts() == (sticky,)
+    assert composed.parts() == (scorer, fallback)
+    assert list(walk(top)) == [top, sticky, composed, scorer, fallback]
+    assert primary(top) is scorer and top.scorer is scorer
+    assert weighs_saturation(scorer) and not weighs_saturation(fallback)
+    assert sticky._scorer_sticks  # the store's layer keeps the scorer's own ranking
+    # PD's estimate comes from the first part that has one: the fallback here.
+    assert find_estimator(top) is not None
+    assert find_estimator(top).cached_tokens(make_request(), ReplicaId("r")) == 42  # type: ignore[union-attr]
+    assert find_estimator(ColocatedFirst(_Plain())) is None
+
+
+def test_a_scorer_without_the_declaration_is_second_guessed() -> None:
+    composed = ComposedRouter(_Plain(), filters=("not_saturated",))
+    sticky = StickyFirst(composed, MemoryStore())
+    assert composed.parts() == (composed.scorer,)
+    assert not weighs_saturation(primary(sticky)) and not sticky._scorer_sticks
+    assert composed._demote  # saturated replicas are demoted before a plain scorer

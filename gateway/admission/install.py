@@ -12,6 +12,7 @@ from gateway.admission.classes import ClassMap
 from gateway.admission.engine_order import EnginePayload
 from gateway.admission.gate import AdmissionGate
 from gateway.hooks import RequestOutcome
+from gateway.scrape.scraper import MetricsScraper
 from gateway.state import GatewayState
 from gateway.types import ReplicaId
 
@@ -38,10 +39,9 @@ def detected_direction(state: GatewayState, replica: ReplicaId) -> bool | None:
     said = facts.runs_higher_first(replica) if facts is not None else None
     if isinstance(said, bool):
         return said
-    scraper = state.extras.get("scrape")
-    kind = getattr(scraper, "kinds", {}).get(replica)
-    value = getattr(kind, "value", None)
-    return {"sglang": True, "vllm": False}.get(value) if isinstance(value, str) else None
+    scraper: MetricsScraper | None = state.extras.get("scrape")
+    kind = scraper.kinds.get(replica) if scraper is not None else None
+    return {"sglang": True, "vllm": False}.get(kind.value) if kind is not None else None
 
 
 def install(state: GatewayState) -> None:

@@ -29,7 +29,7 @@ from gateway.epp import wire
 from gateway.errors import GatewayError, NoHealthyReplica, PayloadTooLarge, error_response_parts
 from gateway.forward import Leg
 from gateway.proxy.continuation import id_in_json, id_in_stream, response_key
-from gateway.proxy.decide import FirstByte, candidate, decide, mark_placed
+from gateway.proxy.decide import FirstByte, candidate, decide, dispatched, mark_placed
 from gateway.proxy.exchange import Exchange
 from gateway.stream_usage import UsageStripper
 from gateway.types import ROUTE_SPECS, Choice, ReplicaId, RouteRequest
@@ -58,6 +58,9 @@ class _Forwarded:
 
     async def read(self) -> bytes:
         raise NotImplementedError("Envoy forwards the body")
+
+    def body_done(self) -> None:
+        return None
 
     async def aclose(self) -> None:
         return None
@@ -248,16 +251,8 @@ class EppStream:
             await proxy.settle(ex, request, first_byte)
             return
         primary = ranked[0]
-        cached = state.router_cached(request, primary) if state.router_cached is not None else 0
-        cluster = state.cluster
-        cluster.prefill.dispatched(
-            request.request_id, primary, request.prompt_tokens - cached, cluster.clock()
-        )
-        if state.router_prefill is not None:
-            state.router_prefill.dispatched(request, primary)
         payload_body = ex.body or {}
-        for observe in state.dispatch_observers:
-            observe(request, primary, payload_body)
+        dispatched(state, request, primary, payload_body)
         if ex.upload is not None:
             payload = body  # a form goes as it came
         else:

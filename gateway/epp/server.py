@@ -29,6 +29,7 @@ from gateway.proxy.inbound import Inbound
 from gateway.proxy.outcome import Outcome
 from gateway.request_id import RequestIds
 from gateway.state import GatewayState
+from gateway.store.base import Store
 from gateway.types import ENDPOINT_PATHS, EXTRA_PATHS, Endpoint, ReplicaId
 
 log = logging.getLogger("kvgate.epp")
@@ -119,9 +120,8 @@ class EppCore:
         cluster = self.state.cluster
         if not any(cluster.is_healthy(r) for r in cluster.members):
             return False
-        store = self.state.extras.get("store")
-        status = getattr(store, "status", None)
-        return not (status is not None and status().degraded)
+        store: Store | None = self.state.extras.get("store")
+        return not (store is not None and store.status().degraded)
 
 
 class ExternalProcessor(external_processor_pb2_grpc.ExternalProcessorServicer):  # type: ignore[misc]

@@ -15,14 +15,16 @@ from gateway.hashing import leading_match
 from gateway.hooks import RequestOutcome
 from gateway.policy import EstimatesCachedTokens, Policy
 from gateway.types import ReplicaId, RouteRequest, SessionKey
+from gateway.wrappers import walk
 
 DEFAULT_BLOCKS_PER_REPLICA = 65_536
 DEFAULT_SESSIONS = 100_000
 
 
 def find_estimator(router: Policy) -> EstimatesCachedTokens | None:
-    """The router, or a part it composes (`scorer`, `inner`), that estimates cached tokens."""
-    for part in (router, getattr(router, "scorer", None), getattr(router, "inner", None)):
+    """The router, or a part it is made of (gateway.wrappers.walk), that estimates cached
+    tokens."""
+    for part in walk(router):
         if isinstance(part, EstimatesCachedTokens):
             return part
     return None

@@ -44,6 +44,9 @@ class PeekedResponse:
         self._rest = rest
         self._watch = watch
 
+    def body_done(self) -> None:
+        return None  # read to the end of `rest` (gateway.upstream.base)
+
     async def iter_bytes(self) -> AsyncIterator[bytes]:
         if self._first:
             yield self._first

@@ -149,7 +149,7 @@ class PoolSelector:
             # still offer them, least utilised first, rather than drop the request.
             ranked = [r.id for r in sorted(candidates, key=lambda r: self._util(r, view))]
             inner_reason = "least_utilised"
-        inner_name = getattr(self._inner(pool), "name", "")
+        inner_name = self._inner(pool).name
         return Choice(
             tuple(ranked),
             reason=f"{pool or '-'}:{why}:{inner_reason}",

@@ -1,16 +1,18 @@
 """The decision, shared by the proxy (gateway.proxy.attempts) and the EPP (gateway.epp).
 
 Request in, choice out, outcome back: `decide` runs the pre-route wait, the router, the
-pinning of a continuation and admission's wait; `mark_placed` tells the router and the
-lineage index where the request went; `FirstByte` gives admission and the router their
-prefill signal once. Whoever forwards the bytes (the proxy's legs, or Envoy told by the
+pinning of a continuation and admission's wait; `dispatched` gives the prefill meter, the
+router and the dispatch observers the replica an attempt goes to; `mark_placed` and
+`place` tell the router and the lineage index where the request went, once per replica;
+`FirstByte` gives admission and the router their prefill signal once. Whoever forwards the bytes (the proxy's legs, or Envoy told by the
 EPP) calls these, so no policy, admission or accounting step exists twice.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from gateway.errors import GatewayError
 from gateway.forecast import forecast
@@ -77,6 +79,24 @@ async def decide(
     return choice, view
 
 
+def dispatched(
+    state: GatewayState, request: RouteRequest, replica: ReplicaId, body: Mapping[str, Any]
+) -> None:
+    """The request is about to go to `replica`: the prefill meter (with what the replica
+    holds before this request is placed there), the router's prefill tracking and the
+    dispatch observers hear of it."""
+    estimate = state.router_cached
+    cached = estimate(request, replica) if estimate is not None else 0
+    cluster = state.cluster
+    cluster.prefill.dispatched(
+        request.request_id, replica, request.prompt_tokens - cached, cluster.clock()
+    )
+    if state.router_prefill is not None:
+        state.router_prefill.dispatched(request, replica)
+    for observe in state.dispatch_observers:
+        observe(request, replica, body)
+
+
 def mark_placed(
     state: GatewayState,
     ex: Exchange,
@@ -88,16 +108,32 @@ def mark_placed(
     """Placed as the attempt is sent, not once the first byte is back: a request sharing
     this prompt that arrives during its prefill (seconds at 100K tokens) must find it
     placed. After the PD decision, which asks what is cached where."""
-    ex.placed_on = replica
-    estimate = getattr(state.router, "cached_tokens", None)
+    estimate = state.router_cached
     if estimate is not None:
         policy = choice.policy or type(state.router).__name__
         ex.forecast = forecast(estimate, request, replica, choice.ranked, policy)
+    place(state, ex, request, replica, view)
+
+
+def place(
+    state: GatewayState,
+    ex: Exchange,
+    request: RouteRequest,
+    replica: ReplicaId,
+    view: ClusterView | None = None,
+) -> None:
+    """Tell the router and the lineage index that `request` is on `replica`, once: at
+    dispatch, and again only when the replica serving it is another one (a PD hand-off
+    serves from its decode replica)."""
+    if ex.placed_on == replica:
+        return
+    ex.placed_on = replica
     if state.router_placed is not None:
         state.router_placed(request, replica)
-    if state.lineage is not None and request.key_source == "lineage":
-        state.lineage.fit(view.replicas)
-        state.lineage.record(request.lineage_hashes, request.session_key, request.lineage_tail)
+    lineage = state.lineage
+    if lineage is not None and request.key_source == "lineage":
+        lineage.fit((view if view is not None else state.cluster.view()).replicas)
+        lineage.record(request.lineage_hashes, request.session_key, request.lineage_tail)
 
 
 class FirstByte:
@@ -112,8 +148,9 @@ class FirstByte:
         self._ex = ex
         self._request = request
         self._meter, self._clock = state.cluster.prefill, state.cluster.clock
-        self._notify: Callable[[RouteRequest, ReplicaId | None], None] | None = getattr(
-            state.admission, "first_byte", None
+        gate = state.admission
+        self._notify: Callable[[RouteRequest, ReplicaId | None], None] | None = (
+            gate.first_byte if gate is not None else None
         )
         self._tracker = state.router_prefill
         # False when neither admission nor the router listens.

@@ -29,7 +29,7 @@ from gateway.errors import GatewayError, NotFound, error_response_parts
 from gateway.hooks import RequestTracer, SessionPlacements
 from gateway.proxy.attempts import Attempts
 from gateway.proxy.continuation import chain_key, may_use, remember
-from gateway.proxy.decide import FirstByte
+from gateway.proxy.decide import FirstByte, place
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.identity import Identity, with_key, with_sticky
 from gateway.proxy.inbound import Inbound
@@ -225,14 +225,8 @@ class ProxyEndpoint:
         placements = state.placements
         if placements is not None and (request.sticky_replica != replica or ex.borrowed):
             await placements.record(request.session_key, replica)
-        if replica == ex.placed_on:
-            return  # the router and the lineage index were told at dispatch
-        # A PD hand-off serves from its decode replica, not the one the attempt was sent to.
-        if state.router_placed is not None:
-            state.router_placed(request, replica)
-        if state.lineage is not None and request.key_source == "lineage":
-            state.lineage.fit(state.cluster.view().replicas)
-            state.lineage.record(request.lineage_hashes, request.session_key, request.lineage_tail)
+        # Told at dispatch already unless a PD hand-off serves from another replica.
+        place(state, ex, request, replica)
 
     async def _settle(
         self, ex: Exchange, request: RouteRequest, first_byte: Callable[[], None]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.asgi import Receive, Scope, Send
 from gateway.disconnect import CallState
+from gateway.errors import ErrorDialect
 from gateway.forecast import Forecast
 from gateway.types import ReplicaId, RouteRequest, SessionKey
 
@@ -106,7 +107,7 @@ class Exchange:
         self.error_code: str | None = None
         self.usage: dict[str, Any] | None = None
         # The shape of the gateway's own error bodies on this route ("openai", "anthropic").
-        self.errors = "openai"
+        self.errors: ErrorDialect = "openai"
         # Responses API: read the answer's id, so a continuation finds its replica.
         self.find_response_id = False
         # Lineage the client named: its parent agent's session, the Responses chain's root

@@ -23,7 +23,6 @@ from gateway.body import (
 from gateway.errors import BadRequest, Forbidden, ModelNotFound
 from gateway.hashing import digest_hex
 from gateway.keys import agent_lineage, route_request, session_key
-from gateway.pd.decision import CLIENT_PD_HEADERS, without_client_pd_fields
 from gateway.proxy.continuation import continuing, response_digest
 from gateway.proxy.exchange import Exchange
 from gateway.scope import PRINCIPAL_KEY
@@ -83,10 +82,10 @@ class Inbound:
         "_path",
         "_priority_header",
         "_propagate",
+        "_rewrites",
         "_salted",
         "_session_header",
         "_state",
-        "_strip_pd",
         "_tenant_header",
     )
 
@@ -117,7 +116,8 @@ class Inbound:
         self._continues = spec.continues
         self._multipart = spec.multipart
         self._lineage_key = state.lineage.key_for if state.lineage is not None else None
-        self._strip_pd = not s.pd.allow_client_fields
+        # Features' rewrites of the body (gateway.hooks.InboundRewrite), fixed at start-up.
+        self._rewrites = tuple(state.inbound_rewrites)
         # The client's credentials are for the gateway: every header known to carry one is
         # dropped, and the engine gets the gateway's own key. Only Authorization may go on,
         # when the operator passes it (engines read no other credential header).
@@ -129,9 +129,9 @@ class Inbound:
             self._credentials = self._credentials - {b"authorization"}
         else:
             self._engine_auth = s.upstream.auth_headers()
-        if self._strip_pd:
-            # Headers that steer the engine's placement go with the credentials (pd.decision).
-            self._credentials = self._credentials | CLIENT_PD_HEADERS
+        for rewrite in self._rewrites:
+            # Headers a feature keeps from the engine go with the credentials.
+            self._credentials = self._credentials | rewrite.drop_headers
         self._salted = (
             s.auth.enabled
             and s.auth.cache_salt
@@ -247,8 +247,9 @@ class Inbound:
             own = body.get("cache_salt")
             salt = tenant_salt(tenant_name) + (f"/{own}" if isinstance(own, str) and own else "")
             body, rewritten = {**body, "cache_salt": salt}, True
-        if self._strip_pd and (stripped := without_client_pd_fields(body)) is not None:
-            body, rewritten = stripped, True
+        for rewrite in self._rewrites:
+            if (changed := rewrite.body(body)) is not None:
+                body, rewritten = changed, True
         known = state.cluster.known_models()
         if known is not None and model not in known:
             raise ModelNotFound(f"The model `{model}` does not exist.", param="model")

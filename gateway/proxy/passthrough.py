@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 
 from gateway.errors import GatewayError
-from gateway.forward import Leg, name_replica
+from gateway.forward import Leg
 from gateway.metrics import GatewayMetrics
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.respond import send_error
@@ -41,13 +41,11 @@ async def pass_through(
 ) -> None:
     response = leg.response
     send, call = ex.send, ex.call
-    iterator = response.iter_bytes()
     # The last chunk goes out with the end of the response, as for streams (gateway.upstream).
-    body_done: Callable[[], bool] | None = getattr(response, "body_done", None)
+    body_done = response.body_done
     try:
-        chunk = await anext(iterator, b"")
+        chunk = await leg.next_chunk()
     except GatewayError as err:
-        name_replica(err, leg.replica)
         await send_error(ex, err, metrics)
         ex.status, ex.ok, ex.error_code = err.status, False, err.code
         return
@@ -61,18 +59,17 @@ async def pass_through(
     await send({"type": "http.response.start", "status": ex.status, "headers": out_headers})
     try:
         while True:
-            if body_done is not None and body_done():
+            if body_done():
                 call.stop_watching()
                 await send({"type": "http.response.body", "body": chunk, "more_body": False})
                 ex.ok = ex.status < 400
                 return
             if chunk:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            chunk = await anext(iterator, b"")
-            if not chunk and (body_done is None or body_done()):
+            chunk = await leg.next_chunk()
+            if not chunk and body_done() is not False:
                 break
     except GatewayError as err:
-        name_replica(err, leg.replica)
         log.warning("upstream %s failed mid-body: %s", leg.replica, err.message)
         metrics.error(err.code or "upstream_error")
         ex.ok, ex.error_code = False, err.code or "upstream_error"

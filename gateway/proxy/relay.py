@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 
 from gateway.auth.limiter import Ticket
 from gateway.errors import GatewayError, stream_error_event
-from gateway.forward import Leg, name_replica
+from gateway.forward import Leg
 from gateway.metrics import GatewayMetrics
 from gateway.proxy.continuation import id_in_json, id_in_stream
 from gateway.proxy.exchange import Exchange
@@ -73,9 +73,8 @@ async def relay(
         return
     if not streaming:
         try:
-            payload = await response.read()
+            payload = await leg.read()
         except GatewayError as err:
-            name_replica(err, leg.replica)
             await send_error(ex, err, metrics)
             ex.status, ex.ok, ex.error_code = err.status, False, err.code
             return
@@ -95,18 +94,16 @@ async def relay(
         ex.usage = usage_from_json(payload) if want_usage and ex.ok else None
         return
 
-    iterator = leg.chunks if leg.chunks is not None else response.iter_bytes()
     # The last chunk goes out with the end of the response (one write) when the client
     # can tell the body is complete without another read.
-    body_done: Callable[[], bool] | None = getattr(response, "body_done", None)
+    body_done = response.body_done
     tail = b""
     stripper = UsageStripper() if ex.strip_usage else None
     error_code: str | None = None
     try:
         # open_leg read the first chunk of the streams it opened; PD legs are not peeked.
-        chunk = leg.first if leg.first is not None else await anext(iterator, b"")
+        chunk = await leg.next_chunk()
     except GatewayError as err:
-        name_replica(err, leg.replica)
         await send_error(ex, err, metrics)
         ex.status, ex.ok, ex.error_code = err.status, False, err.code
         return
@@ -138,7 +135,7 @@ async def relay(
                     chunk = stripper.feed(chunk)
                 elif want_usage:
                     tail = (tail + chunk)[-USAGE_TAIL_BYTES:]
-            if body_done is not None and body_done():
+            if body_done():
                 if stripper is not None:
                     chunk += stripper.flush()
                 call.stop_watching()
@@ -151,12 +148,11 @@ async def relay(
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 if ticket is not None:
                     ticket.delivered(timer.token_events)
-            chunk = await anext(iterator, b"")
-            if not chunk and (body_done is None or body_done()):
+            chunk = await leg.next_chunk()
+            if not chunk and body_done() is not False:
                 break
     except GatewayError as err:
         error_code = err.code or "upstream_error"
-        name_replica(err, leg.replica)
         log.warning("upstream %s failed mid-stream: %s", leg.replica, err.message)
         if stripper is not None and (held := stripper.flush()):
             await send({"type": "http.response.body", "body": held, "more_body": True})

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from gateway.policy import ObservesPlacement, Policy
+from gateway.policy import ObservesPlacement, Policy, weighs_saturation
 from gateway.routing import SaturationLimits, is_saturated
 from gateway.store.base import PrefixPlacement, Store
 from gateway.types import Choice, ClusterView, ReplicaId, RouteRequest
@@ -46,7 +46,7 @@ class StickyFirst(RouterWrapper):
         self._placed = inner.placed if isinstance(inner, ObservesPlacement) else None
         # A scorer that honours `sticky_replica` itself, with its own load bound, keeps
         # its ranking: reordering here would apply a second, different bound.
-        self._scorer_sticks = bool(getattr(self.scorer, "handles_saturation", False))
+        self._scorer_sticks = weighs_saturation(self.scorer)
 
     def choose(self, request: RouteRequest, view: ClusterView) -> Choice:
         choice = self.inner.choose(request, view)

@@ -39,6 +39,9 @@ class AiohttpResponse:
             raise map_transport_error(exc, self._url) from exc
         self._done = True
 
+    def body_done(self) -> None:
+        return None  # cannot tell before the iterator ends (gateway.upstream.base)
+
     async def read(self) -> bytes:
         limit = self._limit
         declared = self._resp.content_length

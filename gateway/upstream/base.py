@@ -9,10 +9,11 @@ Contract:
   `gateway.upstream.errors.map_transport_error`), from `send()` and from the iterator.
   A client that gives up waiting for one of its own pooled connections raises
   `UpstreamPoolTimeout`: the gateway's limit was reached, the engine did nothing wrong.
-* Optional: `body_done() -> bool`, true once every body byte arrived and was handed out.
+* `body_done() -> bool | None`: True once every body byte arrived and was handed out.
   The proxy then sends the last chunk with the end of the response (one write, not two)
-  and stops iterating, so an implementation offering it must count the body as read
-  without a final StopAsyncIteration (h1 does; the others do not offer it).
+  and stops iterating, so an implementation that can tell must count the body as read
+  without a final StopAsyncIteration (h1 does). None: this client cannot tell (the others);
+  the proxy then reads until the iterator ends.
 * A request body is bytes, or a `StreamedBody` sent as it arrives (multipart uploads):
   framed by its `length` (Content-Length; None: chunked), iterated at most once. An
   exception the body's own iterator raises (the client left, the body is too large) comes
@@ -79,6 +80,10 @@ class UpstreamResponse(Protocol):
     async def read(self) -> bytes:
         """The whole body; `UpstreamResponseTooLarge` past the client's `max_response_bytes`
         (the connection is then dropped)."""
+        ...
+
+    def body_done(self) -> bool | None:
+        """Every body byte arrived and was handed out; None: this client cannot tell."""
         ...
 
     async def aclose(self) -> None: ...

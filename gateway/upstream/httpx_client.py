@@ -31,6 +31,9 @@ class HttpxResponse:
         except _TRANSPORT_ERRORS as exc:
             raise map_transport_error(exc, self._url) from exc
 
+    def body_done(self) -> None:
+        return None  # cannot tell before the iterator ends (gateway.upstream.base)
+
     async def read(self) -> bytes:
         limit = self._limit
         declared = self._resp.headers.get("content-length", "")

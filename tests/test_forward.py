@@ -1,0 +1,104 @@
+"""`open_leg` and `Leg` against a real simulated engine: the peeked first chunk comes
+first, the in-flight slot is released once, and the leg names its replica in the errors
+its body raises (the stages relaying the body do not add it)."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from gateway.errors import GatewayError
+from gateway.forward import open_leg
+from gateway.sim.faults import FaultConfig
+from gateway.testing.servers import gateway, sim_engines
+from gateway.types import ReplicaId
+
+MODEL = "kvgate-sim"
+HEADERS = [(b"content-type", b"application/json")]
+
+
+def _body(stream: bool) -> bytes:
+    return orjson.dumps(
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "a long answer"}],
+            "max_tokens": 20,
+            "stream": stream,
+        }
+    )
+
+
+async def test_stream_leg_peeks_then_names_its_replica_mid_stream() -> None:
+    async with sim_engines(1, "instant") as engines:
+        await engines[0].set_faults(FaultConfig(stall=2))
+        async with gateway(engines, timeouts={"read_s": 0.3}) as gw:
+            state = gw.state
+            replica = ReplicaId("e0")
+            leg = await open_leg(
+                state.cluster,
+                state.client,
+                state.health,
+                replica,
+                "/v1/chat/completions",
+                HEADERS,
+                _body(True),
+            )
+            assert state.cluster.in_flight[replica] == 1
+            peeked = leg.first
+            assert peeked
+            assert await leg.next_chunk() == peeked  # the peeked chunk first, once
+            assert leg.first is None
+            with pytest.raises(GatewayError) as caught:
+                while await leg.next_chunk():
+                    pass
+            assert caught.value.code == "upstream_timeout"
+            assert caught.value.message.startswith("replica e0: ")
+            assert caught.value.message.count("replica e0: ") == 1
+            await leg.aclose()
+            await leg.aclose()  # idempotent: the slot is released once
+            assert state.cluster.in_flight[replica] == 0
+
+
+async def test_whole_body_read_and_end_of_body() -> None:
+    async with sim_engines(1, "instant") as engines, gateway(engines) as gw:
+        state = gw.state
+        leg = await open_leg(
+            state.cluster,
+            state.client,
+            state.health,
+            ReplicaId("e0"),
+            "/v1/chat/completions",
+            HEADERS,
+            _body(False),
+        )
+        try:
+            assert leg.first is None  # a JSON answer is not peeked
+            answer = orjson.loads(await leg.read())
+            assert answer["object"] == "chat.completion"
+        finally:
+            await leg.aclose()
+        assert state.cluster.in_flight[ReplicaId("e0")] == 0
+
+
+async def test_unpeeked_stream_leg_iterates_from_the_start() -> None:
+    async with sim_engines(1, "instant") as engines, gateway(engines) as gw:
+        state = gw.state
+        leg = await open_leg(
+            state.cluster,
+            state.client,
+            state.health,
+            ReplicaId("e0"),
+            "/v1/chat/completions",
+            HEADERS,
+            _body(True),
+            peek=False,
+        )
+        try:
+            assert leg.first is None and leg.chunks is None
+            body = b""
+            while chunk := await leg.next_chunk():
+                body += chunk
+        finally:
+            await leg.aclose()
+        assert body.rstrip().endswith(b"data: [DONE]")
+        assert await leg.next_chunk() == b""  # after the end, still the end
