@@ -14,6 +14,8 @@ The Rust routers are not dependencies of kvgate. Install them apart, for example
     python loadtests/bench_routers.py --router-bin /tmp/routers/bin
 
 A router that cannot be found or does not start is reported as skipped; kvgate always runs.
+`floor` (loadtests/floor_app.py) is kvgate's server and upstream client alone, forwarding
+with no gateway work: kvgate's CPU over the floor's is what its own request path costs.
 `--baseline DIR` runs a second kvgate from another checkout (`base`) in the same rounds, for
 a before/after on one machine. After the table, kvgate's figures are set against those of the
 previous release, read from the table in docs/scale.md that follows `PREVIOUS_MARKER`.
@@ -47,7 +49,7 @@ from bench_overhead import (
     wait_ready,
 )
 
-ROUTERS = ("kvgate", "sglang", "vllm")
+ROUTERS = ("kvgate", "sglang", "vllm", "floor")
 PREVIOUS_DOC = Path(__file__).resolve().parents[1] / "docs" / "scale.md"
 PREVIOUS_MARKER = "<!-- bench_routers: previous release -->"
 
@@ -125,6 +127,19 @@ def answers_chat(url: str, timeout: float) -> str | None:
     return error
 
 
+def start_floor(args: argparse.Namespace, engine_url: str) -> tuple[Proc, str] | str:
+    """loadtests/floor_app.py: kvgate's server and upstream client with no gateway around them."""
+    port = free_port()
+    script = Path(__file__).resolve().parent / "floor_app.py"
+    proc = Proc([sys.executable, str(script), str(port)], env={"FLOOR_ENGINE": engine_url})
+    url = f"http://127.0.0.1:{port}"
+    error = answers_chat(url, args.start_timeout)
+    if error is not None:
+        proc.stop()
+        return f"did not answer a chat completion within {args.start_timeout:.0f} s: {error}"
+    return proc, url
+
+
 def start_rust_router(
     kind: str, args: argparse.Namespace, engine_url: str
 ) -> tuple[Proc, str] | str:
@@ -173,7 +188,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--routers", default=",".join(ROUTERS), help="which of kvgate,sglang,vllm to run"
+        "--routers", default=",".join(ROUTERS), help="which of kvgate,sglang,vllm,floor to run"
     )
     parser.add_argument(
         "--router-bin", help="bin directory holding the Rust routers (a venv's bin)"
@@ -222,11 +237,12 @@ def main() -> int:
     try:
         wait_ready(engine_url + "/health")
         for name in wanted:
-            started = (
-                start_gateway(engine_url, "h1")
-                if name == "kvgate"
-                else start_rust_router(name, args, engine_url)
-            )
+            if name == "kvgate":
+                started: tuple[Proc, str] | str = start_gateway(engine_url, "h1")
+            elif name == "floor":
+                started = start_floor(args, engine_url)
+            else:
+                started = start_rust_router(name, args, engine_url)
             if isinstance(started, str):
                 skipped[name] = started
             else:

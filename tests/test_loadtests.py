@@ -120,7 +120,7 @@ def test_pooled_verdict_takes_p99_and_cost_over_every_seed(tmp_path: Path, capsy
 def test_router_comparison_runs_kvgate_and_reports_missing_routers(tmp_path: Path) -> None:
     done = _script(
         "bench_routers.py",
-        *("--routers", "kvgate,vllm,sglang", "--router-bin", str(tmp_path)),
+        *("--routers", "kvgate,vllm,sglang,floor", "--router-bin", str(tmp_path)),
         *("--levels", "1", "--modes", "plain", "--duration", "0.4", "--warmup", "0.1"),
         *("--repeat", "1"),
         timeout=120,
@@ -132,6 +132,8 @@ def test_router_comparison_runs_kvgate_and_reports_missing_routers(tmp_path: Pat
     # One short round's added p50 may come out either side of zero: only its presence is checked.
     assert math.isfinite(float(rows["kvgate"][6])) and rows["kvgate"][-1] == "0"  # no errors
     assert float(rows["kvgate"][8]) > 0  # its CPU was measured
+    # The floor (kvgate's server and client alone) answered every request too.
+    assert float(rows["floor"][3]) > 0 and float(rows["floor"][8]) > 0 and rows["floor"][-1] == "0"
     assert "skipped vllm: vllm-router is not installed" in done.stdout
     assert "skipped sglang: sglang_router is not importable" in done.stdout
     # kvgate's cell against the previous release's figures in docs/scale.md.
