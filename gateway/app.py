@@ -354,6 +354,9 @@ def app_from_env() -> Starlette:
     """Factory for multi-worker `kvgate serve`: settings file named by KVGATE_CONFIG_FILE."""
     import os
 
+    from gateway.collector import tune_collector
     from gateway.settings import CONFIG_FILE_ENV, load_settings
 
-    return build_app(load_settings(os.environ.get(CONFIG_FILE_ENV) or None))
+    app = build_app(load_settings(os.environ.get(CONFIG_FILE_ENV) or None))
+    tune_collector()  # each worker is a `kvgate serve` process of its own
+    return app

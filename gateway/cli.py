@@ -106,10 +106,12 @@ def _serve(args: argparse.Namespace) -> int:
             uvicorn.run("gateway.app:app_from_env", factory=True, workers=server.workers, **options)
         return 0
     from gateway.app import build_app
+    from gateway.collector import tune_collector
     from gateway.serving import DrainingServer
 
     app = build_app(settings)
     lifecycle = app.state.lifecycle
+    tune_collector()
 
     def drain() -> None:
         lifecycle.draining = True

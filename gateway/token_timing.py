@@ -56,7 +56,9 @@ class TokenEvents:
         if not skip and complete.find(b"\n\n") == lf and crlf < 0:
             # One whole event (the engines write one per token): one search, no split.
             return (1 if _HAS_TOKEN.search(complete) else 0) + self._hold_limit()
-        events = _BOUNDARY.split(complete)
+        # bytes.split is the regex's split when no "\r" can make a "\r\n" boundary, and
+        # some 15 times cheaper (the optional "\r" keeps re from searching for a literal).
+        events = _BOUNDARY.split(complete) if b"\r" in complete else complete.split(b"\n\n")
         if skip:
             events = events[1:]
         search = _HAS_TOKEN.search

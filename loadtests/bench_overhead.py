@@ -258,9 +258,14 @@ class Proc:
 
 
 def start_gateway(
-    engine_url: str, client: str, extra_yaml: str = "", log_level: str = "warning"
+    engine_url: str,
+    client: str,
+    extra_yaml: str = "",
+    log_level: str = "warning",
+    code: Path | None = None,
 ) -> tuple[Proc, str]:
-    """A `kvgate serve` process in front of one engine; `extra_yaml` adds config sections."""
+    """A `kvgate serve` process in front of one engine; `extra_yaml` adds config sections;
+    `code`: run the gateway from that checkout (a before/after comparison)."""
     port = free_port()
     cfg = Path(tempfile.mkdtemp()) / "bench.yaml"
     cfg.write_text(
@@ -268,7 +273,11 @@ def start_gateway(
         f"replicas:\n  - url: {engine_url}\n    id: engine\n    models: [{MODEL}]\n"
         f"upstream:\n  client: {client}\nhealth:\n  interval_s: 5\n{extra_yaml}"
     )
-    proc = Proc([sys.executable, "-m", "gateway.cli", "serve", "-c", str(cfg)])
+    cmd = [sys.executable, "-m", "gateway.cli", "serve", "-c", str(cfg)]
+    if code is None:
+        proc = Proc(cmd)
+    else:
+        proc = Proc(cmd, env={"PYTHONPATH": str(code)}, cwd=code)
     url = f"http://127.0.0.1:{port}"
     wait_ready(url + "/ready")
     return proc, url

@@ -14,6 +14,11 @@ The Rust routers are not dependencies of kvgate. Install them apart, for example
     python loadtests/bench_routers.py --router-bin /tmp/routers/bin
 
 A router that cannot be found or does not start is reported as skipped; kvgate always runs.
+`floor` (loadtests/floor_app.py) is kvgate's server and upstream client alone, forwarding
+with no gateway work: kvgate's CPU over the floor's is what its own request path costs.
+`--baseline DIR` runs a second kvgate from another checkout (`base`) in the same rounds, for
+a before/after on one machine. After the table, kvgate's figures are set against those of the
+previous release, read from the table in docs/scale.md that follows `PREVIOUS_MARKER`.
 Policies: kvgate's default (consistent hash, bounded load), `--sglang-policy` (default
 cache_aware, that router's own default) and `--vllm-policy` (default consistent_hash, the
 closest to kvgate's).
@@ -44,7 +49,39 @@ from bench_overhead import (
     wait_ready,
 )
 
-ROUTERS = ("kvgate", "sglang", "vllm")
+ROUTERS = ("kvgate", "sglang", "vllm", "floor")
+PREVIOUS_DOC = Path(__file__).resolve().parents[1] / "docs" / "scale.md"
+PREVIOUS_MARKER = "<!-- bench_routers: previous release -->"
+
+
+def previous_release(
+    path: Path = PREVIOUS_DOC,
+) -> tuple[str, dict[tuple[bool, int], dict[str, float]]]:
+    """(release, {(stream, clients): figures}) from the table after PREVIOUS_MARKER in
+    `path`; columns: release, mode (plain/stream), clients, CPU us, xRust, +p50 ms, ratio."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return "", {}
+    if PREVIOUS_MARKER not in lines:
+        return "", {}
+    release, cells = "", {}
+    for line in lines[lines.index(PREVIOUS_MARKER) + 1 :]:
+        if not line.startswith("|"):
+            if cells:
+                break
+            continue
+        cols = [c.strip() for c in line.strip("|").split("|")]
+        if len(cols) < 7 or cols[1] not in ("plain", "stream"):
+            continue  # the header and its rule
+        release = cols[0]
+        cells[(cols[1] == "stream", int(cols[2]))] = {
+            "cpu": float(cols[3]),
+            "xrust": float(cols[4]),
+            "added": float(cols[5]),
+            "ratio": float(cols[6]),
+        }
+    return release, cells
 
 
 def tree_cpu_seconds(pid: int) -> float | None:
@@ -88,6 +125,19 @@ def answers_chat(url: str, timeout: float) -> str | None:
             error = repr(exc)
             time.sleep(0.2)
     return error
+
+
+def start_floor(args: argparse.Namespace, engine_url: str) -> tuple[Proc, str] | str:
+    """loadtests/floor_app.py: kvgate's server and upstream client with no gateway around them."""
+    port = free_port()
+    script = Path(__file__).resolve().parent / "floor_app.py"
+    proc = Proc([sys.executable, str(script), str(port)], env={"FLOOR_ENGINE": engine_url})
+    url = f"http://127.0.0.1:{port}"
+    error = answers_chat(url, args.start_timeout)
+    if error is not None:
+        proc.stop()
+        return f"did not answer a chat completion within {args.start_timeout:.0f} s: {error}"
+    return proc, url
 
 
 def start_rust_router(
@@ -138,7 +188,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--routers", default=",".join(ROUTERS), help="which of kvgate,sglang,vllm to run"
+        "--routers", default=",".join(ROUTERS), help="which of kvgate,sglang,vllm,floor to run"
     )
     parser.add_argument(
         "--router-bin", help="bin directory holding the Rust routers (a venv's bin)"
@@ -155,6 +205,9 @@ def main() -> int:
     )
     parser.add_argument(
         "--start-timeout", type=float, default=60.0, help="seconds a router may take to start"
+    )
+    parser.add_argument(
+        "--baseline", help="also run kvgate from this checkout (`base`), in the same rounds"
     )
     args = parser.parse_args()
 
@@ -184,15 +237,18 @@ def main() -> int:
     try:
         wait_ready(engine_url + "/health")
         for name in wanted:
-            started = (
-                start_gateway(engine_url, "h1")
-                if name == "kvgate"
-                else start_rust_router(name, args, engine_url)
-            )
+            if name == "kvgate":
+                started: tuple[Proc, str] | str = start_gateway(engine_url, "h1")
+            elif name == "floor":
+                started = start_floor(args, engine_url)
+            else:
+                started = start_rust_router(name, args, engine_url)
             if isinstance(started, str):
                 skipped[name] = started
             else:
                 routers[name] = started
+        if args.baseline:
+            routers["base"] = start_gateway(engine_url, "h1", code=Path(args.baseline).resolve())
         for stream in modes:
             for conc in levels:
                 direct: list[dict[str, Any]] = []
@@ -265,7 +321,44 @@ def main() -> int:
     )
     if args.context_tokens:
         print(f"Each request: an agent conversation of about {args.context_tokens:,} tokens.")
+    else:
+        print_against_previous(rows)
     return 0
+
+
+def print_against_previous(rows: list[dict[str, Any]]) -> None:
+    """kvgate's cells over the previous release's (docs/scale.md), short prompts only."""
+    release, cells = previous_release()
+    if not cells:
+        print(f"no previous release figures in {PREVIOUS_DOC.name} (after {PREVIOUS_MARKER})")
+        return
+    nan = float("nan")
+    print(f"Against the previous release ({release}, docs/{PREVIOUS_DOC.name}), kvgate:")
+    print(
+        f"{'stream':>6} {'conc':>4} {'CPUus':>6} {'before':>6} {'now/b':>6} "
+        f"{'xRust':>6} {'before':>6} {'+p50ms':>7} {'before':>7}"
+    )
+    for row in rows:
+        old = cells.get((row["stream"], row["conc"]))
+        if row["router"] != "kvgate" or old is None:
+            continue
+        rust = [
+            r.get("gw_cpu_us", nan)
+            for r in rows
+            if r["router"] in ("sglang", "vllm")
+            and (r["conc"], r["stream"]) == (row["conc"], row["stream"])
+        ]
+        cpu = row.get("gw_cpu_us", nan)
+        versus = cpu / min(rust) if rust else nan
+        print(
+            f"{row['stream']!s:>6} {row['conc']:>4} {cpu:>6.0f} {old['cpu']:>6.0f} "
+            f"{cpu / old['cpu']:>6.2f} {versus:>6.2f} {old['xrust']:>6.2f} "
+            f"{row.get('added', nan):>7.2f} {old['added']:>7.2f}"
+        )
+    print(
+        "now/b: CPU per request now over the previous release's (absolute CPU moves with the "
+        "machine's load; xRust, measured in the same rounds, compares better)."
+    )
 
 
 if __name__ == "__main__":

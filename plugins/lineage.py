@@ -527,13 +527,25 @@ class Lineage:
         self, first: ReplicaId, key: str, view: ClusterView
     ) -> tuple[ReplicaId, ...]:
         by_id = view.by_id
+        want = min(RANK_DEPTH, len(by_id))
         order = [first]
-        for rid in self._ring.clockwise(key):
-            if rid != first and rid in by_id and rid not in order:
-                order.append(rid)
-                if len(order) >= min(RANK_DEPTH, len(by_id)):
+        if want > 1:
+            # The walk stops once every ring member was seen: a member missing from the view
+            # (or a one-replica ring) would otherwise walk all its virtual nodes per request.
+            ring = self._ring
+            members = len(ring.members)
+            seen: set[ReplicaId] = set()
+            for rid in ring.clockwise(key):
+                if rid in seen:
+                    continue
+                seen.add(rid)
+                if rid != first and rid in by_id:
+                    order.append(rid)
+                    if len(order) >= want:
+                        break
+                if len(seen) >= members:
                     break
-        if len(order) < min(RANK_DEPTH, len(by_id)):
+        if len(order) < want:
             # Replicas the ring was not told about (views built by hand).
             order.extend(r.id for r in view.replicas if r.id not in order)
         return tuple(order[:RANK_DEPTH])

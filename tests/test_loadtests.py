@@ -120,7 +120,7 @@ def test_pooled_verdict_takes_p99_and_cost_over_every_seed(tmp_path: Path, capsy
 def test_router_comparison_runs_kvgate_and_reports_missing_routers(tmp_path: Path) -> None:
     done = _script(
         "bench_routers.py",
-        *("--routers", "kvgate,vllm,sglang", "--router-bin", str(tmp_path)),
+        *("--routers", "kvgate,vllm,sglang,floor", "--router-bin", str(tmp_path)),
         *("--levels", "1", "--modes", "plain", "--duration", "0.4", "--warmup", "0.1"),
         *("--repeat", "1"),
         timeout=120,
@@ -132,8 +132,40 @@ def test_router_comparison_runs_kvgate_and_reports_missing_routers(tmp_path: Pat
     # One short round's added p50 may come out either side of zero: only its presence is checked.
     assert math.isfinite(float(rows["kvgate"][6])) and rows["kvgate"][-1] == "0"  # no errors
     assert float(rows["kvgate"][8]) > 0  # its CPU was measured
+    # The floor (kvgate's server and client alone) answered every request too.
+    assert float(rows["floor"][3]) > 0 and float(rows["floor"][8]) > 0 and rows["floor"][-1] == "0"
     assert "skipped vllm: vllm-router is not installed" in done.stdout
     assert "skipped sglang: sglang_router is not importable" in done.stdout
+    # kvgate's cell against the previous release's figures in docs/scale.md.
+    assert "Against the previous release" in done.stdout
+    against = done.stdout.split("Against the previous release", 1)[1].splitlines()
+    cell = next(line.split() for line in against if line.split()[:2] == ["False", "1"])
+    assert float(cell[2]) > 0 and math.isclose(
+        float(cell[4]), float(cell[2]) / float(cell[3]), rel_tol=0.02
+    )
+
+
+def test_router_comparison_reads_the_previous_release_from_the_docs(tmp_path: Path) -> None:
+    sys.path.insert(0, str(LOADTESTS))
+    try:
+        routers = _module("bench_routers")
+    finally:
+        sys.path.remove(str(LOADTESTS))
+    release, cells = routers.previous_release()
+    assert release and set(cells) == {(s, c) for s in (False, True) for c in (1, 32)}
+    assert all(cell["cpu"] > 0 and cell["xrust"] > 0 for cell in cells.values())
+    doc = tmp_path / "scale.md"
+    doc.write_text(
+        f"text\n{routers.PREVIOUS_MARKER}\n| release | mode | clients | CPU | x | p50 | r |\n"
+        "|---|---|---|---|---|---|---|\n| abc | stream | 32 | 300 | 2.5 | 1.0 | 0.8 |\n\nafter\n"
+        "| abc | plain | 1 | 9 | 9 | 9 | 9 |\n"
+    )
+    assert routers.previous_release(doc) == (
+        "abc",
+        {(True, 32): {"cpu": 300.0, "xrust": 2.5, "added": 1.0, "ratio": 0.8}},
+    )
+    doc.write_text("no marker\n")
+    assert routers.previous_release(doc) == ("", {})
 
 
 def test_lineage_benchmark_help_names_its_routers_and_cells() -> None:

@@ -198,3 +198,27 @@ def test_responses_and_anthropic_deltas_are_tokens() -> None:
     )
     assert TokenEvents().feed(responses) == 2
     assert TokenEvents().feed(anthropic) == 1
+
+
+@pytest.mark.parametrize("newline", [b"\n", b"\r\n", b"mixed"])
+def test_several_events_in_one_read_count_alike_with_either_line_ending(newline: bytes) -> None:
+    # A read holding many events (a fast engine, or a relay that fell behind) splits them
+    # without a regex when no "\r" is in it; the count must not depend on that.
+    events = [
+        chat({"role": "assistant", "content": ""}),
+        chat({"content": "a"}),
+        b": keep-alive\n\n",
+        chat({"reasoning_content": "b"}),
+        chat({"content": None}),
+        chat({"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}),
+        b"data: [DONE]\n\n",
+    ]
+    if newline == b"\r\n":
+        events = [e.replace(b"\n", b"\r\n") for e in events]
+    elif newline == b"mixed":
+        events = [e.replace(b"\n", b"\r\n") if i % 2 else e for i, e in enumerate(events)]
+    data = b"".join(events)
+    assert TokenEvents().feed(data) == 3
+    # The same bytes in two reads, the first ending inside an event, count the same.
+    counter = TokenEvents()
+    assert counter.feed(data[:150]) + counter.feed(data[150:]) == 3

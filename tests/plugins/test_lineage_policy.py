@@ -7,7 +7,8 @@ import dataclasses
 
 from policy_views import replicas, request, rid, view
 
-from gateway.policy import PolicyContext
+from gateway.policy import RANK_DEPTH, PolicyContext
+from gateway.ring import HashRing, RingNode
 from gateway.types import ClusterView, ReplicaId, RouteRequest
 from plugins.lineage import Lineage, LineageConfig
 
@@ -386,3 +387,21 @@ def test_a_queue_longer_than_the_prefix_it_saves_spreads_the_resume() -> None:
 def test_a_queue_shorter_than_the_prefix_keeps_the_resume_home() -> None:
     # The control: 10K tokens queued there, less than recomputing the history.
     assert _resume_after_forks_with_backlog(20)
+
+
+def test_a_sticky_ranking_walks_the_ring_clockwise_from_the_session() -> None:
+    # The failover order behind a sticky replica: the ring's distinct members clockwise
+    # from the session's key, those in the view, the sticky one first; with one replica,
+    # and with a ring member missing from the view (the walk must still end).
+    for n, drop in ((1, None), (3, None), (20, None), (3, 1)):
+        states = replicas(n)
+        p = Lineage(LineageConfig(), PolicyContext(states))
+        shown = tuple(r for i, r in enumerate(states) if i != drop)
+        v = view(shown)
+        req = turn("s", (1, 2, 3), 0)
+        home = serve(p, req, v)
+        ranked = p.choose(turn("s", (1, 2, 3, 4), 1), v).ranked
+        ring = HashRing((RingNode(r.id, r.weight) for r in states), LineageConfig().vnodes)
+        walk = [r for r in ring.walk("s") if r != home and r in v.by_id]
+        assert ranked == ((home, *walk)[:RANK_DEPTH])
+        assert len(ranked) == min(RANK_DEPTH, len(shown))
