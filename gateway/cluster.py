@@ -49,6 +49,9 @@ class Cluster:
         # Queued prefill and measured prefill speed per replica, fed by the proxy at
         # dispatch and first token; every view carries it (gateway.prefill_meter).
         self.prefill = PrefillMeter()
+        # Told when a replica with nothing in flight gets a request (the scraper reads a
+        # quiet replica less often and wakes up for this).
+        self.on_busy: Callable[[ReplicaId], None] | None = None
         self.set_members(replicas)
 
     # -- membership ---------------------------------------------------------------------
@@ -114,7 +117,10 @@ class Cluster:
 
     # -- in-flight accounting (exact: every acquire is paired with one release) ---------
     def acquire(self, replica: ReplicaId) -> None:
-        self._in_flight[replica] = self._in_flight.get(replica, 0) + 1
+        before = self._in_flight.get(replica, 0)
+        self._in_flight[replica] = before + 1
+        if not before and self.on_busy is not None:
+            self.on_busy(replica)
 
     def release(self, replica: ReplicaId) -> None:
         left = self._in_flight[replica] - 1

@@ -31,6 +31,16 @@ class ScrapeSettings(BaseModel):
         le=60,
         description="seconds between two scrapes of a replica",
     )
+    idle_interval_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=60,
+        description="seconds between two scrapes of a quiet replica: nothing running or "
+        "waiting at its last scrape and nothing in flight from this gateway; the gateway's "
+        "next request to it scrapes it at once and restores interval_s. Default: half of "
+        "stale_after_s (at least interval_s); equal to interval_s scrapes every replica at "
+        "one rate",
+    )
     timeout_s: float = Field(default=1.0, gt=0, le=60, description="per-scrape HTTP timeout")
     stale_after_s: float = Field(
         default=DEFAULT_STALE_AFTER_S,
@@ -62,11 +72,26 @@ class ScrapeSettings(BaseModel):
         # A limit below one interval would flag every healthy replica as unknown between scrapes.
         if self.stale_after_s <= self.interval_s:
             raise ValueError("stale_after_s must be larger than interval_s")
+        # A quiet replica's load must never turn stale (unknown, so saturated) between two
+        # of its scrapes.
+        if not self.interval_s <= self.quiet_interval_s < self.stale_after_s:
+            raise ValueError("idle_interval_s must be at least interval_s and below stale_after_s")
         if self.lease_ttl_s <= self.interval_s:
             raise ValueError("lease_ttl_s must be larger than interval_s")
         if not self.path.startswith("/"):
             raise ValueError("path must start with '/'")
         return self
+
+    @property
+    def quiet_interval_s(self) -> float:
+        """Seconds between two scrapes of a quiet replica (`idle_interval_s` or its default).
+
+        Half the staleness limit leaves a quiet replica's load fresh through one slow or
+        failed scrape, as `interval_s` does for a busy one.
+        """
+        if self.idle_interval_s is not None:
+            return self.idle_interval_s
+        return max(self.interval_s, self.stale_after_s / 2)
 
     def engine_for(self, replica_id: str) -> EngineKind:
         return self.engines.get(replica_id, self.engine)

@@ -73,6 +73,8 @@ def install(state: GatewayState) -> None:
         health=ScrapeHealth(state.health),
         clock=cluster.clock,
         share=shared_scraping(state, settings),
+        in_flight=cluster.in_flight,
     )
+    cluster.on_busy = scraper.wake
     state.services.append(scraper)
     state.extras["scrape"] = scraper

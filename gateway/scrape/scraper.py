@@ -4,6 +4,13 @@ One asyncio task per replica, so a slow or dead replica never delays the others'
 A supervisor task reconciles the task set with the current replica list every interval.
 Snapshots are immutable; a reader gets a read-only mapping and never a lock.
 
+A quiet replica (nothing running or waiting at its last scrape, nothing in flight from this
+gateway) is read every `idle_interval_s` instead: at four scrapes a second, an idle fleet's
+GETs are nearly all of a gateway's idle CPU. Its load stays fresh (the interval is below
+`stale_after_s`), and the gateway's next request to it (`wake`) scrapes it at once and
+restores the busy rate, so routing under traffic sees what it saw before. Load that other
+clients put on a quiet replica shows within `idle_interval_s`.
+
 Scrapes go out on the gateway's own `h1` upstream client (a pool of its own, so a scrape
 never queues behind proxied requests): a general-purpose client costs several times more CPU
 per GET, and with four scrapes a second per replica that cost grows with the cluster.
@@ -74,6 +81,7 @@ class MetricsScraper:
         health: ScrapeHealthSink | None = None,
         clock: Callable[[], float] = time.monotonic,
         share: ScrapeShare | None = None,
+        in_flight: Mapping[ReplicaId, int] | None = None,
     ) -> None:
         self.settings = settings
         # Gateways sharing a store: this one scrapes only the engines it holds a lease on.
@@ -98,6 +106,10 @@ class MetricsScraper:
         # max_total_num_tokens, gateway.facts), for a replica whose metrics are off.
         self.capacity_of: Callable[[ReplicaId], int | None] | None = None
         self._tasks: dict[ReplicaId, asyncio.Task[None]] = {}
+        # This gateway's requests in flight per replica (`Cluster.in_flight`): a replica
+        # with any is never quiet. The poll loops of quiet replicas wait on these events.
+        self._in_flight = in_flight
+        self._quiet: dict[ReplicaId, asyncio.Event] = {}
         self._supervisor: asyncio.Task[None] | None = None
         self._sharer: asyncio.Task[None] | None = None
         self.metrics = (
@@ -328,13 +340,35 @@ class MetricsScraper:
             if ticks % FLUSHES_PER_INTERVAL == 0:
                 self._reconcile()
 
+    def wake(self, replica: ReplicaId) -> None:
+        """This gateway sends `replica` a request: read it now if it was quiet."""
+        event = self._quiet.get(replica)
+        if event is not None:
+            event.set()
+
+    def _is_quiet(self, replica: ReplicaId, load: EngineLoad | None) -> bool:
+        if load is None or not load.engine or load.waiting or load.running:
+            return False
+        return self._in_flight is not None and not self._in_flight.get(replica, 0)
+
     async def _poll(self, target: ScrapeTarget) -> None:
         interval = self.settings.interval_s
+        quiet = self.settings.quiet_interval_s
         while True:
             started = self._clock()
+            load = None
             try:
-                await self.scrape_once(target, publish=False)
+                load = await self.scrape_once(target, publish=False)
             except Exception:  # outermost boundary of this task: keep scraping, but say so
                 log.exception("scraping replica %s failed unexpectedly", target.id)
                 self._failed(target.id, "internal")
-            await asyncio.sleep(max(0.0, interval - (self._clock() - started)))
+            if quiet <= interval or not self._is_quiet(target.id, load):
+                await asyncio.sleep(max(0.0, interval - (self._clock() - started)))
+                continue
+            event = self._quiet[target.id] = asyncio.Event()  # set by `wake`
+            try:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(0.0, quiet - (self._clock() - started))):
+                        await event.wait()
+            finally:
+                del self._quiet[target.id]

@@ -36,7 +36,13 @@ async def sim() -> AsyncIterator[SimCluster]:
 
 def config(sim: SimCluster, redis_url: str, prefix: str) -> dict[str, Any]:
     cfg = gateway_config(sim.urls, redis_url, prefix)
-    cfg["scrape"] = {"interval_s": INTERVAL, "lease_ttl_s": LEASE_TTL, "stale_after_s": STALE}
+    # One rate for busy and quiet engines: the hits counted here are the sharing's alone.
+    cfg["scrape"] = {
+        "interval_s": INTERVAL,
+        "idle_interval_s": INTERVAL,
+        "lease_ttl_s": LEASE_TTL,
+        "stale_after_s": STALE,
+    }
     return cfg
 
 
