@@ -38,6 +38,8 @@ Columns (engine figures are differences of the engines' counters over the replay
            after preemption queries again)
   p50 p90 p99 mean   time to first token, simulated seconds (wall x engine time scale)
   imbal    max / mean prompt tokens per engine (vllm:prompt_tokens_total)
+  unc imb  max / mean uncached prefill tokens per engine (prefix-cache queries - hits),
+           the imbalance issue 45 judges
   busy     prefill done (queried - hit tokens) / (8 x prefill tokens/s x replay duration)
   err      failed requests
   cpu s    user+system CPU of the router's process tree during the replay
@@ -337,6 +339,7 @@ EVICTIONS, PREEMPTIONS = "kvgate_sim_prefix_cache_evictions_total", "vllm:num_pr
 @dataclass(frozen=True)
 class Counters:
     prompt: tuple[float, ...]  # per engine
+    uncached: tuple[float, ...]  # per engine: prefix-cache queries minus hits (prefill done)
     hits: float
     queries: float
     evictions: float
@@ -345,6 +348,7 @@ class Counters:
     def minus(self, before: Counters) -> Counters:
         return Counters(
             tuple(a - b for a, b in zip(self.prompt, before.prompt)),
+            tuple(a - b for a, b in zip(self.uncached, before.uncached)),
             self.hits - before.hits,
             self.queries - before.queries,
             self.evictions - before.evictions,
@@ -363,6 +367,7 @@ async def read_counters(urls: Sequence[str]) -> Counters:
                         extra[s.name] += s.value
     return Counters(
         tuple(c[0] for c in per_engine),
+        tuple(c[2] - c[1] for c in per_engine),
         sum(c[1] for c in per_engine),
         sum(c[2] for c in per_engine),
         extra[EVICTIONS],
@@ -392,6 +397,7 @@ FIGURES = (
     "ttft_p99",
     "ttft_mean",
     "imbalance",
+    "imbal_unc",
     "busy",
     "errors",
     "cpu_s",
@@ -420,6 +426,7 @@ class Run:
     ttft_s: list[float | None] = field(default_factory=list)
     cached: list[int | None] = field(default_factory=list)
     engine_prompt: list[float] = field(default_factory=list)
+    engine_uncached: list[float] = field(default_factory=list)
     # kvgate only: its routing decisions by reason over the run (its /metrics).
     reasons: dict[str, float] = field(default_factory=dict)
     # With --bypass-rate / --drop-cache-at: what else happened to the engines (bypass.py).
@@ -451,6 +458,7 @@ def figures(
 ) -> dict[str, float]:
     nan = math.nan
     mean_prompt = sum(eng.prompt) / len(eng.prompt)
+    mean_uncached = sum(eng.uncached) / len(eng.uncached)
     rate = get_profile(ENGINE_PROFILE).prefill_tokens_per_s
     capacity = REPLICAS * rate * report.duration_s * time_scale
     t = report.ttft_s
@@ -462,6 +470,7 @@ def figures(
         "ttft_p99": t.p99 * time_scale,
         "ttft_mean": t.mean * time_scale,
         "imbalance": max(eng.prompt) / mean_prompt if mean_prompt else nan,
+        "imbal_unc": max(eng.uncached) / mean_uncached if mean_uncached else nan,
         "busy": (eng.queries - eng.hits) / capacity if capacity else nan,
         "errors": float(report.errors),
         "cpu_s": nan if cpu_s is None else cpu_s,
@@ -596,6 +605,7 @@ async def run_one(
     run.ttft_s = [None if r.ttft_s is None else r.ttft_s * work.time_scale for r in report.results]
     run.cached = [r.cached_tokens for r in report.results]
     run.engine_prompt = list(eng.prompt)
+    run.engine_uncached = list(eng.uncached)
     return run
 
 
@@ -709,6 +719,7 @@ COLUMNS = {
     "ttft_p99": ("p99", 7, "{:.2f}", "{:.2f}"),
     "ttft_mean": ("mean", 7, "{:.2f}", "{:.2f}"),
     "imbalance": ("imbal", 6, "{:.2f}", "{:.2f}"),
+    "imbal_unc": ("unc imb", 7, "{:.2f}", "{:.2f}"),
     "busy": ("busy", 5, "{:.0%}", "{:.0%}"),
     "errors": ("err", 5, "{:.0f}", "{:.0f}"),
     "cpu_s": ("cpu s", 7, "{:.1f}", "{:.1f}"),
