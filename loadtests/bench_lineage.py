@@ -152,6 +152,7 @@ class Workload:
     speedup: float
     time_scale: float
     left_out: int = 0  # requests longer than an engine takes
+    prefill_speed: float = 1.0  # the engines' prefill tokens/s times this
 
 
 # -- routers -------------------------------------------------------------------------------
@@ -454,12 +455,16 @@ def decision_reasons(url: str) -> dict[str, float]:
 
 
 def figures(
-    report: ReplayReport, eng: Counters, cpu_s: float | None, time_scale: float
+    report: ReplayReport,
+    eng: Counters,
+    cpu_s: float | None,
+    time_scale: float,
+    prefill_speed: float = 1.0,
 ) -> dict[str, float]:
     nan = math.nan
     mean_prompt = sum(eng.prompt) / len(eng.prompt)
     mean_uncached = sum(eng.uncached) / len(eng.uncached)
-    rate = get_profile(ENGINE_PROFILE).prefill_tokens_per_s
+    rate = get_profile(ENGINE_PROFILE).prefill_tokens_per_s * prefill_speed
     capacity = REPLICAS * rate * report.duration_s * time_scale
     t = report.ttft_s
     return {
@@ -505,7 +510,12 @@ async def run_one(
     run = Run(spec.name, cell.label, repeat)
     publish = spec.events or args.engine_events
     engines = start_engines(
-        REPLICAS, args.blocks, work.time_scale, kv_events=publish, priority=args.engine_priority
+        REPLICAS,
+        args.blocks,
+        work.time_scale,
+        kv_events=publish,
+        priority=args.engine_priority,
+        prefill_speed=work.prefill_speed,
     )
     try:
         routers: list[Running] = []
@@ -596,7 +606,7 @@ async def run_one(
     finally:
         engines.stop()
     eng = after.minus(before)
-    run.figures = figures(report, eng, cpu, work.time_scale)
+    run.figures = figures(report, eng, cpu, work.time_scale, work.prefill_speed)
     run.requests = report.requests
     run.engine_cpu_s = math.nan if engine_cpu is None else engine_cpu
     run.evictions, run.preemptions = eng.evictions, eng.preemptions
@@ -696,7 +706,14 @@ def load_workload(name: str, args: argparse.Namespace) -> Workload | str:
     fit, left_out = fitting(trace, args.blocks, args.max_output_tokens)
     if not fit.records:
         return "the window holds no requests an engine takes"
-    return Workload(name, fit, args.speedup or d.speedup, args.time_scale or d.time_scale, left_out)
+    return Workload(
+        name,
+        fit,
+        args.speedup or d.speedup,
+        args.time_scale or d.time_scale,
+        left_out,
+        args.prefill_speed,
+    )
 
 
 def fitting(trace: Trace, blocks: int, max_output: int) -> tuple[Trace, int]:
@@ -754,6 +771,7 @@ def print_cell(cell: Cell, work: Workload, runs: dict[str, list[Run]]) -> None:
         f"\n== {cell.label}: {len(records)} requests{left_out}, {tokens / 1e6:.1f}M prompt "
         f"tokens, {records[-1].arrival_s:.0f} s of arrivals / speedup {work.speedup:g}, "
         f"engine time scale {work.time_scale:g}"
+        + (f", prefill speed x{work.prefill_speed:g}" if work.prefill_speed != 1.0 else "")
     )
     print(table_line("router", [COLUMNS[k][0] for k in FIGURES]))
     notes = []
@@ -938,6 +956,13 @@ def main() -> int:
         help=f"engine speed-up (default: synthetic {syn.time_scale:g}, agent {agent.time_scale:g})",
     )
     ap.add_argument("--blocks", type=int, default=BLOCKS, help="KV blocks (16 tokens) per engine")
+    ap.add_argument(
+        "--prefill-speed",
+        type=float,
+        default=1.0,
+        help="the engines' prefill tokens/s times this, decode unchanged (0.5: issue 45's "
+        "heavier load, prefill half as fast)",
+    )
     ap.add_argument(
         "--max-output-tokens",
         type=int,
