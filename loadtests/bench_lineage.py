@@ -38,6 +38,8 @@ Columns (engine figures are differences of the engines' counters over the replay
            after preemption queries again)
   p50 p90 p99 mean   time to first token, simulated seconds (wall x engine time scale)
   imbal    max / mean prompt tokens per engine (vllm:prompt_tokens_total)
+  unc imb  max / mean uncached prefill tokens per engine (prefix-cache queries - hits),
+           the imbalance issue 45 judges
   busy     prefill done (queried - hit tokens) / (8 x prefill tokens/s x replay duration)
   err      failed requests
   cpu s    user+system CPU of the router's process tree during the replay
@@ -150,6 +152,7 @@ class Workload:
     speedup: float
     time_scale: float
     left_out: int = 0  # requests longer than an engine takes
+    prefill_speed: float = 1.0  # the engines' prefill tokens/s times this
 
 
 # -- routers -------------------------------------------------------------------------------
@@ -337,6 +340,7 @@ EVICTIONS, PREEMPTIONS = "kvgate_sim_prefix_cache_evictions_total", "vllm:num_pr
 @dataclass(frozen=True)
 class Counters:
     prompt: tuple[float, ...]  # per engine
+    uncached: tuple[float, ...]  # per engine: prefix-cache queries minus hits (prefill done)
     hits: float
     queries: float
     evictions: float
@@ -345,6 +349,7 @@ class Counters:
     def minus(self, before: Counters) -> Counters:
         return Counters(
             tuple(a - b for a, b in zip(self.prompt, before.prompt)),
+            tuple(a - b for a, b in zip(self.uncached, before.uncached)),
             self.hits - before.hits,
             self.queries - before.queries,
             self.evictions - before.evictions,
@@ -363,6 +368,7 @@ async def read_counters(urls: Sequence[str]) -> Counters:
                         extra[s.name] += s.value
     return Counters(
         tuple(c[0] for c in per_engine),
+        tuple(c[2] - c[1] for c in per_engine),
         sum(c[1] for c in per_engine),
         sum(c[2] for c in per_engine),
         extra[EVICTIONS],
@@ -392,6 +398,7 @@ FIGURES = (
     "ttft_p99",
     "ttft_mean",
     "imbalance",
+    "imbal_unc",
     "busy",
     "errors",
     "cpu_s",
@@ -420,6 +427,7 @@ class Run:
     ttft_s: list[float | None] = field(default_factory=list)
     cached: list[int | None] = field(default_factory=list)
     engine_prompt: list[float] = field(default_factory=list)
+    engine_uncached: list[float] = field(default_factory=list)
     # kvgate only: its routing decisions by reason over the run (its /metrics).
     reasons: dict[str, float] = field(default_factory=dict)
     # With --bypass-rate / --drop-cache-at: what else happened to the engines (bypass.py).
@@ -447,11 +455,16 @@ def decision_reasons(url: str) -> dict[str, float]:
 
 
 def figures(
-    report: ReplayReport, eng: Counters, cpu_s: float | None, time_scale: float
+    report: ReplayReport,
+    eng: Counters,
+    cpu_s: float | None,
+    time_scale: float,
+    prefill_speed: float = 1.0,
 ) -> dict[str, float]:
     nan = math.nan
     mean_prompt = sum(eng.prompt) / len(eng.prompt)
-    rate = get_profile(ENGINE_PROFILE).prefill_tokens_per_s
+    mean_uncached = sum(eng.uncached) / len(eng.uncached)
+    rate = get_profile(ENGINE_PROFILE).prefill_tokens_per_s * prefill_speed
     capacity = REPLICAS * rate * report.duration_s * time_scale
     t = report.ttft_s
     return {
@@ -462,6 +475,7 @@ def figures(
         "ttft_p99": t.p99 * time_scale,
         "ttft_mean": t.mean * time_scale,
         "imbalance": max(eng.prompt) / mean_prompt if mean_prompt else nan,
+        "imbal_unc": max(eng.uncached) / mean_uncached if mean_uncached else nan,
         "busy": (eng.queries - eng.hits) / capacity if capacity else nan,
         "errors": float(report.errors),
         "cpu_s": nan if cpu_s is None else cpu_s,
@@ -496,7 +510,12 @@ async def run_one(
     run = Run(spec.name, cell.label, repeat)
     publish = spec.events or args.engine_events
     engines = start_engines(
-        REPLICAS, args.blocks, work.time_scale, kv_events=publish, priority=args.engine_priority
+        REPLICAS,
+        args.blocks,
+        work.time_scale,
+        kv_events=publish,
+        priority=args.engine_priority,
+        prefill_speed=work.prefill_speed,
     )
     try:
         routers: list[Running] = []
@@ -587,7 +606,7 @@ async def run_one(
     finally:
         engines.stop()
     eng = after.minus(before)
-    run.figures = figures(report, eng, cpu, work.time_scale)
+    run.figures = figures(report, eng, cpu, work.time_scale, work.prefill_speed)
     run.requests = report.requests
     run.engine_cpu_s = math.nan if engine_cpu is None else engine_cpu
     run.evictions, run.preemptions = eng.evictions, eng.preemptions
@@ -596,6 +615,7 @@ async def run_one(
     run.ttft_s = [None if r.ttft_s is None else r.ttft_s * work.time_scale for r in report.results]
     run.cached = [r.cached_tokens for r in report.results]
     run.engine_prompt = list(eng.prompt)
+    run.engine_uncached = list(eng.uncached)
     return run
 
 
@@ -686,7 +706,14 @@ def load_workload(name: str, args: argparse.Namespace) -> Workload | str:
     fit, left_out = fitting(trace, args.blocks, args.max_output_tokens)
     if not fit.records:
         return "the window holds no requests an engine takes"
-    return Workload(name, fit, args.speedup or d.speedup, args.time_scale or d.time_scale, left_out)
+    return Workload(
+        name,
+        fit,
+        args.speedup or d.speedup,
+        args.time_scale or d.time_scale,
+        left_out,
+        args.prefill_speed,
+    )
 
 
 def fitting(trace: Trace, blocks: int, max_output: int) -> tuple[Trace, int]:
@@ -709,6 +736,7 @@ COLUMNS = {
     "ttft_p99": ("p99", 7, "{:.2f}", "{:.2f}"),
     "ttft_mean": ("mean", 7, "{:.2f}", "{:.2f}"),
     "imbalance": ("imbal", 6, "{:.2f}", "{:.2f}"),
+    "imbal_unc": ("unc imb", 7, "{:.2f}", "{:.2f}"),
     "busy": ("busy", 5, "{:.0%}", "{:.0%}"),
     "errors": ("err", 5, "{:.0f}", "{:.0f}"),
     "cpu_s": ("cpu s", 7, "{:.1f}", "{:.1f}"),
@@ -743,6 +771,7 @@ def print_cell(cell: Cell, work: Workload, runs: dict[str, list[Run]]) -> None:
         f"\n== {cell.label}: {len(records)} requests{left_out}, {tokens / 1e6:.1f}M prompt "
         f"tokens, {records[-1].arrival_s:.0f} s of arrivals / speedup {work.speedup:g}, "
         f"engine time scale {work.time_scale:g}"
+        + (f", prefill speed x{work.prefill_speed:g}" if work.prefill_speed != 1.0 else "")
     )
     print(table_line("router", [COLUMNS[k][0] for k in FIGURES]))
     notes = []
@@ -927,6 +956,13 @@ def main() -> int:
         help=f"engine speed-up (default: synthetic {syn.time_scale:g}, agent {agent.time_scale:g})",
     )
     ap.add_argument("--blocks", type=int, default=BLOCKS, help="KV blocks (16 tokens) per engine")
+    ap.add_argument(
+        "--prefill-speed",
+        type=float,
+        default=1.0,
+        help="the engines' prefill tokens/s times this, decode unchanged (0.5: issue 45's "
+        "heavier load, prefill half as fast)",
+    )
     ap.add_argument(
         "--max-output-tokens",
         type=int,

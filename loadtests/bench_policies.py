@@ -53,6 +53,7 @@ async def _serve_engines(
     time_scale: float,
     kv_events: bool = False,
     priority: bool = False,
+    prefill_speed: float = 1.0,
 ) -> None:
     from gateway.sim.cluster import SimCluster
     from gateway.sim.profiles import get_profile
@@ -61,7 +62,7 @@ async def _serve_engines(
     base = get_profile("h200-sparse")
     profile = base.scaled(
         num_gpu_blocks=blocks * scale,
-        prefill_tokens_per_s=base.prefill_tokens_per_s * scale,
+        prefill_tokens_per_s=base.prefill_tokens_per_s * scale * prefill_speed,
         max_num_seqs=base.max_num_seqs * scale,
         max_num_batched_tokens=base.max_num_batched_tokens * scale,
     )
@@ -107,9 +108,12 @@ def start_engines(
     scale: int = 1,
     kv_events: bool = False,
     priority: bool = False,
+    prefill_speed: float = 1.0,
 ) -> Engines:
     """`replicas` simulated engines in a child process; `priority`: they run vLLM's
-    priority scheduling (requests that send no `priority` are served first come)."""
+    priority scheduling (requests that send no `priority` are served first come);
+    `prefill_speed`: their prefill tokens/s times this (0.5: prefill half as fast, decode
+    unchanged)."""
     cmd = [
         sys.executable,
         __file__,
@@ -122,6 +126,8 @@ def start_engines(
         "--time-scale",
         str(time_scale),
     ]
+    if prefill_speed != 1.0:
+        cmd += ["--prefill-speed", str(prefill_speed)]
     if kv_events:
         cmd.append("--kv-events")
     if priority:
@@ -335,6 +341,7 @@ def main() -> None:
     ap.add_argument("--scale", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--kv-events", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--priority-scheduling", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--prefill-speed", type=float, default=1.0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.engines_child:
         asyncio.run(
@@ -345,6 +352,7 @@ def main() -> None:
                 args.time_scale,
                 args.kv_events,
                 args.priority_scheduling,
+                args.prefill_speed,
             )
         )
         return

@@ -283,3 +283,22 @@ def test_lineage_benchmark_flags_kvgates_replicas_for_engine_priority(
         settings = load_settings(**yaml.safe_load(text))
         assert [r.priority_scheduling for r in settings.replicas] == [priority, priority]
         assert settings.engine_priority.shortest_prefill_first
+
+
+def test_lineage_benchmark_reports_the_imbalance_of_uncached_prefill(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two imbalances: of prompt tokens per engine, and of the prefill each engine did
+    (its prefix-cache queries minus hits over the replay), the one issue 45 judges."""
+    from gateway.trace.report import Percentiles, ReplayReport
+
+    monkeypatch.syspath_prepend(str(LOADTESTS))
+    bench = _module("bench_lineage")
+    before = bench.Counters((100.0, 100.0), (10.0, 10.0), 90.0, 110.0, 0.0, 0.0)
+    # Equal prompt tokens; engine 0 prefilled 3000 of them, engine 1 only 1000.
+    after = bench.Counters((2100.0, 2100.0), (3010.0, 1010.0), 90.0, 4110.0, 0.0, 0.0)
+    ttft = Percentiles(1.0, 1.0, 1.0, 1.0)
+    report = ReplayReport(2, 2, 0, 10.0, ttft, ttft, 4000, 10, 1.0, 1.0, 0.5)
+    figures = bench.figures(report, after.minus(before), None, 1.0)
+    assert figures["imbalance"] == pytest.approx(1.0)
+    assert figures["imbal_unc"] == pytest.approx(1.5)
