@@ -147,7 +147,7 @@ FIXED = PROFILES["tiny"].scaled(
 
 
 @pytest.mark.parametrize("kind", ["chat", "completions"])
-async def test_timing_of_a_real_simulated_stream_matches_the_profile_within_10_percent(
+async def test_timing_of_a_real_simulated_stream_follows_the_profile(
     kind: str,
 ) -> None:
     engine = SimEngine(FIXED, index=0)
@@ -179,9 +179,13 @@ async def test_timing_of_a_real_simulated_stream_matches_the_profile_within_10_p
     finally:
         await engine.stop()
     prefill_s = usage["prompt_tokens"] / PREFILL_TOKENS_PER_S
-    assert seen["ttft"][0] == pytest.approx(prefill_s, rel=0.10)
-    assert seen["tpot"][0] == pytest.approx(DECODE_STEP_S, rel=0.10)
-    assert sum(seen["itl"]) / len(seen["itl"]) == pytest.approx(DECODE_STEP_S, rel=0.10)
+    # A sleep never ends early but overshoots on a busy host: the lower bounds are tight
+    # (a timer counting two tokens per event halves the gaps), the upper ones loose (one
+    # counting every other event doubles them).
+    itl = sum(seen["itl"]) / len(seen["itl"])
+    for measured, expected in ((seen["ttft"][0], prefill_s), (seen["tpot"][0], DECODE_STEP_S)):
+        assert 0.9 * expected <= measured <= 1.5 * expected
+    assert 0.9 * DECODE_STEP_S <= itl <= 1.5 * DECODE_STEP_S
     assert t.token_events == usage["completion_tokens"] == 16
 
 
