@@ -174,6 +174,10 @@ class EngineLoad:
     `engine` False: the engine exposes no load (SGLang without `--enable-metrics` answers
     `/metrics` 404); the load is then empty and the gateway's own in-flight and prompt-token
     counts stand in for it (fresh at each scrape, so the replica is not "unknown").
+
+    `grace_s`: seconds this load stays fresh beyond the staleness limit. The scraper reads a
+    quiet replica (nothing running or waiting) less often and says so here, so its load
+    does not turn unknown between two reads. Judge freshness with `is_fresh`.
     """
 
     waiting: float
@@ -183,6 +187,10 @@ class EngineLoad:
     kv_capacity_tokens: int | None = None
     scraped_at: float = 0.0
     engine: bool = True
+    grace_s: float = 0.0
+
+    def is_fresh(self, now: float, stale_after: float) -> bool:
+        return now - self.scraped_at <= stale_after + self.grace_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,7 +273,7 @@ class ClusterView:
         Callers must treat None as *saturated*, never as idle.
         """
         load = replica.load
-        if load is None or self.now - load.scraped_at > self.stale_after:
+        if load is None or not load.is_fresh(self.now, self.stale_after):
             return None
         return load
 

@@ -143,13 +143,16 @@ class Gateway:
 
         while time.perf_counter() - self.started < timeout:
             text = httpx.get(self.url + "/metrics", timeout=10).text
-            ages = [
-                s.value
-                for f in text_string_to_metric_families(text)
-                for s in f.samples
-                if s.name == "kvgate_scrape_age_seconds"
-            ]
-            if len(ages) >= replicas and max(ages) < 2.0:
+            age: dict[str, float] = {}
+            limit: dict[str, float] = {}
+            for f in text_string_to_metric_families(text):
+                for s in f.samples:
+                    if s.name == "kvgate_scrape_age_seconds":
+                        age[s.labels["replica"]] = s.value
+                    elif s.name == "kvgate_scrape_fresh_for_seconds":
+                        limit[s.labels["replica"]] = s.value
+            # Fresh as routing judges it: a quiet replica's load counts for longer.
+            if len(age) >= replicas and all(a < limit.get(r, 2.0) for r, a in age.items()):
                 return time.perf_counter() - self.started
             time.sleep(0.5)
         return float("nan")

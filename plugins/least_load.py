@@ -71,7 +71,7 @@ class LeastLoad:
             ids.append(r.id)
             weights_.append(weight)
             hashes.append(self._tie.replica_hash(r.id))
-            if r.load is None or now - r.load.scraped_at > stale:
+            if r.load is None or not r.load.is_fresh(now, stale):
                 reported.append(None)
                 values.append(0.0)
                 base.append(None)  # unknown or stale: saturated

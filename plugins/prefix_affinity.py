@@ -360,7 +360,7 @@ class PrefixAffinity:
         for r, weight in zip(view.replicas, ws):
             ids.append(r.id)
             load = r.load
-            if load is None or now - load.scraped_at > stale:
+            if load is None or not load.is_fresh(now, stale):
                 reported.append(None)
                 values.append(0.0)
                 base.append(None)  # unknown or stale: saturated

@@ -78,7 +78,8 @@ def _gateway(g: GatewaySnapshot, hints: Hints) -> list[Finding]:
         ]
     out: list[Finding] = []
     for replica, age in sorted(g.scrape_age_s.items()):
-        if age > hints.stale_after_s:
+        limit = g.scrape_fresh_for_s.get(replica, hints.stale_after_s)
+        if age > limit:
             errors = g.scrape_errors.get(replica, 0.0)
             out.append(
                 Finding(
@@ -87,7 +88,7 @@ def _gateway(g: GatewaySnapshot, hints: Hints) -> list[Finding]:
                     replica,
                     "the gateway's view of this replica is old",
                     (
-                        f"kvgate_scrape_age_seconds {age:.1f} > {hints.stale_after_s:g}",
+                        f"kvgate_scrape_age_seconds {age:.1f} > {limit:g}",
                         f"kvgate_scrape_errors_total {errors:.0f}",
                     ),
                     "the gateway routes on stale load (treated as saturated): check that the"

@@ -63,6 +63,9 @@ class GatewaySnapshot:
     at: float
     error: str | None = None
     scrape_age_s: Mapping[str, float] = field(default_factory=dict)
+    # Per replica, the age up to which its load counts (longer for a quiet replica);
+    # absent from a gateway of an earlier version.
+    scrape_fresh_for_s: Mapping[str, float] = field(default_factory=dict)
     in_flight: Mapping[str, float] = field(default_factory=dict)
     decisions: Mapping[str, float] = field(default_factory=dict)  # by reason
     scrape_errors: Mapping[str, float] = field(default_factory=dict)  # by replica
@@ -200,6 +203,7 @@ def parse_gateway(url: str, text: str, at: float) -> GatewaySnapshot:
         url,
         at,
         scrape_age_s=by("kvgate_scrape_age_seconds", "replica"),
+        scrape_fresh_for_s=by("kvgate_scrape_fresh_for_seconds", "replica"),
         in_flight=by("kvgate_in_flight", "replica"),
         decisions=by("kvgate_routing_decisions_total", "reason"),
         scrape_errors=by("kvgate_scrape_errors_total", "replica"),

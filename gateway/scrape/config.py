@@ -8,6 +8,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 DEFAULT_INTERVAL_S = 0.25
 DEFAULT_STALE_AFTER_S = 2.0
+# A quiet replica is read this often: the idle fleet's scrapes were most of an idle
+# gateway's CPU (200 replicas: 5.0% of a core at 1 s, 2.1% at 5 s, health probes included).
+DEFAULT_IDLE_INTERVAL_S = 5.0
 
 
 class EngineKind(str, Enum):
@@ -31,15 +34,15 @@ class ScrapeSettings(BaseModel):
         le=60,
         description="seconds between two scrapes of a replica",
     )
-    idle_interval_s: float | None = Field(
-        default=None,
+    idle_interval_s: float = Field(
+        default=DEFAULT_IDLE_INTERVAL_S,
         gt=0,
         le=60,
         description="seconds between two scrapes of a quiet replica: nothing running or "
-        "waiting at its last scrape and nothing in flight from this gateway; the gateway's "
-        "next request to it scrapes it at once and restores interval_s. Default: half of "
-        "stale_after_s (at least interval_s); equal to interval_s scrapes every replica at "
-        "one rate",
+        "waiting at its last scrape and nothing in flight from this gateway. Its load stays "
+        "fresh that much longer; the gateway's next request to it scrapes it at once and "
+        "restores interval_s. Load other clients put on it shows within this time. Equal "
+        "to interval_s (or below) scrapes every replica at one rate",
     )
     timeout_s: float = Field(default=1.0, gt=0, le=60, description="per-scrape HTTP timeout")
     stale_after_s: float = Field(
@@ -72,10 +75,6 @@ class ScrapeSettings(BaseModel):
         # A limit below one interval would flag every healthy replica as unknown between scrapes.
         if self.stale_after_s <= self.interval_s:
             raise ValueError("stale_after_s must be larger than interval_s")
-        # A quiet replica's load must never turn stale (unknown, so saturated) between two
-        # of its scrapes.
-        if not self.interval_s <= self.quiet_interval_s < self.stale_after_s:
-            raise ValueError("idle_interval_s must be at least interval_s and below stale_after_s")
         if self.lease_ttl_s <= self.interval_s:
             raise ValueError("lease_ttl_s must be larger than interval_s")
         if not self.path.startswith("/"):
@@ -83,15 +82,11 @@ class ScrapeSettings(BaseModel):
         return self
 
     @property
-    def quiet_interval_s(self) -> float:
-        """Seconds between two scrapes of a quiet replica (`idle_interval_s` or its default).
-
-        Half the staleness limit leaves a quiet replica's load fresh through one slow or
-        failed scrape, as `interval_s` does for a busy one.
-        """
-        if self.idle_interval_s is not None:
-            return self.idle_interval_s
-        return max(self.interval_s, self.stale_after_s / 2)
+    def quiet_grace_s(self) -> float:
+        """Seconds a quiet replica's load stays fresh beyond `stale_after_s`: the longer
+        wait before its next read, so that it never turns stale (unknown, so saturated)
+        between two reads that succeed."""
+        return max(0.0, self.idle_interval_s - self.interval_s)
 
     def engine_for(self, replica_id: str) -> EngineKind:
         return self.engines.get(replica_id, self.engine)

@@ -23,6 +23,7 @@ class _SnapshotCollector(Collector):
         "kvgate_scrape_kv_usage": "latest",
         "kvgate_scrape_prefix_hit_rate": "latest",
         "kvgate_scrape_age_seconds": "min",
+        "kvgate_scrape_fresh_for_seconds": "max",
         "kvgate_replica_engine_load_missing": "max",
     }
 
@@ -31,10 +32,12 @@ class _SnapshotCollector(Collector):
         loads: Callable[[], Mapping[ReplicaId, EngineLoad]],
         clock: Callable[[], float],
         missing: Callable[[], Collection[ReplicaId]] = frozenset,
+        stale_after_s: float = 2.0,
     ) -> None:
         self._loads = loads
         self._clock = clock
         self._missing = missing
+        self._stale_after_s = stale_after_s
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         now = self._clock()
@@ -60,6 +63,14 @@ class _SnapshotCollector(Collector):
                 "Seconds since the last successful scrape",
                 labels=["replica"],
             ),
+            # A quiet replica is read less often and its load stays fresh longer: compare
+            # the age with this, not with scrape.stale_after_s alone (kvgate doctor does).
+            "fresh_for": GaugeMetricFamily(
+                "kvgate_scrape_fresh_for_seconds",
+                "Age up to which the last scrape counts as the replica's load (older: unknown, "
+                "treated as saturated)",
+                labels=["replica"],
+            ),
         }
         loads = self._loads()
         missing = GaugeMetricFamily(
@@ -81,6 +92,7 @@ class _SnapshotCollector(Collector):
             if load.prefix_hit_rate is not None:
                 fams["prefix_hit_rate"].add_metric([replica], load.prefix_hit_rate)
             fams["age"].add_metric([replica], max(0.0, now - load.scraped_at))
+            fams["fresh_for"].add_metric([replica], self._stale_after_s + load.grace_s)
         yield from fams.values()
         yield missing
 
@@ -98,6 +110,7 @@ class ScrapeMetrics:
         loads: Callable[[], Mapping[ReplicaId, EngineLoad]],
         clock: Callable[[], float],
         missing: Callable[[], Collection[ReplicaId]] = frozenset,
+        stale_after_s: float = 2.0,
     ) -> None:
         self.errors = Counter(
             "kvgate_scrape_errors", "Failed scrapes", ["replica", "reason"], registry=registry
@@ -111,7 +124,7 @@ class ScrapeMetrics:
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
             registry=registry,
         )
-        self._collector = _SnapshotCollector(loads, clock, missing)
+        self._collector = _SnapshotCollector(loads, clock, missing, stale_after_s)
         registry.register(self._collector)
         self._registry = registry
 

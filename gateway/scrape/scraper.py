@@ -6,10 +6,10 @@ Snapshots are immutable; a reader gets a read-only mapping and never a lock.
 
 A quiet replica (nothing running or waiting at its last scrape, nothing in flight from this
 gateway) is read every `idle_interval_s` instead: at four scrapes a second, an idle fleet's
-GETs are nearly all of a gateway's idle CPU. Its load stays fresh (the interval is below
-`stale_after_s`), and the gateway's next request to it (`wake`) scrapes it at once and
-restores the busy rate, so routing under traffic sees what it saw before. Load that other
-clients put on a quiet replica shows within `idle_interval_s`.
+GETs are nearly all of a gateway's idle CPU. Its load says it stays fresh that much longer
+(`EngineLoad.grace_s`), and the gateway's next request to it (`wake`) scrapes it at once
+and restores the busy rate, so routing under traffic sees what it saw before. Load that
+other clients put on a quiet replica shows within `idle_interval_s`.
 
 Scrapes go out on the gateway's own `h1` upstream client (a pool of its own, so a scrape
 never queues behind proxied requests): a general-purpose client costs several times more CPU
@@ -23,6 +23,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Protocol
 
@@ -113,7 +114,13 @@ class MetricsScraper:
         self._supervisor: asyncio.Task[None] | None = None
         self._sharer: asyncio.Task[None] | None = None
         self.metrics = (
-            ScrapeMetrics(registry, lambda: self._loads_view, clock, lambda: self._missing)
+            ScrapeMetrics(
+                registry,
+                lambda: self._loads_view,
+                clock,
+                lambda: self._missing,
+                settings.stale_after_s,
+            )
             if registry
             else None
         )
@@ -198,6 +205,7 @@ class MetricsScraper:
             self._failed(target.id, "connect")
             return None
         now = self._clock()
+        quiet = self._is_quiet(target.id, reading.waiting, reading.running)
         load = EngineLoad(
             waiting=reading.waiting,
             running=reading.running,
@@ -205,6 +213,7 @@ class MetricsScraper:
             prefix_hit_rate=reading.prefix_hit_rate,
             kv_capacity_tokens=reading.kv_capacity_tokens,
             scraped_at=now,
+            grace_s=self.settings.quiet_grace_s if quiet else 0.0,
         )
         if target.id in self._missing:
             self._missing.discard(target.id)
@@ -270,7 +279,11 @@ class MetricsScraper:
                 self._on_load(replica, load)
 
     def _failed(self, replica: ReplicaId, reason: str) -> None:
-        # The old snapshot is kept: it turns stale (unknown = saturated) on its own.
+        # The old snapshot is kept: it turns stale (unknown = saturated) on its own, at the
+        # busy limit: the grace of a quiet load covers a read put off, not one that failed.
+        load = self._loads.get(replica)
+        if load is not None and load.grace_s:
+            self._loads[replica] = self._pending[replica] = replace(load, grace_s=0.0)
         if self.metrics is not None:
             self.metrics.errors.labels(replica, reason).inc()
         if self._health is not None:
@@ -346,14 +359,14 @@ class MetricsScraper:
         if event is not None:
             event.set()
 
-    def _is_quiet(self, replica: ReplicaId, load: EngineLoad | None) -> bool:
-        if load is None or not load.engine or load.waiting or load.running:
+    def _is_quiet(self, replica: ReplicaId, waiting: float, running: float) -> bool:
+        if waiting or running or self.settings.quiet_grace_s <= 0:
             return False
         return self._in_flight is not None and not self._in_flight.get(replica, 0)
 
     async def _poll(self, target: ScrapeTarget) -> None:
         interval = self.settings.interval_s
-        quiet = self.settings.quiet_interval_s
+        quiet = self.settings.idle_interval_s
         while True:
             started = self._clock()
             load = None
@@ -362,7 +375,7 @@ class MetricsScraper:
             except Exception:  # outermost boundary of this task: keep scraping, but say so
                 log.exception("scraping replica %s failed unexpectedly", target.id)
                 self._failed(target.id, "internal")
-            if quiet <= interval or not self._is_quiet(target.id, load):
+            if load is None or not load.grace_s:
                 await asyncio.sleep(max(0.0, interval - (self._clock() - started)))
                 continue
             event = self._quiet[target.id] = asyncio.Event()  # set by `wake`

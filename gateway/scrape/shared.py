@@ -92,13 +92,17 @@ def encode(load: EngineLoad, kind: EngineKind | None, at: float) -> bytes:
             load.engine,
             kind.value if kind is not None else None,
             at,
+            load.grace_s,
         ]
     )
 
 
 def decode(raw: bytes) -> SharedLoad | None:
     try:
-        w, r, kv, hit, cap, engine, kind, at = orjson.loads(raw)
+        # The ninth field (the quiet grace) is new: a gateway of the previous version writes
+        # eight, which read as a busy replica's load.
+        w, r, kv, hit, cap, engine, kind, at, *rest = orjson.loads(raw)
+        grace = float(rest[0]) if rest else 0.0
         load = EngineLoad(
             waiting=float(w),
             running=float(r),
@@ -106,6 +110,7 @@ def decode(raw: bytes) -> SharedLoad | None:
             prefix_hit_rate=None if hit is None else float(hit),
             kv_capacity_tokens=None if cap is None else int(cap),
             engine=bool(engine),
+            grace_s=grace,
         )
         return SharedLoad(load, None if kind is None else EngineKind(kind), float(at))
     except (orjson.JSONDecodeError, ValueError, TypeError):

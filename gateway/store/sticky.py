@@ -70,7 +70,7 @@ class StickyFirst(RouterWrapper):
         # Unknown load is not held against a sticky replica: that would end stickiness
         # whenever scraping is off or late. Only a known, saturated load moves the session.
         load = replica.load
-        fresh = load is not None and view.now - load.scraped_at <= view.stale_after
+        fresh = load is not None and load.is_fresh(view.now, view.stale_after)
         if fresh and is_saturated(load, self.saturation):
             return True
         if self.load_factor is None:

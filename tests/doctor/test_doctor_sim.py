@@ -207,7 +207,9 @@ async def test_stale_and_low_hit_rate_from_the_gateways_view() -> None:
     async with SimCluster(2, TINY, time_scale=4.0) as sim:
         settings = load_settings(
             replicas=[{"url": u} for u in sim.urls],
-            scrape={"interval_s": 0.05, "stale_after_s": 1.0},
+            # One rate for busy and idle engines: the stopped engine's failed read comes
+            # within the test's wait.
+            scrape={"interval_s": 0.05, "idle_interval_s": 0.05, "stale_after_s": 1.0},
         )
         app = build_app(settings)
         server = await start_server(app)
