@@ -8,12 +8,6 @@ conversation's lineage inferred from the prompt (gateway.lineage). Per request:
   of live sessions) stays on its replica while that replica is a candidate (healthy,
   serves the model) and its load is within ``load_factor x mean load + slack``. Only the
   bound or health moves it, and the move is remembered: it then stays where it moved.
-  With ``move_ratio`` set, a queue moves it too: it goes to the replica of least
-  ``queued_r + move_ratio x recompute_r``, in seconds at each replica's prefill speed
-  measured by the gateway (``view.prefill``; tokens alike without it). ``queued_r`` is
-  r's load as below, less the prefill its own session has in flight (a copy sent at
-  the same time extends it, so that prefill is what it will find cached);
-  ``recompute_r`` is the prefix the sticky replica holds beyond r.
 * **Placed.** A new session, or one that must move, goes to the replica of least cost
 
       cost_r = (load_r + cache_weight * uncached_r + session_weight * unit * live_r) / weight_r
@@ -172,14 +166,6 @@ class LineageConfig(PolicyConfig):
         "with no hot prefix: where the cache churns less, its prefix lives longer (0: off; "
         "2 gained 2 points at small KV, but makes placement depend on timing)",
     )
-    move_ratio: float | None = Field(
-        default=None,
-        ge=0,
-        description="a sticky session moves to the replica where its wait is least: the "
-        "prefill queued there plus this many times the prefix it would recompute there, "
-        "both in seconds at that replica's measured prefill speed (None: off, only the "
-        "load bound moves sessions)",
-    )
     evicted_fraction: float = Field(
         default=0.5,
         ge=0,
@@ -204,9 +190,7 @@ class Lineage:
         self._unit = float(config.initial_request_tokens)
         self._pending: dict[ReplicaId, float] = {}
         self._pending_total = 0.0
-        self._open: dict[str, tuple[ReplicaId, float, str]] = {}
-        # Uncached prefill in flight per session: what a sibling will find cached once done.
-        self._session_pending: dict[str, float] = {}
+        self._open: dict[str, tuple[ReplicaId, float]] = {}
         self._ring = HashRing((), config.vnodes)
         self._now = 0.0
         self._view_key: tuple[ReplicaState, ...] | None = None
@@ -263,9 +247,7 @@ class Lineage:
         """The request was sent to `replica`: its uncached prefill is now that replica's."""
         self.prefilled(request)
         tokens = float(max(0, request.prompt_tokens - self.cached_tokens(request, replica)))
-        key = request.session_key
-        self._open[request.request_id] = (replica, tokens, key)
-        self._session_pending[key] = self._session_pending.get(key, 0.0) + tokens
+        self._open[request.request_id] = (replica, tokens)
         self._pending[replica] = self._pending.get(replica, 0.0) + tokens
         self._pending_total += tokens
         self._unit += self.config.ewma_alpha * (tokens - self._unit)
@@ -277,10 +259,7 @@ class Lineage:
         entry = self._open.pop(request.request_id, None)
         if entry is None:
             return
-        replica, tokens, key = entry
-        mine = self._session_pending.pop(key, 0.0) - tokens
-        if mine > 1e-6:
-            self._session_pending[key] = mine
+        replica, tokens = entry
         left = self._pending.get(replica, 0.0) - tokens
         self._pending[replica] = left if left > 1e-6 else 0.0
         self._pending_total = max(0.0, self._pending_total - tokens)
@@ -360,53 +339,9 @@ class Lineage:
             if self._evicted(request, sticky):
                 return self._place(request, view, unit, "evicted")
             if self._load(sticky, view, unit) <= self._bound(view, unit):
-                alt = self._queued_out(request, sticky, view, unit)
-                if alt is None:
-                    return Choice(self._failover_order(sticky, key, view), "sticky", self.name)
-                rest = self._place(request, view, unit, "queued_out", avoid=sticky).ranked
-                return Choice((alt, *(r for r in rest if r != alt)), "queued_out", self.name)
+                return Choice(self._failover_order(sticky, key, view), "sticky", self.name)
             return self._place(request, view, unit, "bounded_load", avoid=sticky)
         return self._place(request, view, unit, "")
-
-    def _queued_out(
-        self, request: RouteRequest, sticky: ReplicaId, view: ClusterView, unit: float
-    ) -> ReplicaId | None:
-        """The replica of least ``queued_r + move_ratio x recompute_r`` (seconds at r's
-        speed) when that is not `sticky`, else None. The prefill its own session has in
-        flight is not a wait: it produces the prefix this request would recompute."""
-        ratio = self.config.move_ratio
-        if ratio is None:
-            return None
-        prefill = view.prefill
-        mean = (prefill.mean_speed() if prefill is not None else None) or 1.0
-        speed = (prefill.speed if prefill is not None else None) or (lambda _: mean)
-        own = self._session_pending.get(request.session_key, 0.0)
-        best = max(0.0, self._load(sticky, view, unit) - own) / (speed(sticky) or mean)
-        if best <= 0.0:
-            return None
-        hashes = request.prefix_hashes
-        bt = request.block_tokens or 1
-        prompt = request.prompt_tokens
-        replicas = view.replicas
-        position = {r.id: i for i, r in enumerate(replicas)} if hashes else {}
-        matched = self.index.matched_sparse(position, hashes) if hashes else {}
-        held = min(prompt, self.index.matched(sticky, hashes) * bt) if hashes else 0
-        others = [m for i, m in matched.items() if replicas[i].id != sticky]
-        # No replica beats the sticky one's wait by more than the recompute it saves over
-        # the best other holder: the usual case walks nothing (bounded at sticky's speed).
-        floor = held - min(prompt, max(others, default=0) * bt)
-        if best <= ratio * floor / (speed(sticky) or mean):
-            return None
-        out: ReplicaId | None = None
-        for i, r in enumerate(replicas):
-            if r.id == sticky:
-                continue
-            # Negative when r holds more of the prompt than the sticky replica does.
-            recompute = held - min(prompt, matched.get(i, 0) * bt)
-            wait = (self._load(r.id, view, unit) + ratio * recompute) / (speed(r.id) or mean)
-            if wait < best:
-                best, out = wait, r.id
-        return out
 
     def _evicted(self, request: RouteRequest, sticky: ReplicaId) -> bool:
         """The engines' own events say `sticky` no longer holds this session's prefix."""

@@ -8,7 +8,6 @@ import dataclasses
 from policy_views import replicas, request, rid, view
 
 from gateway.policy import RANK_DEPTH, PolicyContext
-from gateway.prefill_meter import PrefillMeter
 from gateway.ring import HashRing, RingNode
 from gateway.types import ClusterView, ReplicaId, RouteRequest
 from plugins.lineage import Lineage, LineageConfig
@@ -406,89 +405,3 @@ def test_a_sticky_ranking_walks_the_ring_clockwise_from_the_session() -> None:
         walk = [r for r in ring.walk("s") if r != home and r in v.by_id]
         assert ranked == ((home, *walk)[:RANK_DEPTH])
         assert len(ranked) == min(RANK_DEPTH, len(shown))
-
-
-HISTORY = tuple(range(1, 41))  # 40 blocks of 512 tokens: 20,480 tokens held at home
-
-
-def _queued_home(
-    backlog_blocks: int, meter: PrefillMeter | None = None, **config: object
-) -> tuple[Lineage, ClusterView, ReplicaId, RouteRequest]:
-    """A conversation served once, then `backlog_blocks` of other prefill queued on its
-    replica (under the load bound): the policy, the view, home, and the next turn."""
-    p, v = policy(4, **config)
-    if meter is not None:
-        v = dataclasses.replace(v, prefill=meter)
-    home = serve(p, turn("s", HISTORY, 0), v)
-    p.dispatched(turn("backlog", tuple(range(60_000, 60_000 + backlog_blocks)), 0), home)
-    assert p._load(home, v, p.unit_tokens) <= p._bound(v, p.unit_tokens)
-    return p, v, home, turn("s", (*HISTORY, 41), 1)
-
-
-def test_a_queue_longer_than_the_move_ratio_times_the_recompute_moves_the_session() -> None:
-    # 153,600 tokens queued at home against 5 x 20,480 recomputed on an idle replica.
-    p, v, home, nxt = _queued_home(300, move_ratio=5.0)
-    moved = p.choose(nxt, v)
-    assert moved.reason == "queued_out" and moved.first not in (None, home)
-    assert moved.ranked[-1] == home  # home's cache ranks it last as a failover only
-    assert moved.first is not None
-    p.placed(nxt, moved.first)
-    # The queue is still there, but the session now lives where it moved.
-    after = p.choose(turn("s", (*HISTORY, 41, 42), 2), v)
-    assert after.reason == "sticky" and after.first == moved.first
-
-
-def test_a_queue_shorter_than_the_move_ratio_times_the_recompute_keeps_it_home() -> None:
-    # The control: 51,200 tokens queued, less than 5 x 20,480.
-    p, v, home, nxt = _queued_home(100, move_ratio=5.0)
-    stay = p.choose(nxt, v)
-    assert stay.reason == "sticky" and stay.first == home
-
-
-def test_without_the_move_ratio_only_the_load_bound_moves_a_session() -> None:
-    p, v, home, nxt = _queued_home(300)
-    assert p.choose(nxt, v).first == home
-
-
-def test_a_sessions_own_prefill_in_flight_is_not_a_wait() -> None:
-    # Copies of one prompt sent at once (n > 1 as separate requests): the first one's
-    # prefill is what the others will find cached, so they follow it whatever it queues
-    # (counted as a wait, it would outweigh half the recompute elsewhere).
-    p, v = policy(4, move_ratio=0.5)
-    first = turn("s", tuple(range(1, 401)), 0)  # 400 blocks: 204,800 tokens
-    home = p.choose(first, v).first
-    assert home is not None
-    p.dispatched(first, home)
-    p.placed(first, home)
-    for n in range(1, 4):
-        copy = dataclasses.replace(first, request_id=f"s-copy{n}")
-        chosen = p.choose(copy, v)
-        assert chosen.reason == "sticky" and chosen.first == home
-        p.dispatched(copy, home)
-        p.placed(copy, home)
-
-
-def _meter(speeds: dict[ReplicaId, float]) -> PrefillMeter:
-    """A prefill meter that measured each replica at its speed (tokens/s)."""
-    meter = PrefillMeter()
-    now = 0.0
-    for replica, speed in speeds.items():
-        for n in range(4):
-            meter.dispatched(f"{replica}-{n}", replica, speed, now)
-            now += 1.0
-            meter.first_token(f"{replica}-{n}", now)
-    return meter
-
-
-def test_the_queue_is_weighed_in_seconds_at_each_replicas_measured_speed() -> None:
-    # The same 153,600 tokens queued at home: four times as fast there as elsewhere, it
-    # drains in less time than recomputing the history elsewhere would take, 5 x over.
-    fast = _meter({rid(0): 40_000.0, rid(1): 10_000.0, rid(2): 10_000.0, rid(3): 10_000.0})
-    p, v, home, nxt = _queued_home(300, meter=fast, move_ratio=5.0)
-    if home != rid(0):  # the meter says which replica is fast; put home there
-        fast = _meter({home: 40_000.0, **{r.id: 10_000.0 for r in v.replicas if r.id != home}})
-        v = dataclasses.replace(v, prefill=fast)
-    assert p.choose(nxt, v).reason == "sticky"
-    # The control: all alike, the same queue moves it.
-    even = _meter({r.id: 10_000.0 for r in v.replicas})
-    assert p.choose(nxt, dataclasses.replace(v, prefill=even)).reason == "queued_out"
