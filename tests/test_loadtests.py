@@ -332,3 +332,39 @@ def test_lineage_benchmark_runs_kvgate_as_the_epp_behind_envoy_with_the_same_set
     cmd = bench.router_command(spec, urls, 8000, 2.0, args, tmp_path, epp_port=9002)
     assert isinstance(cmd, list) and cmd[3:5] == ["epp", "-c"]
     assert yaml.safe_load(Path(cmd[5]).read_text())["epp"] == {"port": 9002}
+
+
+def test_lineage_tails_splits_a_forks_run_by_kind_and_measures_the_queue_met(
+    tmp_path: Path, capsys: Any
+) -> None:
+    tails = _module("lineage_tails")
+    bench = _module("bench_lineage")
+    args = {"requests": 200, "blocks": bench.BLOCKS, "max_output_tokens": 1024}
+    shape = tails.ShapeOptions(shape="forks", seed=1, sessions=96, duration_s=120.0)
+    trace, _ = bench.fitting(tails.generate_shape(shape).window(0, 200), bench.BLOCKS, 1024)
+    n = len(trace.records)
+    kind_of = tails.kinds(trace.records, 96, 1)
+    assert {"main1", "main+", "chat1"} <= set(kind_of)
+    # Every request on e0 takes 100 s to its first token, so each one met the uncached
+    # prefill of every request that arrived before it; e1's (first token at once) nothing.
+    replicas = ["e0" if i % 2 == 0 else "e1" for i in range(n)]
+    ttfts = [100.0 if r == "e0" else 0.0 for r in replicas]
+    run = {
+        "router": "kvgate",
+        "cell": "forks",
+        "repeat": 0,
+        "ttft_s": ttfts,
+        "cached": [0] * n,
+        "replicas": replicas,
+        "skipped": None,
+    }
+    path = tmp_path / "runs.json"
+    path.write_text(orjson.dumps({"args": args, "runs": [run]}).decode())
+    assert tails.main([str(path), "--trace", "forks", "--slowest", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "main1" in out and "max/mean" in out
+    reqs = tails.requests_of(run, trace, kind_of, 3.0, 1.5)
+    last_e0 = max(i for i in range(n) if replicas[i] == "e0")
+    ahead = sum(trace.records[i].input_tokens for i in range(0, last_e0, 2))
+    assert tails.queued_ahead(reqs, last_e0, "e0") == ahead
+    assert tails.queued_ahead(reqs, last_e0, "e1") == 0
