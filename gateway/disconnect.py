@@ -112,9 +112,10 @@ class CallState:
 
     def watch(self, receive: Receive) -> None:
         self.watching = True
-        self.watcher = _Watcher(
-            wait_disconnect(receive), self.on_receive_done, asyncio.get_running_loop()
-        )
+        task = self.task
+        # The task's own loop: asyncio.get_running_loop() makes a getpid() syscall each time.
+        loop = task.get_loop() if task is not None else asyncio.get_running_loop()
+        self.watcher = _Watcher(wait_disconnect(receive), self.on_receive_done, loop)
 
     def stop_watching(self) -> None:
         # Before the last body message: uvicorn reports http.disconnect once a response is

@@ -11,6 +11,9 @@
   callback as headers, and uvicorn appended them to the request's `scope["headers"]`,
   where the proxy would forward them and admission would read `X-Priority` from them.
 
+* A response's head may go out with its body in one write, when the app asks for it
+  (gateway.coalesce).
+
 No timer per request on the common path: a request whose bytes come in one read is
 parsed whole before the guard looks, and only one that spans reads arms the deadline.
 """
@@ -24,6 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from gateway.coalesce import HeadHolder
+from gateway.scope import HEAD_HOLDER_KEY
 
 _IDLE, _HEADERS, _BODY = 0, 1, 2
 _REQUEST_TIMEOUT = (
@@ -135,7 +141,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._phase = _BODY
         self._since = 0.0
+        earlier = self.cycle
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle is not earlier:  # no new cycle for an upgrade
+            holder = HeadHolder(self.transport)
+            cycle.transport = holder  # type: ignore[assignment]
+            self.scope[HEAD_HOLDER_KEY] = holder  # type: ignore[literal-required]
         # Trailers arrive through uvicorn's on_header, which appends to this list (the one
         # in scope["headers"]): from now on they go nowhere. Cheaper than checking per header.
         self.headers = _Sealed(self.headers)  # type: ignore[assignment]

@@ -7,3 +7,4 @@ from __future__ import annotations
 REQUEST_ID_KEY = "kvgate.request_id"  # str: the request's id (gateway.request_id)
 PRINCIPAL_KEY = "kvgate.principal"  # Principal: who is calling (gateway.auth.middleware)
 TICKET_KEY = "kvgate.ticket"  # Ticket: the quota charge of this request (gateway.auth)
+HEAD_HOLDER_KEY = "kvgate.head_holder"  # HeadHolder: joins a head to its body (gateway.coalesce)

@@ -29,6 +29,7 @@ import orjson
 MAX_HELD_BYTES = 16384
 
 _MARKERS = (b'"usage":{', b'"usage": {')
+_USAGE_OPTION = b'"stream_options":{"include_usage":true},'
 
 
 def inject_usage(body: Mapping[str, Any]) -> tuple[dict[str, Any], bool] | None:
@@ -46,6 +47,19 @@ def inject_usage(body: Mapping[str, Any]) -> tuple[dict[str, Any], bool] | None:
         return None
     strip = not options.get("continuous_usage_stats")
     return {**body, "stream_options": {**options, "include_usage": True}}, strip
+
+
+def with_usage_option(body: Mapping[str, Any], raw: bytes) -> bytes | None:
+    """`raw` (the bytes of `body`) asking for usage, without serialising the body again: when
+    the body has no `stream_options` at all, the field is written at the head of the object,
+    so the cost does not grow with the prompt. None when that cannot be done (the caller
+    serialises the body `inject_usage` returned)."""
+    if "stream_options" in body or not body:
+        return None
+    start = 0 if raw[:1] == b"{" else len(raw) - len(raw.lstrip())
+    if raw[start : start + 1] != b"{":
+        return None
+    return b"".join((raw[: start + 1], _USAGE_OPTION, memoryview(raw)[start + 1 :]))
 
 
 def _last_boundary_end(data: bytes) -> int:

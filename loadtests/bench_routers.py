@@ -17,7 +17,11 @@ A router that cannot be found or does not start is reported as skipped; kvgate a
 `floor` (loadtests/floor_app.py) is kvgate's server and upstream client alone, forwarding
 with no gateway work: kvgate's CPU over the floor's is what its own request path costs.
 `--baseline DIR` runs a second kvgate from another checkout (`base`) in the same rounds, for
-a before/after on one machine. After the table, kvgate's figures are set against those of the
+a before/after on one machine. `--variant NAME=FILE` runs one more kvgate from this checkout
+with FILE's YAML sections added to its config (say, features turned off), in the same rounds
+too. Each of these is then set against `kvgate` round by round (CPU per request over
+kvgate's in the same round: median and range), which the machine's load moves far less
+than the absolute figures. After the table, kvgate's figures are set against those of the
 previous release, read from the table in docs/scale.md that follows `PREVIOUS_MARKER`.
 Policies: kvgate's default (consistent hash, bounded load), `--sglang-policy` (default
 cache_aware, that router's own default) and `--vllm-policy` (default consistent_hash, the
@@ -209,6 +213,13 @@ def main() -> int:
     parser.add_argument(
         "--baseline", help="also run kvgate from this checkout (`base`), in the same rounds"
     )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=FILE",
+        help="also run kvgate with FILE's YAML sections added to its config, in the same rounds",
+    )
     args = parser.parse_args()
 
     wanted = [r for r in args.routers.split(",") if r]
@@ -234,6 +245,7 @@ def main() -> int:
     routers: dict[str, tuple[Proc, str]] = {}
     skipped: dict[str, str] = {}
     rows: list[dict[str, Any]] = []
+    paired: list[str] = []
     try:
         wait_ready(engine_url + "/health")
         for name in wanted:
@@ -249,6 +261,9 @@ def main() -> int:
                 routers[name] = started
         if args.baseline:
             routers["base"] = start_gateway(engine_url, "h1", code=Path(args.baseline).resolve())
+        for variant in args.variant:
+            name, _, path = variant.partition("=")
+            routers[name] = start_gateway(engine_url, "h1", extra_yaml=Path(path).read_text())
         for stream in modes:
             for conc in levels:
                 direct: list[dict[str, Any]] = []
@@ -279,6 +294,7 @@ def main() -> int:
                             total = r["requests"] * (args.duration + args.warmup) / args.duration
                             r["gw_cpu_us"] = (cpu1 - cpu0) / max(1.0, total) * 1e6
                         runs[name].append(r)
+                paired.extend(_paired(runs, conc, stream))
                 d = median_row(direct)
                 rows.append({"router": "direct", "conc": conc, "stream": stream, **d})
                 for name, rs in runs.items():
@@ -314,6 +330,9 @@ def main() -> int:
         )
     for name, why in skipped.items():
         print(f"skipped {name}: {why}")
+    if paired:
+        print("CPU per request over kvgate's, round by round (median, min-max):")
+        print("\n".join(paired))
     print(
         f"Medians over {args.repeat} alternating rounds of {args.duration:g} s. +p50ms: router p50 minus "
         "the same round's direct p50. CPUus: the router's process tree, user+system, per request; "
@@ -324,6 +343,26 @@ def main() -> int:
     else:
         print_against_previous(rows)
     return 0
+
+
+def _paired(runs: dict[str, list[dict[str, Any]]], conc: int, stream: bool) -> list[str]:
+    """Each other router's CPU per request over kvgate's in the same round."""
+    mine = runs.get("kvgate", [])
+    lines = []
+    for name, rs in runs.items():
+        if name == "kvgate":
+            continue
+        ratios = [
+            r["gw_cpu_us"] / k["gw_cpu_us"]
+            for r, k in zip(rs, mine)
+            if r.get("gw_cpu_us") and k.get("gw_cpu_us")
+        ]
+        if ratios:
+            lines.append(
+                f"  {name:8} {conc:>4} {stream!s:>6} {statistics.median(ratios):6.2f} "
+                f"{min(ratios):.2f}-{max(ratios):.2f}"
+            )
+    return lines
 
 
 def print_against_previous(rows: list[dict[str, Any]]) -> None:

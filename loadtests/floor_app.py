@@ -16,6 +16,7 @@ from typing import Any
 
 import uvicorn
 
+from gateway.scope import HEAD_HOLDER_KEY
 from gateway.settings import ServerSettings
 from gateway.upstream import make_client, response_headers
 from gateway.upstream.base import Timeouts
@@ -46,8 +47,11 @@ class Floor:
         headers = [(b"content-type", b"application/json")]
         resp = await self.client.send("POST", self.engine + scope["path"], headers, body)
         out = response_headers(resp.headers)
+        holder = scope.get(HEAD_HOLDER_KEY)  # as kvgate's relay: head and body in one write
         try:
             if next((v for n, v in out if n == b"content-type"), b"").startswith(_SSE):
+                if holder is not None:
+                    holder.hold()  # kvgate sends the head once the first chunk is in, too
                 await send({"type": "http.response.start", "status": resp.status, "headers": out})
                 async for chunk in resp.iter_bytes():
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -55,6 +59,8 @@ class Floor:
             else:
                 data = await resp.read()
                 out.append((b"content-length", b"%d" % len(data)))
+                if holder is not None:
+                    holder.hold()
                 await send({"type": "http.response.start", "status": resp.status, "headers": out})
                 await send({"type": "http.response.body", "body": data})
         finally:

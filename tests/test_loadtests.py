@@ -118,15 +118,19 @@ def test_pooled_verdict_takes_p99_and_cost_over_every_seed(tmp_path: Path, capsy
 
 
 def test_router_comparison_runs_kvgate_and_reports_missing_routers(tmp_path: Path) -> None:
+    lean = tmp_path / "lean.yaml"
+    lean.write_text("metrics:\n  tokens: false\n")
     done = _script(
         "bench_routers.py",
         *("--routers", "kvgate,vllm,sglang,floor", "--router-bin", str(tmp_path)),
+        *("--variant", f"lean={lean}"),
         *("--levels", "1", "--modes", "plain", "--duration", "0.4", "--warmup", "0.1"),
         *("--repeat", "1"),
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    rows = {line.split()[0]: line.split() for line in done.stdout.splitlines() if line.split()}
+    table = done.stdout.split("CPU per request over kvgate's", 1)[0]
+    rows = {line.split()[0]: line.split() for line in table.splitlines() if line.split()}
     # router conc stream req/s p50 p99 +p50 ratio CPUus xRust err
     assert rows["kvgate"][1:3] == ["1", "False"] and float(rows["kvgate"][3]) > 0
     # One short round's added p50 may come out either side of zero: only its presence is checked.
@@ -134,6 +138,12 @@ def test_router_comparison_runs_kvgate_and_reports_missing_routers(tmp_path: Pat
     assert float(rows["kvgate"][8]) > 0  # its CPU was measured
     # The floor (kvgate's server and client alone) answered every request too.
     assert float(rows["floor"][3]) > 0 and float(rows["floor"][8]) > 0 and rows["floor"][-1] == "0"
+    # The variant ran in the same rounds, and is set against kvgate round by round.
+    assert float(rows["lean"][3]) > 0 and rows["lean"][-1] == "0"
+    paired = done.stdout.split("round by round (median, min-max):", 1)[1].splitlines()
+    lean_row = next(line.split() for line in paired if line.split()[:1] == ["lean"])
+    low, high = (float(x) for x in lean_row[4].split("-"))
+    assert lean_row[1:3] == ["1", "False"] and low <= float(lean_row[3]) <= high
     assert "skipped vllm: vllm-router is not installed" in done.stdout
     assert "skipped sglang: sglang_router is not importable" in done.stdout
     # kvgate's cell against the previous release's figures in docs/scale.md.

@@ -6,7 +6,7 @@ import random
 
 import orjson
 
-from gateway.stream_usage import MAX_HELD_BYTES, UsageStripper, inject_usage
+from gateway.stream_usage import MAX_HELD_BYTES, UsageStripper, inject_usage, with_usage_option
 
 
 def event(obj: object, sep: bytes = b"\n\n") -> bytes:
@@ -118,3 +118,21 @@ def test_inject_usage() -> None:
         inject_usage({"model": "m"}) is None
         and inject_usage({"model": "m", "stream": False}) is None
     )
+
+
+def test_usage_option_is_spliced_into_the_clients_bytes() -> None:
+    """No re-serialisation of the body: its bytes with the field in front, the same JSON."""
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x" * 5000}]}
+    for raw in (
+        orjson.dumps(body),
+        b'  \n{ "model" : "m", "stream": true, "messages": '
+        + orjson.dumps(body["messages"])
+        + b"}",
+    ):
+        spliced = with_usage_option(body, raw)
+        assert spliced is not None and spliced.endswith(raw[-100:])
+        injected = inject_usage(body)
+        assert injected is not None and orjson.loads(spliced) == injected[0]
+    # Where a field of that name exists (even null), splicing would leave two: not done.
+    assert with_usage_option({**body, "stream_options": None}, b'{"stream_options":null}') is None
+    assert with_usage_option(body, b"[1]") is None and with_usage_option({}, b"{}") is None

@@ -27,7 +27,7 @@ from gateway.proxy.continuation import continuing, response_digest
 from gateway.proxy.exchange import Exchange
 from gateway.scope import PRINCIPAL_KEY
 from gateway.state import GatewayState
-from gateway.stream_usage import inject_usage
+from gateway.stream_usage import inject_usage, with_usage_option
 from gateway.tiers.ladder import TierDecision
 from gateway.tracing.context import TRACEPARENT, child
 from gateway.types import ROUTE_SPECS, UPSTREAM_PATHS, Endpoint, RouteRequest, SessionKey
@@ -279,8 +279,13 @@ class Inbound:
         if state.observers and self._may_inject_usage:
             injected = inject_usage(body)
             if injected is not None:
+                # The client's bytes plus the one field, unless they are rewritten anyway.
+                spliced = None if rewritten else with_usage_option(body, raw)
                 body, ex.strip_usage = injected
-                rewritten = True
+                if spliced is not None:
+                    raw = spliced
+                else:
+                    rewritten = True
         if rewritten:
             raw = orjson.dumps(body)
         ex.body, ex.raw, ex.request = body, raw, request

@@ -30,7 +30,7 @@ from gateway.proxy.continuation import id_in_json, id_in_stream
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.passthrough import pass_through
 from gateway.proxy.respond import send_error
-from gateway.scope import TICKET_KEY
+from gateway.scope import HEAD_HOLDER_KEY, TICKET_KEY
 from gateway.stream_usage import UsageStripper
 from gateway.types import ROUTE_SPECS
 from gateway.upstream import response_headers
@@ -88,6 +88,8 @@ async def relay(
             if ex.response_id is not None and keep is not None:
                 await keep(ex.response_id)
         out_headers.append((b"content-length", b"%d" % len(payload)))
+        if (holder := ex.scope.get(HEAD_HOLDER_KEY)) is not None:
+            holder.hold()  # the body follows at once: one write for both
         await send({"type": "http.response.start", "status": status, "headers": out_headers})
         await send({"type": "http.response.body", "body": payload, "more_body": False})
         ex.ok = status < 400
@@ -115,12 +117,14 @@ async def relay(
     # before any usage event is stripped.
     request = ex.request
     timer = metrics.stream_timer(request.model if request else "", leg.replica, ex.t0)
+    ended = False
+    seek_id = ex.find_response_id and status < 400
+    if chunk and not seek_id and (holder := ex.scope.get(HEAD_HOLDER_KEY)) is not None:
+        holder.hold()  # the first chunk, in hand, goes with the head
     await send({"type": "http.response.start", "status": status, "headers": out_headers})
     # A quota ticket is charged for output tokens as they go out, past its estimate
     # (gateway.auth.limiter): a stream dropped midway still pays for what it got.
     ticket: Ticket | None = ex.scope.get(TICKET_KEY)
-    ended = False
-    seek_id = ex.find_response_id and status < 400
     relayed = before = b""  # the last two chunks out: where a failure event continues from
     try:
         while True:

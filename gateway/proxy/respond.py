@@ -7,6 +7,7 @@ import time
 from gateway.errors import GatewayError, error_response_parts
 from gateway.metrics import GatewayMetrics
 from gateway.proxy.exchange import Exchange
+from gateway.scope import HEAD_HOLDER_KEY
 
 
 async def send_error(ex: Exchange, err: GatewayError, metrics: GatewayMetrics) -> None:
@@ -16,5 +17,7 @@ async def send_error(ex: Exchange, err: GatewayError, metrics: GatewayMetrics) -
     call.stop_watching()
     call.ttfb = time.perf_counter()
     call.started = True
+    if (holder := ex.scope.get(HEAD_HOLDER_KEY)) is not None:
+        holder.hold()
     await ex.send({"type": "http.response.start", "status": status, "headers": headers})
     await ex.send({"type": "http.response.body", "body": body, "more_body": False})

@@ -548,7 +548,6 @@ class H1Client:
 
                 self._tls = AiohttpClient(self._timeouts, self._max_connections)
             return await self._tls.send(method, url, headers, body, timeouts=timeouts)
-        loop = asyncio.get_running_loop()
         t = timeouts or self._timeouts
         key, target, host = self._target(url)
         head = [method.encode("ascii"), b" ", target, b" HTTP/1.1\r\nhost: ", host, b"\r\n"]
@@ -581,6 +580,8 @@ class H1Client:
                 conn._reset()
                 break
         once_more = True
+        # A pooled connection knows its loop: asking asyncio costs a getpid() syscall.
+        loop = conn._loop if conn is not None else asyncio.get_running_loop()
         while True:
             if conn is None:
                 conn = await self._connect(loop, key, url, t)
