@@ -174,11 +174,6 @@ def _chat_text(messages: Sequence[Mapping[str, Any]], head: int) -> tuple[bytes,
     return data, end
 
 
-def message_bytes(message: Mapping[str, Any]) -> bytes:
-    """`message_pieces` joined."""
-    return b"".join(message_pieces(message))
-
-
 def _conversation_head(messages: Sequence[Mapping[str, Any]]) -> int:
     """Number of leading messages that identify a conversation (through the first user one)."""
     for i, message in enumerate(messages):

@@ -44,11 +44,6 @@ ABILITIES: tuple[tuple[type, tuple[str, ...]], ...] = (
 )
 
 
-def abilities_of(router: object) -> frozenset[str]:
-    """Names of the optional abilities `router` has (for tests and start-up logs)."""
-    return frozenset(proto.__name__ for proto, _ in ABILITIES if isinstance(router, proto))
-
-
 class RouterWrapper:
     """Base of a policy around one inner policy (see the module docstring).
 

@@ -138,7 +138,9 @@ def _drain(proc: Proc, lines: deque[str]) -> None:
     def run() -> None:
         if stream is None:
             return
-        with contextlib.suppress(ValueError, OSError):
+        # The reader owns the pipe: it closes it at EOF (the child exited or was killed),
+        # so a killed and restarted child leaves no open pipe behind for the collector.
+        with contextlib.suppress(ValueError, OSError), stream:
             for raw in stream:
                 lines.append(raw.decode("utf-8", "replace").rstrip())
 

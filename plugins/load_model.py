@@ -33,21 +33,14 @@ class LoadWeights(BaseModel):
 
 
 def load_terms(load: EngineLoad, weights: LoadWeights) -> tuple[float, float]:
-    """(requests the engine reported, their weighted load incl. KV pressure): the part of
-    `request_load` that depends on the scrape only, so policies can cache it per view."""
+    """(requests the engine reported, their weighted load incl. KV pressure): the part of a
+    replica's load that depends on the scrape only, so policies can cache it per view (the
+    requests in flight past what the engine reported are added by each policy)."""
     value = weights.waiting * load.waiting + weights.running * load.running
     if load.kv_usage is not None and weights.kv_usage:
         kv = min(max(load.kv_usage, 0.0), KV_USAGE_CAP)
         value += weights.kv_usage * kv / (1.0 - kv)
     return load.waiting + load.running, value
-
-
-def request_load(load: EngineLoad | None, inflight: int, weights: LoadWeights) -> float | None:
-    """Load of one replica, or None when the scraped load is unknown (treat as saturated)."""
-    if load is None:
-        return None
-    reported, value = load_terms(load, weights)
-    return value + weights.waiting * max(0.0, inflight - reported)
 
 
 class TieBreaker:

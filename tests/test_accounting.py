@@ -27,8 +27,10 @@ def total(metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: s
 async def test_tokens_latency_and_cost_match_what_the_engines_reported() -> None:
     async with sim_engines(2, "tiny") as engines:
         replicas = replica_config(engines, price_per_hour=PRICE)
-        async with gateway(engines, replicas=replicas) as gw:
-            client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="-", max_retries=0)
+        async with (
+            gateway(engines, replicas=replicas) as gw,
+            openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="-", max_retries=0) as client,
+        ):
             prompt = completion = cached = 0
             messages = [{"role": "user", "content": "a shared preamble " * 50}]
             for i in range(6):
@@ -52,7 +54,6 @@ async def test_tokens_latency_and_cost_match_what_the_engines_reported() -> None
             assert all(c.usage is None for c in chunks)  # the usage event was not relayed
             async with httpx.AsyncClient() as http:
                 metrics = samples((await http.get(gw.url + "/metrics")).text)
-            await client.close()
     assert total(metrics, "kvgate_generation_tokens_total") == completion + 7
     assert total(metrics, "kvgate_prompt_tokens_total") > prompt  # the stream's prompt too
     assert total(metrics, "kvgate_cached_prompt_tokens_total") >= cached > 0

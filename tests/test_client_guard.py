@@ -140,25 +140,28 @@ class _RecordingEngine:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         answer = b'{"id":"x","object":"chat.completion","choices":[]}'
-        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                lines = head.lower().split(b"\r\n")
-                length = next(
-                    (
-                        int(line.split(b":")[1])
-                        for line in lines
-                        if line.startswith(b"content-length:")
-                    ),
-                    0,
-                )
-                await reader.readexactly(length)
-                if head.startswith(b"POST"):
-                    self.heads.append(head)
-                writer.write(
-                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                    % (len(answer), answer)
-                )
+        try:
+            with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+                while True:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    lines = head.lower().split(b"\r\n")
+                    length = next(
+                        (
+                            int(line.split(b":")[1])
+                            for line in lines
+                            if line.startswith(b"content-length:")
+                        ),
+                        0,
+                    )
+                    await reader.readexactly(length)
+                    if head.startswith(b"POST"):
+                        self.heads.append(head)
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                        % (len(answer), answer)
+                    )
+        finally:
+            writer.close()  # the gateway hung up: our side closes too
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[_RecordingEngine]:

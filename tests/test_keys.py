@@ -210,7 +210,7 @@ def test_chat_hashes_and_key_are_those_of_the_message_bytes() -> None:
     # what it hashes must stay the canonical bytes of each message, in order, for any
     # number of messages, tool calls, content parts and odd roles.
     from gateway.hashing import block_hashes, model_seed
-    from gateway.keys import message_bytes
+    from gateway.keys import message_pieces
 
     def message(i: int) -> dict[str, Any]:
         m: dict[str, Any] = {"role": ("system", "user", "assistant", "tool", "critic")[i % 5]}
@@ -225,7 +225,7 @@ def test_chat_hashes_and_key_are_those_of_the_message_bytes() -> None:
         messages = [message(i) for i in range(count)]
         body = {"model": "m", "messages": messages}
         r = route_request(body, Endpoint.CHAT, "q", block_tokens=16, max_prefix_blocks=10**6)
-        data = b"".join(message_bytes(m) for m in messages)
+        data = b"".join(p for m in messages for p in message_pieces(m))
         assert r.prefix_hashes == block_hashes(data, 64, model_seed("m"))
         assert len(r.prefix_hashes) == len(data) // 64
         assert r.session_key == session_key(body, Endpoint.CHAT, None)[0]
@@ -236,7 +236,7 @@ def test_plain_text_chats_hash_as_their_message_bytes() -> None:
     # _chat_text); the bytes, the key and the lineage chain must be the piecewise ones,
     # ASCII or not, and a chat that also has a part or a tool call must agree with it.
     from gateway.hashing import block_hashes, model_seed
-    from gateway.keys import message_bytes
+    from gateway.keys import message_pieces
 
     roles = ("system", "user", "assistant", "tool", "critic")
     for text in ("plain ", "déjà vu, 東京 "):
@@ -247,7 +247,7 @@ def test_plain_text_chats_hash_as_their_message_bytes() -> None:
             ]
             body = {"model": "m", "messages": messages}
             r = route_request(body, Endpoint.CHAT, "q", block_tokens=16, max_prefix_blocks=10**6)
-            data = b"".join(message_bytes(m) for m in messages)
+            data = b"".join(p for m in messages for p in message_pieces(m))
             assert r.prefix_hashes == block_hashes(data, 64, model_seed("m"))
             assert r.session_key == session_key(body, Endpoint.CHAT, None)[0]
             # The same chat with its last message as a text part takes the piecewise path.

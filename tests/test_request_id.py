@@ -2,8 +2,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
+
 from gateway.request_id import RequestIdMiddleware
 from gateway.scope import REQUEST_ID_KEY
+from gateway.testing.servers import gateway, replica_config, sim_engines
 
 
 async def run(
@@ -53,3 +56,35 @@ async def test_other_scopes_pass_through() -> None:
 
     await RequestIdMiddleware(app)({"type": "lifespan"}, None, None)  # type: ignore[arg-type]
     assert called == ["lifespan"]
+
+
+MODEL = "kvgate-sim"
+
+
+async def test_through_a_gateway_the_engine_and_the_client_see_one_id() -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    async with (
+        sim_engines(1, "instant") as engines,
+        gateway(engines, replicas=replica_config(engines, models=[MODEL])) as gw,
+        httpx.AsyncClient(base_url=gw.url) as http,
+    ):
+        own = await http.post("/v1/chat/completions", json=body, headers={"x-request-id": "mine"})
+        minted = [await http.post("/v1/chat/completions", json=body) for _ in range(2)]
+        async with http.stream(
+            "POST", "/v1/chat/completions", json={**body, "stream": True}
+        ) as streamed:
+            await streamed.aread()
+        refused = await http.post("/v1/chat/completions", json={**body, "model": "nope"})
+        non_ascii = await http.post(
+            "/v1/chat/completions", json=body, headers={"x-request-id": "caf\u00e9".encode()}
+        )
+    engine_ids = [r.request_id for r in engines[0].request_log]
+    assert own.headers["x-request-id"] == "mine"
+    ids = [r.headers["x-request-id"] for r in (*minted, streamed, non_ascii)]
+    assert len(set(ids)) == 4 and all(len(i) == 24 for i in ids)  # minted, all different
+    # The engine was sent the very id the client got back, minted or the client's own.
+    assert engine_ids[:4] == ["mine", *ids[:3]]
+    assert engine_ids[4] == ids[3]
+    # The gateway's own error carries one too, though no engine saw the request.
+    assert refused.status_code == 404 and len(refused.headers["x-request-id"]) == 24
+    assert len(engines[0].request_log) == 5

@@ -22,7 +22,7 @@ from gateway.store.memory import MemoryStore
 from gateway.store.sticky import StickyFirst
 from gateway.testing.views import make_request
 from gateway.types import Choice, ClusterView, ReplicaId, RouteRequest
-from gateway.wrappers import ROUTER_LAYERS, RouterWrapper, abilities_of, primary, walk
+from gateway.wrappers import ABILITIES, ROUTER_LAYERS, RouterWrapper, primary, walk
 
 
 class _Base:
@@ -59,6 +59,11 @@ class _Publishing(RouterWrapper):
 
     def placed(self, request: RouteRequest, replica: ReplicaId) -> None:
         self.last = replica
+
+
+def abilities_of(router: object) -> frozenset[str]:
+    """Names of the optional abilities `router` has."""
+    return frozenset(proto.__name__ for proto, _ in ABILITIES if isinstance(router, proto))
 
 
 def test_abilities_of_the_inner_router_pass_through_bound_to_it() -> None:

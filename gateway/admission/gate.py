@@ -226,10 +226,6 @@ class AdmissionGate:
             return request
         return replace(request, priority_class=resolved)
 
-    def notify(self) -> None:
-        """A fresh view was published (e.g. by the scraper): re-check waiting replicas."""
-        self.room.poke_all()
-
     def close(self) -> None:
         self.room.close()
 

@@ -358,6 +358,7 @@ class EppStream:
         if not call.started:
             call.ttfb = time.perf_counter()
             call.started = True
+            ex.reached = True
             if self._first_byte is not None:
                 if token:
                     self._first_byte.token()

@@ -199,6 +199,7 @@ class Attempts:
                     )
                     leg = await state.dispatcher.dispatch(ctx)
                     if leg is not None:
+                        ex.reached = True
                         if span is not None:
                             span.end(leg.response.status)
                         return leg
@@ -215,6 +216,7 @@ class Attempts:
                 payload,
                 on_headers=on_headers,
             )
+            ex.reached = True
             if span is not None:
                 span.end(leg.response.status)
             return leg
@@ -223,6 +225,10 @@ class Attempts:
                 if span is not None:
                     span.end(None, err.code or "error", err.message)
                 raise  # the client's side of the upload, not the replica's
+            if not err.retryable:
+                # A failure judged unsafe to send again (a timeout, a reply too large):
+                # the engine may have worked on it. A retryable one did nothing there.
+                ex.reached = True
             walk.last_error = err
             state.metrics.upstream_failure(replica, err.code or "error")
             if span is not None:

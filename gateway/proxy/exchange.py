@@ -49,6 +49,7 @@ class Exchange:
         "placed_on",
         "pools",
         "raw",
+        "reached",
         "receive",
         "request",
         "request_id",
@@ -101,6 +102,9 @@ class Exchange:
         self.leg: Leg | None = None
         # The replica the last attempt was sent to (the router was told of it then).
         self.placed_on: ReplicaId | None = None
+        # An engine may hold the prompt (a leg opened, or an attempt failed past its
+        # connection): a quota charge then stands however the request ends.
+        self.reached = False
         self.retries = 0
         self.status = 0
         self.ok = False

@@ -47,12 +47,14 @@ class Outcome:
                 ticket.settle(prompt, completion, exact=True)
             elif ex.ok:
                 ticket.settle(None, None)  # answered, usage unknown: the estimate stands
-            elif call.started or call.disconnected:
+            elif ex.reached or call.disconnected:
                 # An engine took the prompt (or may have: the client left while it was
                 # sent): its estimate stands; output is what went out (`delivered`).
                 ticket.settle(None, 0)
             else:
-                ticket.settle(0, 0)  # refused before any engine worked on it
+                # Refused before any engine worked on it (no replica, every connection
+                # refused), though the gateway's own error went out.
+                ticket.settle(0, 0)
         observers = state.observers
         if not observers:
             return

@@ -195,13 +195,6 @@ _PREFIXES: tuple[tuple[str, EngineKind], ...] = (
 )
 
 
-def detect_kind(index: SampleIndex) -> EngineKind | None:
-    for prefix, kind in _PREFIXES:
-        if any(name.startswith(prefix) for name in index):
-            return kind
-    return None
-
-
 # Every sample name a reader looks at. Engines expose dozens of families (histograms with
 # many buckets among them); parsing only these lines keeps a scrape cheap.
 _READ_SAMPLES = frozenset(

@@ -262,11 +262,6 @@ class MetricsScraper:
             self.flush()
         return load
 
-    @property
-    def engine_load_missing(self) -> frozenset[ReplicaId]:
-        """Replicas whose engine serves no load (their `/metrics` is absent)."""
-        return frozenset(self._missing)
-
     def flush(self) -> None:
         """Hand the loads scraped since the last flush to the listener, in one burst.
 

@@ -340,13 +340,6 @@ def turn_messages(texts: Sequence[str]) -> list[Message]:
     return [{"role": _role(k), "content": t} for k, t in enumerate(texts)]
 
 
-def render_content(
-    renderer: Renderer, index: int, *, chat: bool, layout: Layout = "growing"
-) -> str | list[Message]:
-    """`Renderer.content`: the completions prompt, or the chat messages of one request."""
-    return renderer.content(index, chat=chat, layout=layout)
-
-
 def session_headers(session_id: str | None) -> dict[str, str]:
     """The session id as gateways and routers read it (kvgate, SGLang's router)."""
     return {name: session_id for name in SESSION_HEADERS} if session_id else {}

@@ -87,16 +87,18 @@ def prometheus(target: str, tmp: Path) -> Iterator[str]:
     }
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
-    proc = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={tmp / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=(tmp / "prometheus.log").open("wb"),
-    )
+    # The child keeps its own copy of the log's descriptor; ours closes once it started.
+    with (tmp / "prometheus.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={tmp / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -146,33 +148,38 @@ async def loaded_gateway(engines: list[SimEngine], redis_url: str) -> AsyncItera
 
 async def drive(gw: RunningGateway | str, seconds: float, *, bad_model: bool = True) -> None:
     url = gw if isinstance(gw, str) else gw.url
-    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="-", max_retries=0)
-    deadline = time.monotonic() + seconds
+    async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="-", max_retries=0) as client:
+        deadline = time.monotonic() + seconds
 
-    async def worker(n: int) -> None:
-        turn = 0
-        while time.monotonic() < deadline:
-            turn += 1
-            messages = [{"role": "user", "content": f"conversation {n % 3} " * 60 + f"turn {turn}"}]
-            with contextlib.suppress(openai.APIError):
-                if turn % 3:
-                    stream = await client.chat.completions.create(
-                        model=MODEL,
-                        messages=messages,
-                        max_tokens=12,
-                        stream=True,
-                        extra_headers={"X-Session-Id": f"w{n}"},
-                    )
-                    async for _ in stream:
-                        pass
-                else:
-                    await client.completions.create(model=MODEL, prompt=str(messages), max_tokens=6)
-            if bad_model and n == 0 and turn % 5 == 0:
-                with contextlib.suppress(openai.NotFoundError):
-                    await client.chat.completions.create(model="no-such-model", messages=messages)
+        async def worker(n: int) -> None:
+            turn = 0
+            while time.monotonic() < deadline:
+                turn += 1
+                messages = [
+                    {"role": "user", "content": f"conversation {n % 3} " * 60 + f"turn {turn}"}
+                ]
+                with contextlib.suppress(openai.APIError):
+                    if turn % 3:
+                        stream = await client.chat.completions.create(
+                            model=MODEL,
+                            messages=messages,
+                            max_tokens=12,
+                            stream=True,
+                            extra_headers={"X-Session-Id": f"w{n}"},
+                        )
+                        async for _ in stream:
+                            pass
+                    else:
+                        await client.completions.create(
+                            model=MODEL, prompt=str(messages), max_tokens=6
+                        )
+                if bad_model and n == 0 and turn % 5 == 0:
+                    with contextlib.suppress(openai.NotFoundError):
+                        await client.chat.completions.create(
+                            model="no-such-model", messages=messages
+                        )
 
-    await asyncio.gather(*(worker(n) for n in range(8)))
-    await client.close()
+        await asyncio.gather(*(worker(n) for n in range(8)))
 
 
 async def query(http: httpx.AsyncClient, expr: str) -> list[Any]:

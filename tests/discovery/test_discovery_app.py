@@ -47,34 +47,35 @@ async def test_engines_join_and_leave_without_a_restart() -> None:
                     f"e0.sim.test:{urlsplit(engines[0].url).port}",
                     f"e1.sim.test:{urlsplit(engines[1].url).port}",
                 ]
-                client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="-", max_retries=0)
+                async with openai.AsyncOpenAI(
+                    base_url=gw.url + "/v1", api_key="-", max_retries=0
+                ) as client:
 
-                async def served_by(round_: int) -> set[str]:
-                    # New sessions each round: placed ones stay where they are (sticky).
-                    seen = set()
-                    for i in range(32):
-                        raw = await client.chat.completions.with_raw_response.create(
-                            model="kvgate-sim",
-                            max_tokens=2,
-                            messages=[{"role": "user", "content": f"hello {i}"}],
-                            extra_headers={"X-Session-Id": f"r{round_}-s{i}"},
-                        )
-                        seen.add(raw.headers["x-kvgate-replica"].partition(".")[0])
-                    return seen
+                    async def served_by(round_: int) -> set[str]:
+                        # New sessions each round: placed ones stay where they are (sticky).
+                        seen = set()
+                        for i in range(32):
+                            raw = await client.chat.completions.with_raw_response.create(
+                                model="kvgate-sim",
+                                max_tokens=2,
+                                messages=[{"role": "user", "content": f"hello {i}"}],
+                                extra_headers={"X-Session-Id": f"r{round_}-s{i}"},
+                            )
+                            seen.add(raw.headers["x-kvgate-replica"].partition(".")[0])
+                        return seen
 
-                assert await served_by(0) == {"e0", "e1"}
-                publish(zone, engines)
-                await wait_for(lambda: len(cluster.members) == 3)
-                assert await served_by(1) == {"e0", "e1", "e2"}
-                publish(zone, engines[1:])
-                with zone.lock:
-                    del zone.a["e0.sim.test"]
-                await wait_for(lambda: len(cluster.members) == 2)
-                assert await served_by(2) == {"e1", "e2"}
-                async with httpx.AsyncClient() as http:
-                    metrics = (await http.get(gw.url + "/metrics")).text
-                assert f'kvgate_discovery_replicas{{target="{NAME}"}} 2.0' in metrics
-                await client.close()
+                    assert await served_by(0) == {"e0", "e1"}
+                    publish(zone, engines)
+                    await wait_for(lambda: len(cluster.members) == 3)
+                    assert await served_by(1) == {"e0", "e1", "e2"}
+                    publish(zone, engines[1:])
+                    with zone.lock:
+                        del zone.a["e0.sim.test"]
+                    await wait_for(lambda: len(cluster.members) == 2)
+                    assert await served_by(2) == {"e1", "e2"}
+                    async with httpx.AsyncClient() as http:
+                        metrics = (await http.get(gw.url + "/metrics")).text
+                    assert f'kvgate_discovery_replicas{{target="{NAME}"}} 2.0' in metrics
 
 
 async def test_no_embedded_engines_when_dns_names_none() -> None:

@@ -22,12 +22,14 @@ from gateway.testing.servers import gateway, replica_config, sim_engines
 async def test_a_failing_replica_and_the_admission_queue_are_findings() -> None:
     async with sim_engines(3, "tiny") as engines:
         await engines[1].set_faults(FaultConfig(error=503, error_rate=0.2))
-        async with gateway(
-            engines,
-            replicas=replica_config(engines),
-            admission={"enabled": True, "saturation": {"max_inflight": 1}, "max_queue": 4},
-        ) as gw:
-            client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="-", max_retries=0)
+        async with (
+            gateway(
+                engines,
+                replicas=replica_config(engines),
+                admission={"enabled": True, "saturation": {"max_inflight": 1}, "max_queue": 4},
+            ) as gw,
+            openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="-", max_retries=0) as client,
+        ):
             stop = time.monotonic() + 6.0
 
             async def worker(n: int) -> None:
@@ -50,7 +52,6 @@ async def test_a_failing_replica_and_the_admission_queue_are_findings() -> None:
                 series, view = await collect([], gw.url, samples=1, interval=0.0, timeout=5.0)
             finally:
                 await asyncio.gather(*workers)
-                await client.close()
     assert view is not None and view.error is None
     result = diagnose(series, view, Hints())
     by_code = {(f.code, f.replica): f for f in result.findings}

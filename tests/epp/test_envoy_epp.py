@@ -50,8 +50,11 @@ async def settled(r: Any, name: str, value: float) -> str:
 async def test_conversation_sticks_without_a_header_and_usage_is_accounted(
     tmp_path: Path,
 ) -> None:
-    async with sim_engines(3) as engines, rig(tmp_path, settings(engines)) as r:
-        oai = client(r.base_url)
+    async with (
+        sim_engines(3) as engines,
+        rig(tmp_path, settings(engines)) as r,
+        client(r.base_url) as oai,
+    ):
         history = [{"role": "user", "content": "tell me about the sea " * 20}]
         served: set[str] = set()
         for turn in range(4):
@@ -88,8 +91,11 @@ async def test_conversation_sticks_without_a_header_and_usage_is_accounted(
 
 
 async def test_a_dead_primary_fails_over_down_the_list(tmp_path: Path) -> None:
-    async with sim_engines(2) as engines, rig(tmp_path, settings(engines)) as r:
-        oai = client(r.base_url)
+    async with (
+        sim_engines(2) as engines,
+        rig(tmp_path, settings(engines)) as r,
+        client(r.base_url) as oai,
+    ):
         messages = [{"role": "user", "content": "a long shared opening " * 30}]
         first = await oai.chat.completions.with_raw_response.create(
             model=MODEL, messages=messages, max_tokens=4
@@ -107,8 +113,11 @@ async def test_a_dead_primary_fails_over_down_the_list(tmp_path: Path) -> None:
 
 
 async def test_the_subset_hint_is_honoured_and_an_empty_one_is_503(tmp_path: Path) -> None:
-    async with sim_engines(3) as engines, rig(tmp_path, settings(engines)) as r:
-        oai = client(r.base_url)
+    async with (
+        sim_engines(3) as engines,
+        rig(tmp_path, settings(engines)) as r,
+        client(r.base_url) as oai,
+    ):
         only = engines[2]
         for i in range(4):
             raw = await oai.chat.completions.with_raw_response.create(
@@ -142,8 +151,8 @@ async def test_bad_input_and_shed_load_are_relayed_with_their_bodies(tmp_path: P
     async with (
         sim_engines(1) as engines,
         rig(tmp_path, settings(engines, admission=admission)) as r,
+        client(r.base_url) as oai,
     ):
-        oai = client(r.base_url)
         with pytest.raises(openai.NotFoundError) as missing:
             await oai.chat.completions.create(
                 model="nope", messages=[{"role": "user", "content": "x"}]
@@ -168,8 +177,11 @@ async def test_bad_input_and_shed_load_are_relayed_with_their_bodies(tmp_path: P
 
 
 async def test_a_client_that_leaves_aborts_the_engine_request(tmp_path: Path) -> None:
-    async with sim_engines(1) as engines, rig(tmp_path, settings(engines)) as r:
-        oai = client(r.base_url)
+    async with (
+        sim_engines(1) as engines,
+        rig(tmp_path, settings(engines)) as r,
+        client(r.base_url) as oai,
+    ):
         stream = await oai.chat.completions.create(
             model=MODEL,
             messages=[{"role": "user", "content": "go on"}],
@@ -202,19 +214,19 @@ async def test_envoy_keeps_serving_across_an_epp_restart(tmp_path: Path) -> None
         try:
             await wait_ready(epp)
             with envoy(tmp_path, grpc_port) as (_, port):
-                oai = client(f"http://127.0.0.1:{port}/v1")
-                ask = {
-                    "model": MODEL,
-                    "messages": [{"role": "user", "content": "hi"}],
-                    "max_tokens": 2,
-                }
-                assert (await oai.chat.completions.create(**ask)).choices
-                stop(epp.proc)
-                with pytest.raises(openai.InternalServerError) as down:
-                    await oai.chat.completions.create(**ask)
-                assert down.value.status_code == 500
-                epp = start_epp(config, tmp_path / "kvgate.yaml", free_port(), grpc_port)
-                await wait_ready(epp)
-                assert (await oai.chat.completions.create(**ask)).choices
+                async with client(f"http://127.0.0.1:{port}/v1") as oai:
+                    ask = {
+                        "model": MODEL,
+                        "messages": [{"role": "user", "content": "hi"}],
+                        "max_tokens": 2,
+                    }
+                    assert (await oai.chat.completions.create(**ask)).choices
+                    stop(epp.proc)
+                    with pytest.raises(openai.InternalServerError) as down:
+                        await oai.chat.completions.create(**ask)
+                    assert down.value.status_code == 500
+                    epp = start_epp(config, tmp_path / "kvgate.yaml", free_port(), grpc_port)
+                    await wait_ready(epp)
+                    assert (await oai.chat.completions.create(**ask)).choices
         finally:
             stop(epp.proc)

@@ -15,8 +15,10 @@ B, P, D = Role.BOTH, Role.PREFILL, Role.DECODE
 
 
 async def test_mooncake_handoff_mints_a_transfer_id_for_both_legs(rig_factory: Any) -> None:
-    async with rig_factory([B, P, D], protocol="vllm-mooncake") as rig:
-        client = openai.AsyncOpenAI(base_url=rig.url + "/v1", api_key="x", max_retries=0)
+    async with (
+        rig_factory([B, P, D], protocol="vllm-mooncake") as rig,
+        openai.AsyncOpenAI(base_url=rig.url + "/v1", api_key="x", max_retries=0) as client,
+    ):
         stream = await client.chat.completions.create(
             model="kvgate-sim",
             messages=[{"role": "user", "content": "x " * 4000}],

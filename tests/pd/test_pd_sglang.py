@@ -24,15 +24,15 @@ async def _eventually(check: Any) -> None:
 
 async def _stream(rig: Any, max_tokens: int) -> tuple[str, list[Any]]:
     """A streamed chat completion through the official client: (replica, chunks)."""
-    client = openai.AsyncOpenAI(base_url=rig.url + "/v1", api_key="x", max_retries=0)
-    raw = await client.chat.completions.with_raw_response.create(
-        model="kvgate-sim",
-        messages=[{"role": "user", "content": "w " * 4000}],
-        max_tokens=max_tokens,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    return raw.headers["x-kvgate-replica"], [c async for c in raw.parse()]
+    async with openai.AsyncOpenAI(base_url=rig.url + "/v1", api_key="x", max_retries=0) as client:
+        raw = await client.chat.completions.with_raw_response.create(
+            model="kvgate-sim",
+            messages=[{"role": "user", "content": "w " * 4000}],
+            max_tokens=max_tokens,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        return raw.headers["x-kvgate-replica"], [c async for c in raw.parse()]
 
 
 async def test_both_legs_meet_in_one_room(rig_factory: Any) -> None:

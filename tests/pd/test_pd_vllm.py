@@ -15,8 +15,10 @@ B, P, D = Role.BOTH, Role.PREFILL, Role.DECODE
 
 
 async def test_handoff_streams_decode_and_relays_kv_params(rig_factory: Any) -> None:
-    async with rig_factory([B, P, D]) as rig:
-        client = openai.AsyncOpenAI(base_url=rig.url + "/v1", api_key="x", max_retries=0)
+    async with (
+        rig_factory([B, P, D]) as rig,
+        openai.AsyncOpenAI(base_url=rig.url + "/v1", api_key="x", max_retries=0) as client,
+    ):
         stream = await client.chat.completions.create(
             model="kvgate-sim",
             messages=[{"role": "user", "content": "x " * 4000}],

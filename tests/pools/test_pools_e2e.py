@@ -77,8 +77,10 @@ async def chat(
 
 
 async def test_alias_capability_and_cost_through_the_gateway() -> None:
-    async with two_pool_gateway() as (gw, fast, cheap):
-        client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="-", max_retries=0)
+    async with (
+        two_pool_gateway() as (gw, fast, cheap),
+        openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="-", max_retries=0) as client,
+    ):
         replicas = Counter()
         for i in range(24):
             replica, completion = await chat(client, "big-public", f"s{i}")
@@ -128,8 +130,10 @@ async def test_alias_capability_and_cost_through_the_gateway() -> None:
 
 
 async def test_controller_moves_idle_traffic_to_the_cheap_pool_and_rules_apply() -> None:
-    async with two_pool_gateway("small") as (gw, _fast, _cheap):
-        client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="-", max_retries=0)
+    async with (
+        two_pool_gateway("small") as (gw, _fast, _cheap),
+        openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="-", max_retries=0) as client,
+    ):
         async with httpx.AsyncClient(base_url=gw.url) as http:
             for _ in range(100):
                 admin = (await http.get("/admin/pools")).json()

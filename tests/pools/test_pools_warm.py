@@ -101,18 +101,20 @@ async def conversation_after_a_peak(
     assert gw.state.placements is not None
     key = session_key({}, Endpoint.CHAT, "conv", 0, [])[0]
     await gw.state.placements.record(key, ReplicaId(placed_on))
-    client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=api_key, max_retries=0)
-    messages = [{"role": "user", "content": HISTORY}]
-    seen = []
-    for i in range(3):
-        replica, prompt, cached, content = await turn(client, messages)
-        seen.append((replica, prompt, cached))
-        messages += [
-            {"role": "assistant", "content": content},
-            {"role": "user", "content": f"and what about harbour {i}?"},
-        ]
-        await wait_for_warmups(gw)
-    return seen
+    async with openai.AsyncOpenAI(
+        base_url=gw.url + "/v1", api_key=api_key, max_retries=0
+    ) as client:
+        messages = [{"role": "user", "content": HISTORY}]
+        seen = []
+        for i in range(3):
+            replica, prompt, cached, content = await turn(client, messages)
+            seen.append((replica, prompt, cached))
+            messages += [
+                {"role": "assistant", "content": content},
+                {"role": "user", "content": f"and what about harbour {i}?"},
+            ]
+            await wait_for_warmups(gw)
+        return seen
 
 
 async def wait_for_warmups(gw: RunningGateway) -> None:
@@ -167,25 +169,27 @@ async def test_session_waits_for_an_idle_replica_of_the_target_pool() -> None:
         assert gw.state.placements is not None
         key = session_key({}, Endpoint.CHAT, "conv", 0, [])[0]
         await gw.state.placements.record(key, ReplicaId("fast-0"))
-        client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="-", max_retries=0)
-        messages = [{"role": "user", "content": HISTORY}]
-        replica, _, _, content = await turn(client, messages)
-        assert replica == "fast-0"
-        warmer = gw.state.extras["pools"].warmer
-        await asyncio.sleep(0.5)
-        assert warmer.waiting == 1 and warmer.in_flight == 0
-        for replica in busy:
-            cluster.release(replica)
-        for _ in range(100):
-            if warmer.waiting == 0 and warmer.in_flight == 0:
-                break
-            await asyncio.sleep(0.05)
-        messages += [
-            {"role": "assistant", "content": content},
-            {"role": "user", "content": "and then?"},
-        ]
-        replica, prompt, cached, _ = await turn(client, messages)
-        assert replica.startswith("cheap-") and cached >= prompt - 64
+        async with openai.AsyncOpenAI(
+            base_url=gw.url + "/v1", api_key="-", max_retries=0
+        ) as client:
+            messages = [{"role": "user", "content": HISTORY}]
+            replica, _, _, content = await turn(client, messages)
+            assert replica == "fast-0"
+            warmer = gw.state.extras["pools"].warmer
+            await asyncio.sleep(0.5)
+            assert warmer.waiting == 1 and warmer.in_flight == 0
+            for replica in busy:
+                cluster.release(replica)
+            for _ in range(100):
+                if warmer.waiting == 0 and warmer.in_flight == 0:
+                    break
+                await asyncio.sleep(0.05)
+            messages += [
+                {"role": "assistant", "content": content},
+                {"role": "user", "content": "and then?"},
+            ]
+            replica, prompt, cached, _ = await turn(client, messages)
+            assert replica.startswith("cheap-") and cached >= prompt - 64
 
 
 async def test_prompt_over_the_cap_is_not_warmed_and_the_skip_is_counted() -> None:
@@ -311,31 +315,33 @@ async def test_sliced_warm_up_pauses_while_a_live_request_holds_the_replica() ->
         assert gw.state.placements is not None
         key = session_key({}, Endpoint.CHAT, "conv", 0, [])[0]
         await gw.state.placements.record(key, ReplicaId("fast-0"))
-        client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="-", max_retries=0)
-        replica, _, _, _ = await turn(client, [{"role": "user", "content": HISTORY}])
-        assert replica == "fast-0"
-        cluster = gw.state.cluster
-        cheap_ids = [ReplicaId("cheap-0"), ReplicaId("cheap-1")]
-        target = None
-        for _ in range(200):
-            target = next((r for r in cheap_ids if cluster.in_flight.get(r, 0) == 1), None)
-            if target is not None:
-                break
-            await asyncio.sleep(0.005)
-        assert target is not None, "the warm-up never started"
-        cluster.acquire(target)  # what a live request on that replica holds
-        try:
-            for _ in range(200):  # the first piece ends; the live one stays
-                if cluster.in_flight.get(target, 0) == 1:
+        async with openai.AsyncOpenAI(
+            base_url=gw.url + "/v1", api_key="-", max_retries=0
+        ) as client:
+            replica, _, _, _ = await turn(client, [{"role": "user", "content": HISTORY}])
+            assert replica == "fast-0"
+            cluster = gw.state.cluster
+            cheap_ids = [ReplicaId("cheap-0"), ReplicaId("cheap-1")]
+            target = None
+            for _ in range(200):
+                target = next((r for r in cheap_ids if cluster.in_flight.get(r, 0) == 1), None)
+                if target is not None:
                     break
                 await asyncio.sleep(0.005)
-            done_before = len(warm_records(cheap))
-            await asyncio.sleep(0.6)
-            # Paused: no further piece went out while the replica was busy.
-            assert cluster.in_flight.get(target, 0) == 1
-            assert len(warm_records(cheap)) == done_before == 1
-        finally:
-            cluster.release(target)
-        await wait_for_warmups(gw)
-        assert len(warm_records(cheap)) >= 3
-        assert cluster.in_flight.get(target, 0) == 0
+            assert target is not None, "the warm-up never started"
+            cluster.acquire(target)  # what a live request on that replica holds
+            try:
+                for _ in range(200):  # the first piece ends; the live one stays
+                    if cluster.in_flight.get(target, 0) == 1:
+                        break
+                    await asyncio.sleep(0.005)
+                done_before = len(warm_records(cheap))
+                await asyncio.sleep(0.6)
+                # Paused: no further piece went out while the replica was busy.
+                assert cluster.in_flight.get(target, 0) == 1
+                assert len(warm_records(cheap)) == done_before == 1
+            finally:
+                cluster.release(target)
+            await wait_for_warmups(gw)
+            assert len(warm_records(cheap)) >= 3
+            assert cluster.in_flight.get(target, 0) == 0

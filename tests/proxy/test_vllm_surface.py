@@ -63,8 +63,8 @@ async def test_score_and_rerank_forms_through_the_openai_client() -> None:
     async with (
         sim_engines(1, "instant") as engines,
         gateway(engines, health={"interval_s": 60}) as gw,
+        openai.AsyncOpenAI(base_url=gw.url, api_key="x", max_retries=0) as client,
     ):
-        client = openai.AsyncOpenAI(base_url=gw.url, api_key="x", max_retries=0)
         bodies: list[tuple[str, dict[str, Any]]] = [
             ("/score", {"data_1": "what is a cache", "data_2": ["a store", "a fish"]}),
             ("/v1/score", {"text_1": "q", "text_2": "d"}),
@@ -80,4 +80,3 @@ async def test_score_and_rerank_forms_through_the_openai_client() -> None:
             assert got.status_code == 200, (path, got.text)
             data = got.json()
             assert data.get("data") or data.get("results"), (path, data)
-        await client.close()

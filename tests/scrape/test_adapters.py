@@ -5,9 +5,9 @@ import pytest
 from gateway.scrape.adapters import (
     CounterState,
     MetricsFormatError,
-    detect_kind,
     index_samples,
     read_engine,
+    select_read_samples,
 )
 from gateway.scrape.config import EngineKind
 
@@ -159,8 +159,8 @@ def test_tgi_has_queue_and_batch_but_no_kv() -> None:
 
 
 def test_detection_and_errors() -> None:
-    assert detect_kind(index_samples(SGLANG)) is EngineKind.SGLANG
-    assert detect_kind(index_samples("# TYPE up gauge\nup 1\n")) is None
+    assert select_read_samples(SGLANG)[1] is EngineKind.SGLANG
+    assert select_read_samples("# TYPE up gauge\nup 1\n")[1] is None
     with pytest.raises(MetricsFormatError, match="no vLLM"):
         read_engine("# TYPE up gauge\nup 1\n")
     with pytest.raises(MetricsFormatError, match="missing"):
@@ -187,7 +187,7 @@ def test_reading_only_the_used_lines_changes_nothing(text: str) -> None:
         + "vllm:e2e_request_latency_seconds_count 2.0\nvllm:e2e_request_latency_seconds_sum 1.5\n"
     )
     index = index_samples(text)
-    kind = detect_kind(index)
+    _, kind = select_read_samples(text)
     assert kind is not None
     full = READERS[kind](index, None)
     assert read_engine(text) == full

@@ -41,20 +41,21 @@ async def test_vllm_two_stage_relay_completes_and_moves_kv() -> None:
             # The prefill engine keeps the KV until the decode engine takes it.
             assert prefill.model.is_held("pd-1") and prefill.blocks_in_use > 0
 
-            client = openai.AsyncOpenAI(base_url=decode.url + "/v1", api_key="x", max_retries=0)
-            stream = await client.chat.completions.create(
-                model="kvgate-sim",
-                messages=[{"role": "user", "content": PROMPT}],
-                max_tokens=8,
-                stream=True,
-                stream_options={"include_usage": True},
-                extra_body={"kv_transfer_params": kv, "ignore_eos": True},
-                extra_headers={"X-Request-Id": "pd-1"},
-            )
-            chunks = [ch async for ch in stream]
-            await client.close()
-            p_metrics = await scrape(c, prefill.url)
-            d_metrics = await scrape(c, decode.url)
+            async with openai.AsyncOpenAI(
+                base_url=decode.url + "/v1", api_key="x", max_retries=0
+            ) as client:
+                stream = await client.chat.completions.create(
+                    model="kvgate-sim",
+                    messages=[{"role": "user", "content": PROMPT}],
+                    max_tokens=8,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                    extra_body={"kv_transfer_params": kv, "ignore_eos": True},
+                    extra_headers={"X-Request-Id": "pd-1"},
+                )
+                chunks = [ch async for ch in stream]
+                p_metrics = await scrape(c, prefill.url)
+                d_metrics = await scrape(c, decode.url)
     usage = chunks[-1].usage
     assert usage is not None and usage.completion_tokens == 8
     prompt_tokens = usage.prompt_tokens

@@ -15,8 +15,10 @@ LONG = "The quick brown fox jumps over the lazy dog. " * 12  # ~135 tokens
 
 
 async def test_repeated_prefix_is_reported_cached_via_openai_client() -> None:
-    async with SimCluster(1, test_profile()) as cluster:
-        client = openai.AsyncOpenAI(base_url=cluster.urls[0] + "/v1", api_key="x", max_retries=0)
+    async with (
+        SimCluster(1, test_profile()) as cluster,
+        openai.AsyncOpenAI(base_url=cluster.urls[0] + "/v1", api_key="x", max_retries=0) as client,
+    ):
         msgs = [{"role": "user", "content": LONG}]
         first = await client.chat.completions.create(
             model="kvgate-sim", messages=msgs, max_tokens=4
@@ -24,7 +26,6 @@ async def test_repeated_prefix_is_reported_cached_via_openai_client() -> None:
         second = await client.chat.completions.create(
             model="kvgate-sim", messages=msgs, max_tokens=4
         )  # type: ignore[arg-type]
-        await client.close()
     assert first.usage is not None and second.usage is not None
     assert first.usage.prompt_tokens == second.usage.prompt_tokens > 100
     assert first.usage.prompt_tokens_details is not None
@@ -38,8 +39,10 @@ async def test_repeated_prefix_is_reported_cached_via_openai_client() -> None:
 
 
 async def test_streaming_with_include_usage_via_openai_client() -> None:
-    async with SimCluster(1, test_profile()) as cluster:
-        client = openai.AsyncOpenAI(base_url=cluster.urls[0] + "/v1", api_key="x", max_retries=0)
+    async with (
+        SimCluster(1, test_profile()) as cluster,
+        openai.AsyncOpenAI(base_url=cluster.urls[0] + "/v1", api_key="x", max_retries=0) as client,
+    ):
         stream = await client.chat.completions.create(
             model="kvgate-sim",
             messages=[{"role": "user", "content": LONG}],
@@ -48,7 +51,6 @@ async def test_streaming_with_include_usage_via_openai_client() -> None:
             stream_options={"include_usage": True},
         )
         chunks = [c async for c in stream]
-        await client.close()
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert len(text.split()) == 6
@@ -115,15 +117,16 @@ async def test_priority_rejected_with_vllm_400_unless_enabled() -> None:
         }
     }
     assert ok.status_code == 200
-    async with SimCluster(1, test_profile(), priority_scheduling=True) as cluster:
-        client = openai.AsyncOpenAI(base_url=cluster.urls[0] + "/v1", api_key="x", max_retries=0)
+    async with (
+        SimCluster(1, test_profile(), priority_scheduling=True) as cluster,
+        openai.AsyncOpenAI(base_url=cluster.urls[0] + "/v1", api_key="x", max_retries=0) as client,
+    ):
         resp = await client.chat.completions.create(
             model="kvgate-sim",
             messages=[{"role": "user", "content": "hi"}],
             max_tokens=2,
             extra_body={"priority": 3},
         )
-        await client.close()
     assert resp.choices[0].finish_reason == "length"
 
 
@@ -163,11 +166,12 @@ async def test_bad_requests_get_vllm_error_bodies(
 
 
 async def test_models_health_embeddings() -> None:
-    async with SimCluster(1, test_profile(), model="m1") as cluster:
-        client = openai.AsyncOpenAI(base_url=cluster.urls[0] + "/v1", api_key="x", max_retries=0)
+    async with (
+        SimCluster(1, test_profile(), model="m1") as cluster,
+        openai.AsyncOpenAI(base_url=cluster.urls[0] + "/v1", api_key="x", max_retries=0) as client,
+    ):
         models = await client.models.list()
         emb = await client.embeddings.create(model="m1", input=["a", "b"])
-        await client.close()
         async with httpx.AsyncClient(base_url=cluster.urls[0]) as c:
             health = await c.get("/health")
     assert [m.id for m in models.data] == ["m1"]

@@ -20,7 +20,6 @@ from gateway.trace.render import (
     join_block,
     link_requests,
     plan_requests,
-    render_content,
     segment_bounds,
     session_headers,
 )
@@ -104,7 +103,7 @@ def check_layouts(records: tuple[TraceRecord, ...], bt: int) -> tuple[int, int]:
     renderer = Renderer(PromptBuilder(bt), records, bt)
 
     def turns(i: int) -> list[Message]:
-        out = render_content(renderer, i, chat=True, layout="turns")
+        out = renderer.content(i, chat=True, layout="turns")
         assert isinstance(out, list)
         return out
 
@@ -115,10 +114,10 @@ def check_layouts(records: tuple[TraceRecord, ...], bt: int) -> tuple[int, int]:
         assert len(texts[i]) == 4 * records[i].input_tokens
         mine = turns(i)
         # Both layouts carry the same text; completions get it as a string.
-        grow = render_content(renderer, i, chat=True)
+        grow = renderer.content(i, chat=True)
         assert isinstance(grow, list) and [m["role"] for m in grow] == ["system", "user"]
         assert grow[0]["content"] == SYSTEM_PROMPT
-        text = render_content(renderer, i, chat=False, layout="turns")
+        text = renderer.content(i, chat=False, layout="turns")
         assert text == grow[1]["content"] == "".join(m["content"] for m in mine) == texts[i]
         roles = [m["role"] for m in mine]
         assert roles[0] == "system"
@@ -258,7 +257,7 @@ def test_records_without_hashes_are_one_unique_segment() -> None:
     renderer = Renderer(builder, recs, BT)
     assert [p.bounds for p in renderer.plans] == [(), ()]
     assert renderer.plans[0].session_id != renderer.plans[1].session_id
-    out = [render_content(renderer, i, chat=True, layout="turns") for i in range(len(recs))]
+    out = [renderer.content(i, chat=True, layout="turns") for i in range(len(recs))]
     assert out[0] == [{"role": "system", "content": builder.prompt(recs[0], 0)}]
     assert out[0] != out[1]
 

@@ -8,6 +8,7 @@ connections, framing by close, malformed responses, flow control.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -36,9 +37,11 @@ class Scripted:
         self.handler = handler
         self.connections = 0
         self.server: asyncio.Server | None = None
+        self.writers: list[asyncio.StreamWriter] = []
 
     async def _on_conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        self.writers.append(writer)
         try:
             await self.handler(reader, writer)
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -67,6 +70,12 @@ async def serve() -> AsyncIterator[Callable[[Handler], Awaitable[Scripted]]]:
     for s in started:
         assert s.server is not None
         s.server.close()
+        # Connections a handler still holds (waiting for a request that never comes) are
+        # closed here, in this loop: left to the collector they warn once the loop is gone.
+        for writer in s.writers:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
 
 
 @pytest.fixture
