@@ -144,7 +144,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         earlier = self.cycle
         super().on_headers_complete()
         cycle = self.cycle
-        if cycle is not None and cycle is not earlier:  # no new cycle for an upgrade
+        # No new cycle for an upgrade. A HEAD answer has no body to write, so a held head
+        # would never go out: such a request gets no holder.
+        if cycle is not None and cycle is not earlier and self.scope["method"] != "HEAD":
             holder = HeadHolder(self.transport)
             cycle.transport = holder  # type: ignore[assignment]
             self.scope[HEAD_HOLDER_KEY] = holder  # type: ignore[literal-required]

@@ -7,9 +7,13 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
+from gateway.app import build_app
 from gateway.asgi import Receive, Scope, Send
 from gateway.scope import HEAD_HOLDER_KEY
 from gateway.serving import RunningServer, start_server
+from gateway.settings import load_settings
+from gateway.sim.cluster import SimCluster
+from gateway.sim.profiles import get_profile
 
 HEAD = {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"4")]}
 
@@ -108,3 +112,25 @@ class _Counting:
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._inner, name)
+
+
+async def test_a_head_request_gets_no_holder_and_its_answer_goes_out() -> None:
+    """A HEAD answer writes no body: a held head would never leave. Through a real gateway,
+    on the proxied path that holds heads (the gateway's own error on a Responses read)."""
+    async with SimCluster(1, get_profile("instant")) as sim:
+        settings = load_settings(
+            replicas=[{"id": "e0", "url": sim.urls[0]}], models={"discover": False}
+        )
+        server = await start_server(build_app(settings))
+        try:
+            for method in (b"HEAD", b"GET"):
+                reader, writer = await asyncio.open_connection(server.host, server.port)
+                try:
+                    writer.write(method + b" /v1/responses/resp_none HTTP/1.1\r\nhost: x\r\n\r\n")
+                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+                finally:
+                    writer.close()
+                    await writer.wait_closed()
+                assert head.startswith(b"HTTP/1.1 404"), (method, head)
+        finally:
+            await server.stop()
