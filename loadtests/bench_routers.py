@@ -315,14 +315,8 @@ def main() -> int:
     )
     nan = float("nan")
     for row in rows:
-        rust = [
-            r.get("gw_cpu_us", nan)
-            for r in rows
-            if r["router"] in ("sglang", "vllm")
-            and (r["conc"], r["stream"]) == (row["conc"], row["stream"])
-        ]
         cpu = row.get("gw_cpu_us", nan)
-        versus = cpu / min(rust) if rust else nan
+        versus = over_rust(rows, row)
         print(
             f"{row['router']:8} {row['conc']:>4} {row['stream']!s:>6} {row['rps']:>7.0f} {row['p50_ms']:>7.2f} "
             f"{row['p99_ms']:>7.2f} {row.get('added', nan):>7.2f} {row.get('ratio', nan):>6.2f} "
@@ -343,6 +337,18 @@ def main() -> int:
     else:
         print_against_previous(rows)
     return 0
+
+
+def over_rust(rows: list[dict[str, Any]], row: dict[str, Any]) -> float:
+    """`row`'s CPU per request over the cheaper Rust router's in the same cell (nan: none)."""
+    nan = float("nan")
+    rust = [
+        r.get("gw_cpu_us", nan)
+        for r in rows
+        if r["router"] in ("sglang", "vllm")
+        and (r["conc"], r["stream"]) == (row["conc"], row["stream"])
+    ]
+    return row.get("gw_cpu_us", nan) / min(rust) if rust else nan
 
 
 def _paired(runs: dict[str, list[dict[str, Any]]], conc: int, stream: bool) -> list[str]:
@@ -381,14 +387,8 @@ def print_against_previous(rows: list[dict[str, Any]]) -> None:
         old = cells.get((row["stream"], row["conc"]))
         if row["router"] != "kvgate" or old is None:
             continue
-        rust = [
-            r.get("gw_cpu_us", nan)
-            for r in rows
-            if r["router"] in ("sglang", "vllm")
-            and (r["conc"], r["stream"]) == (row["conc"], row["stream"])
-        ]
         cpu = row.get("gw_cpu_us", nan)
-        versus = cpu / min(rust) if rust else nan
+        versus = over_rust(rows, row)
         print(
             f"{row['stream']!s:>6} {row['conc']:>4} {cpu:>6.0f} {old['cpu']:>6.0f} "
             f"{cpu / old['cpu']:>6.2f} {versus:>6.2f} {old['xrust']:>6.2f} "

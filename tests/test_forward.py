@@ -8,9 +8,9 @@ import orjson
 import pytest
 
 from gateway.errors import GatewayError
-from gateway.forward import open_leg
+from gateway.forward import Leg, open_leg
 from gateway.sim.faults import FaultConfig
-from gateway.testing.servers import gateway, sim_engines
+from gateway.testing.servers import RunningGateway, gateway, sim_engines
 from gateway.types import ReplicaId
 
 MODEL = "kvgate-sim"
@@ -28,21 +28,28 @@ def _body(stream: bool) -> bytes:
     )
 
 
+async def _open(gw: RunningGateway, stream: bool, *, peek: bool = True) -> Leg:
+    """A chat completion's leg to replica e0, through the gateway's own cluster and client."""
+    state = gw.state
+    return await open_leg(
+        state.cluster,
+        state.client,
+        state.health,
+        ReplicaId("e0"),
+        "/v1/chat/completions",
+        HEADERS,
+        _body(stream),
+        peek=peek,
+    )
+
+
 async def test_stream_leg_peeks_then_names_its_replica_mid_stream() -> None:
     async with sim_engines(1, "instant") as engines:
         await engines[0].set_faults(FaultConfig(stall=2))
         async with gateway(engines, timeouts={"read_s": 0.3}) as gw:
             state = gw.state
             replica = ReplicaId("e0")
-            leg = await open_leg(
-                state.cluster,
-                state.client,
-                state.health,
-                replica,
-                "/v1/chat/completions",
-                HEADERS,
-                _body(True),
-            )
+            leg = await _open(gw, True)
             assert state.cluster.in_flight[replica] == 1
             peeked = leg.first
             assert peeked
@@ -62,15 +69,7 @@ async def test_stream_leg_peeks_then_names_its_replica_mid_stream() -> None:
 async def test_whole_body_read_and_end_of_body() -> None:
     async with sim_engines(1, "instant") as engines, gateway(engines) as gw:
         state = gw.state
-        leg = await open_leg(
-            state.cluster,
-            state.client,
-            state.health,
-            ReplicaId("e0"),
-            "/v1/chat/completions",
-            HEADERS,
-            _body(False),
-        )
+        leg = await _open(gw, False)
         try:
             assert leg.first is None  # a JSON answer is not peeked
             answer = orjson.loads(await leg.read())
@@ -82,17 +81,7 @@ async def test_whole_body_read_and_end_of_body() -> None:
 
 async def test_unpeeked_stream_leg_iterates_from_the_start() -> None:
     async with sim_engines(1, "instant") as engines, gateway(engines) as gw:
-        state = gw.state
-        leg = await open_leg(
-            state.cluster,
-            state.client,
-            state.health,
-            ReplicaId("e0"),
-            "/v1/chat/completions",
-            HEADERS,
-            _body(True),
-            peek=False,
-        )
+        leg = await _open(gw, True, peek=False)
         try:
             assert leg.first is None and leg.chunks is None
             body = b""
