@@ -191,3 +191,21 @@ def test_salt_from_the_environment_gives_stable_hashes(
     # A capture into a folder that does not exist is one line, exit 2.
     assert main(["trace", "capture", str(src), "-o", str(tmp_path / "no" / "t.jsonl")]) == 2
     assert "No such file or directory" in capsys.readouterr().err
+
+
+def test_a_prompt_of_token_ids_is_counted_and_hashed_by_its_ids() -> None:
+    c = capturer(block_tokens=16)
+    ids = list(range(1000, 1040))
+    a = c.record(c.from_openai({"prompt": ids, "max_tokens": 2}), 0.0)
+    b = c.record(c.from_openai({"prompt": [*ids, 7, 8], "max_tokens": 2}), 0.0)
+    assert (a.input_tokens, a.last_block_tokens, len(a.block_hashes)) == (40, 8, 3)
+    assert a.block_hashes[:2] == b.block_hashes[:2] and a.block_hashes[2] != b.block_hashes[2]
+    # Hashed as a tokenizer.json's ids are (4 bytes each): the same ids, the same hashes.
+    payloads = [
+        b"".join(i.to_bytes(4, "little") for i in ids[k : k + 16]) for k in range(0, 40, 16)
+    ]
+    assert BlockHasher(SALT, 16).hash_blocks(payloads) == a.block_hashes
+    # Not token ids: rendered as text, as before.
+    for prompt in ([True, False], [1, "two"], [-1, 2], []):
+        item = c.from_openai({"prompt": prompt})
+        assert item.token_ids is None
