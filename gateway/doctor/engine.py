@@ -101,7 +101,7 @@ def check_engine(url: str, samples: Sequence[EngineSnapshot], hints: Hints) -> l
         ]
     ok = [s for s in samples if s.reading is not None]
     facts = EngineFacts.of(last, hints)
-    out: list[Finding] = []
+    out = _unhealthy(url, last)
     out += _kv_starved(url, facts, last)
     out += _preempting(url, ok, facts)
     out += _queue_growing(url, ok, facts)
@@ -110,6 +110,25 @@ def check_engine(url: str, samples: Sequence[EngineSnapshot], hints: Hints) -> l
     out += _frozen(url, ok)
     out += flag_findings(url, last, hints)
     return out
+
+
+def _unhealthy(url: str, snap: EngineSnapshot) -> list[Finding]:
+    if snap.health_status is None or snap.health_status == 200:
+        return []
+    return [
+        Finding(
+            "engine_unhealthy",
+            "severe",
+            url,
+            "the engine says it is unhealthy",
+            (
+                f"GET {url}/health: {snap.health_status}",
+                "while /metrics answers: the API server is up, the engine behind it is not",
+            ),
+            "read the engine's log (a dead engine core, out of memory) and restart it; a"
+            " gateway in front takes it out on its probes until /health answers 200",
+        )
+    ]
 
 
 def _kv_starved(url: str, f: EngineFacts, snap: EngineSnapshot) -> list[Finding]:

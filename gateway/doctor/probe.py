@@ -47,6 +47,9 @@ class EngineSnapshot:
     counters: Mapping[str, float] = field(default_factory=dict)
     # SGLang server args, when `/server_info` answers: max_running_requests, ...
     server_args: Mapping[str, Any] = field(default_factory=dict)
+    # `/health`'s status: vLLM's API server answers /metrics after its engine core died,
+    # and says so only here (503).
+    health_status: int | None = None
 
     @property
     def kind(self) -> EngineKind | None:
@@ -147,6 +150,7 @@ async def probe_engine(client: httpx.AsyncClient, url: str) -> EngineSnapshot:
         if metrics.status_code != 200:
             return EngineSnapshot(url, at, error=f"/metrics answered {metrics.status_code}")
         snap = parse_engine(url, metrics.text, at)
+        health = (await client.get(base + "/health")).status_code
         models = _json(await client.get(base + "/v1/models"))
         max_len = None
         if isinstance(models, dict) and models.get("data"):
@@ -177,6 +181,7 @@ async def probe_engine(client: httpx.AsyncClient, url: str) -> EngineSnapshot:
         max_model_len=max_len,
         counters=snap.counters,
         server_args=args,
+        health_status=health,
     )
 
 

@@ -102,11 +102,12 @@ def _admission(g: GatewaySnapshot) -> list[Finding]:
 
 
 def _ejected(g: GatewaySnapshot) -> list[Finding]:
-    # kvgate_replica_ejected when the gateway exports it; else a replica at healthy 0.
-    source = g.ejected or {r: 1.0 - v for r, v in g.healthy.items()}
+    # kvgate_replica_ejected is 1 for an outlier ejection only: a replica its health probes
+    # took out stays at 0 there, and shows as kvgate_replica_healthy 0.
     out = []
-    for replica, value in sorted(source.items()):
-        if value < 1 or not replica:
+    for replica in sorted(g.ejected.keys() | g.healthy.keys()):
+        outlier = g.ejected.get(replica, 0.0) >= 1
+        if not replica or not (outlier or g.healthy.get(replica, 1.0) < 1):
             continue
         reasons = {
             key.split("/", 1)[1]: v
@@ -121,7 +122,7 @@ def _ejected(g: GatewaySnapshot) -> list[Finding]:
                 replica,
                 "the gateway has ejected this replica: it gets no traffic",
                 (
-                    "kvgate_replica_ejected 1" if g.ejected else "kvgate_replica_healthy 0",
+                    "kvgate_replica_ejected 1" if outlier else "kvgate_replica_healthy 0",
                     f"ejections by reason: {why}" if why else "ejections by reason: not exported",
                 ),
                 "check the engine's /health and its log; the gateway probes it and takes it "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -219,6 +220,18 @@ class CaptureInput:
     output_tokens: int
     timestamp_s: float | None = None
     session: str | None = None
+    # A completions prompt sent as token ids: counted and hashed as the ids themselves.
+    token_ids: tuple[int, ...] | None = None
+
+
+def prompt_token_ids(body: Mapping[str, Any]) -> tuple[int, ...] | None:
+    """The ids of a `/v1/completions` prompt given as token ids (vLLM and SGLang take them)."""
+    prompt = body.get("prompt")
+    if "messages" in body or not isinstance(prompt, list) or not prompt:
+        return None
+    if all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**32 for t in prompt):
+        return tuple(prompt)
+    return None
 
 
 class Capturer:
@@ -238,7 +251,15 @@ class Capturer:
 
     def record(self, item: CaptureInput, arrival_s: float) -> TraceRecord:
         bt = self._hasher.block_tokens
-        n_tokens, payloads = self.tokenizer.blocks(item.prompt, bt)
+        if item.token_ids is not None:
+            ids = item.token_ids
+            n_tokens = len(ids)
+            payloads = [
+                struct.pack(f"<{len(ids[i : i + bt])}I", *ids[i : i + bt])
+                for i in range(0, n_tokens, bt)
+            ]
+        else:
+            n_tokens, payloads = self.tokenizer.blocks(item.prompt, bt)
         hashes = self._hasher.hash_blocks(payloads)
         last = n_tokens - (len(hashes) - 1) * bt if hashes else 0
         session = None if item.session is None else self._hasher.pseudonym(item.session)
@@ -267,6 +288,7 @@ class Capturer:
             output_tokens=output_tokens_of(request, response, self.tokenizer),
             timestamp_s=ts,
             session=session_of(entry, request),
+            token_ids=prompt_token_ids(request),
         )
 
 

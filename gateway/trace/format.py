@@ -420,5 +420,11 @@ def read_trace(path: str | Path) -> Trace:
             if b'"kvgate_trace"' in first:
                 return parse_kvgate(fh, str(p))
             return parse_mooncake(fh, str(p))
-    with open(p, newline="", encoding="utf-8") as tf:
-        return parse_azure(tf, str(p))
+    try:
+        with open(p, newline="", encoding="utf-8") as tf:
+            return parse_azure(tf, str(p))
+    except UnicodeDecodeError as exc:
+        raise TraceFormatError(
+            f"{p}: neither JSON lines (kvgate, Mooncake) nor an Azure CSV: {exc.reason}"
+            f" at byte {exc.start}"
+        ) from exc
