@@ -22,9 +22,11 @@ BS = 16
 
 
 def profile(**changes: object) -> HardwareProfile:
-    return get_profile("tiny").scaled(
-        num_gpu_blocks=48, max_num_seqs=6, max_num_batched_tokens=192, max_model_len=512
-    ).scaled(**changes)
+    return (
+        get_profile("tiny")
+        .scaled(num_gpu_blocks=48, max_num_seqs=6, max_num_batched_tokens=192, max_model_len=512)
+        .scaled(**changes)
+    )
 
 
 def check_books(model: EngineModel, handles: list[RequestHandle]) -> None:
