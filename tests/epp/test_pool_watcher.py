@@ -178,3 +178,23 @@ async def test_the_namespace_defaults_to_the_service_accounts_or_default(
     monkeypatch.setattr(inferencepool, "_NAMESPACE_FILE", mounted)
     assert PoolWatcher(Cluster(), ref).namespace == "inference"
     assert PoolWatcher(Cluster(), InferencePoolRef(name="p", namespace="x")).namespace == "x"
+
+
+def test_kvgate_epp_refuses_a_bad_config_before_serving(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import argparse
+
+    from gateway.epp import cli
+
+    monkeypatch.delenv("KVGATE_CONFIG_FILE", raising=False)
+    parser = argparse.ArgumentParser(prog="kvgate")
+    cli.register(parser.add_subparsers(dest="command", required=True))
+    config = tmp_path / "kvgate.yaml"
+    config.write_text("epp:\n  chunk_bytes: 100\n  max_endpoints: 0\n")
+    args = parser.parse_args(["epp", "-c", str(config), "--grpc-port", "9100"])
+    assert args.grpc_port == 9100 and args.config == str(config)
+    assert args.handler(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvgate: invalid configuration")
+    assert "epp.chunk_bytes" in err and "epp.max_endpoints" in err
