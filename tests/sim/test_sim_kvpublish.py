@@ -68,6 +68,17 @@ class Sockets:
         self.ctx.term()
 
 
+async def drained(publisher: KVEventPublisher) -> int:
+    """What the publisher sent once its thread emptied the queue (it sends on its own)."""
+    seen = -1
+    for _ in range(300):
+        if publisher._queue.empty() and publisher.published == seen:
+            return seen
+        seen = publisher.published
+        await asyncio.sleep(0.01)
+    raise AssertionError("the publisher never caught up")
+
+
 def events(messages: list[Frames]) -> Iterator[object]:
     for frames in messages:
         yield from decode_batch(frames[-1]).events
@@ -88,7 +99,7 @@ async def test_the_stream_mirrors_the_cache_and_replays_it() -> None:
             for text in prompts:
                 reply = await http.post("/v1/chat/completions", json=chat_body(text, max_tokens=2))
                 assert reply.status_code == 200
-            last = publisher.published - 1
+            last = await drained(publisher) - 1
             live = sockets.live(last)
             replayed = sockets.replay(0)
         finally:
@@ -127,7 +138,7 @@ async def test_a_restarted_publisher_clears_first_and_numbers_from_zero() -> Non
         old = engine.kv_publisher
         assert old is not None
         await http.post("/v1/chat/completions", json=chat_body("warm " * 80, max_tokens=1))
-        assert old.published > 0 and engine.model.kv.num_cached_blocks > 0
+        assert await drained(old) > 0 and engine.model.kv.num_cached_blocks > 0
         engine.stop_kv_events()
         await http.post("/v1/chat/completions", json=chat_body("lost " * 80, max_tokens=1))
         engine.start_kv_events()
@@ -136,10 +147,7 @@ async def test_a_restarted_publisher_clears_first_and_numbers_from_zero() -> Non
         assert new.endpoint == old.endpoint  # the same ports, as a restarted engine binds
         assert engine.model.kv.num_cached_blocks == 0
         await http.post("/v1/chat/completions", json=chat_body("fresh " * 80, max_tokens=1))
-        for _ in range(100):
-            if new.published:
-                break
-            await asyncio.sleep(0.01)
+        assert await drained(new) > 0
         sockets = Sockets(new)
         try:
             replayed = sockets.replay(0)

@@ -247,10 +247,13 @@ async def test_a_stall_fault_stops_api_streams_mid_way(
     received = b""
     try:
         async with served.http.stream("POST", path, json={"model": MODEL, **body}) as reply:
+            pieces = reply.aiter_raw()
+            async with asyncio.timeout(10):  # however slow the machine, two deltas come
+                while received.count(b'"delta":') < 2:
+                    received += await anext(pieces)
             with pytest.raises(TimeoutError):
-                async with asyncio.timeout(0.5):  # the stream stays open, silent
-                    async for piece in reply.aiter_raw():
-                        received += piece
+                async with asyncio.timeout(0.3):  # then the stream stays open, silent
+                    received += await anext(pieces)
     finally:
         await served.cluster.set_faults(0, NO_FAULTS)
     assert marker in received and received.count(b'"delta":') == 2
