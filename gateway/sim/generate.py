@@ -447,8 +447,9 @@ class Generation(Response):
         out = OutputText(engine.seed, request.output_seed)
         null_usage = p.include_usage
 
-        def use() -> dict[str, Any]:
-            return usage(handle.prompt_tokens, handle.output_tokens, handle.cached_tokens or 0)
+        def use(completion: int | None = None) -> dict[str, Any]:
+            done = handle.output_tokens if completion is None else completion
+            return usage(handle.prompt_tokens, done, handle.cached_tokens or 0)
 
         await self._start(send, b"text/event-stream")
 
@@ -497,7 +498,9 @@ class Generation(Response):
                             text=out.take(1),
                             finish_reason=handle.finish_reason if last else None,
                             with_usage_null=null_usage,
-                            use=use() if p.continuous_usage else None,
+                            # The tokens sent so far, this one included: several may
+                            # arrive in one delivery, each chunk counts up by one (vLLM).
+                            use=use(sent) if p.continuous_usage else None,
                         )
                     )
                 await body(b"".join(events))

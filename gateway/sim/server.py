@@ -521,7 +521,7 @@ class SimEngine:
             return _error(status, f"simulated fault: replica {self.index} answers {status}")
         raw = await request.body()
         try:
-            body, _ = embeddings(raw, self.model_name)
+            body, _ = embeddings(raw, self.model_name, serves=self._serves)
         except WireError as exc:
             return _error(exc.status, exc.message, exc.param)
         return _json(body, request)

@@ -386,14 +386,20 @@ def mid_stream_error(status: int, message: str) -> bytes:
     return b"data: " + error_body(status, message) + b"\n\n"
 
 
-def embeddings(raw: bytes, model: str, dim: int = 32) -> tuple[dict[str, Any], int]:
-    """Deterministic unit vectors; returns (response body, prompt tokens)."""
+def embeddings(
+    raw: bytes, model: str, dim: int = 32, serves: Callable[[str], bool] | None = None
+) -> tuple[dict[str, Any], int]:
+    """Deterministic unit vectors; returns (response body, prompt tokens). `serves`: which
+    model names the engine answers (a body naming another is a 404, as in vLLM)."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise WireError(400, f"invalid JSON body: {exc}") from None
     if not isinstance(body, dict):
         raise WireError(400, "the request body must be a JSON object")
+    name = body.get("model")
+    if isinstance(name, str) and not (serves(name) if serves else name == model):
+        raise WireError(404, f"The model `{name}` does not exist.", "model")
     inputs = body.get("input")
     items: Sequence[Any]
     if isinstance(inputs, str):
