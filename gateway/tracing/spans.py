@@ -40,6 +40,7 @@ from opentelemetry.trace import (
     TraceState,
 )
 
+from gateway.errors import ConfigError
 from gateway.tracing.config import TracingSettings
 from gateway.tracing.context import TRACEPARENT, TRACESTATE, parse
 
@@ -51,10 +52,31 @@ def _exporter(settings: TracingSettings) -> SpanExporter | None:
     if settings.exporter == "console":
         return ConsoleSpanExporter()
     if settings.exporter == "otlp":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        return OTLPSpanExporter(endpoint=settings.endpoint)
+        return _otlp_exporter(settings)
     return None
+
+
+# xds-protos (the epp extra) ships its own, older copies of opentelemetry/proto/*: installed
+# after opentelemetry-proto in one pip run, it overwrites the files the OTLP exporter
+# imports, and which one pip installs last depends on what the environment held before.
+_SHADOWED = (
+    "tracing.exporter otlp: the OTLP exporter does not import ({error}). Its protobuf "
+    "modules were most likely overwritten by xds-protos (the epp extra), which ships older "
+    "copies of opentelemetry/proto/*; `pip install --force-reinstall --no-deps "
+    "opentelemetry-proto` puts the exporter's own back (kvgate epp does not use those files)"
+)
+_MISSING = "tracing.exporter otlp needs the OTLP exporter: pip install 'kvgate[otel]' ({error})"
+
+
+def _otlp_exporter(settings: TracingSettings) -> SpanExporter:
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    except ImportError as exc:
+        missing = isinstance(exc, ModuleNotFoundError) and not (exc.name or "").startswith(
+            "opentelemetry.proto"
+        )
+        raise ConfigError((_MISSING if missing else _SHADOWED).format(error=exc)) from exc
+    return OTLPSpanExporter(endpoint=settings.endpoint)
 
 
 def make_provider(settings: TracingSettings) -> TracerProvider:

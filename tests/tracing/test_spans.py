@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -13,6 +14,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from gateway.errors import ConfigError
 from gateway.sim.faults import FaultConfig
 from gateway.sim.profiles import PROFILES
 from gateway.sim.server import SimEngine
@@ -188,6 +190,12 @@ def test_exporters_build_from_settings_and_the_otel_environment(
 
     monkeypatch.setenv("OTEL_SERVICE_NAME", "gw-under-test")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://127.0.0.1:9/v1/traces")
+    if exporter == "otlp" and _otlp_protos_shadowed():
+        # One `pip install '.[test]'` into a new environment can install xds-protos last:
+        # then the exporter cannot work, and the gateway must say why and how to mend it.
+        with pytest.raises(ConfigError, match="force-reinstall --no-deps opentelemetry-proto"):
+            make_provider(TracingSettings(enabled=True, exporter="otlp"))
+        return
     provider = make_provider(TracingSettings(enabled=True, exporter=exporter))  # type: ignore[arg-type]
     try:
         assert provider.resource.attributes["service.name"] == "gw-under-test"
@@ -234,3 +242,37 @@ async def test_a_traced_upload_reaches_the_engine_whole() -> None:
         spans = by_name(exporter.get_finished_spans())
     [upstream] = spans["kvgate.upstream"]
     assert upstream.attributes["http.response.status_code"] == 200
+
+
+def _otlp_protos_shadowed() -> bool:
+    from opentelemetry.proto.common.v1 import common_pb2
+
+    return not hasattr(common_pb2, "InstrumentationScope")
+
+
+@pytest.mark.parametrize(
+    ("failure", "says"),
+    [
+        (ImportError("cannot import name 'InstrumentationScope'"), "force-reinstall --no-deps"),
+        (ModuleNotFoundError("gone", name="opentelemetry.proto.trace.v1"), "force-reinstall"),
+        (ModuleNotFoundError("gone", name="opentelemetry.exporter"), "kvgate[otel]"),
+    ],
+)
+def test_an_otlp_exporter_that_does_not_import_is_a_config_error_naming_the_fix(
+    failure: ImportError, says: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import builtins
+
+    from gateway.tracing.config import TracingSettings
+    from gateway.tracing.spans import make_provider
+
+    real_import = builtins.__import__
+
+    def failing(name: str, *args: object, **kwargs: object) -> object:
+        if name.startswith("opentelemetry.exporter.otlp"):
+            raise failure
+        return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(builtins, "__import__", failing)
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        make_provider(TracingSettings(enabled=True, exporter="otlp"))
