@@ -48,7 +48,11 @@ def _train(args: argparse.Namespace) -> int:
     except GatewayError as err:
         print(f"error: {err.message}", file=sys.stderr)
         return 2
-    Path(args.output).write_bytes(orjson.dumps(trained.model, option=orjson.OPT_INDENT_2))
+    try:
+        Path(args.output).write_bytes(orjson.dumps(trained.model, option=orjson.OPT_INDENT_2))
+    except OSError as exc:
+        print(f"error: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     hard = sum(ys)
     print(
         f"trained on {trained.train_rows} of {len(ys)} requests ({hard} hard); model: {args.output}"

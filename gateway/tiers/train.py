@@ -50,9 +50,13 @@ def parse_label(value: Any, where: str) -> int:
 
 
 def read_labelled(path: Path) -> tuple[list[tuple[float, ...]], list[int]]:
+    try:
+        fh = path.open("rb")
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from exc
     xs: list[tuple[float, ...]] = []
     ys: list[int] = []
-    with path.open("rb") as fh:
+    with fh:
         for number, line in enumerate(fh, 1):
             if not line.strip():
                 continue
