@@ -169,10 +169,12 @@ async def test_a_slow_tokenizer_never_delays_the_decision_past_the_budget() -> N
         t0 = time.perf_counter()
         await ask(client, convo)
         took = time.perf_counter() - t0
-        assert took < 0.3  # the request, not the 0.6 s of the tokenizer
+        # The request, not the 0.6 s of the tokenizer: bounds well under 0.6 s, as a loaded
+        # host stretches a request (0.35 s seen at load 5 under coverage) but never skips a wait.
+        assert took < 0.5
         assert waits(gw, "over_budget") == 1
         waited = samples(gw, "kvgate_kv_route_wait_seconds_sum")
-        assert budget <= waited < budget + 0.05
+        assert budget <= waited < budget + 0.25
         assert feature.stage.waiting == 0 and feature.stage.pending == 1
         # The job goes on and teaches the bridge when it ends; nothing submitted it again.
         await until(lambda: feature.bridge.knows(prompt_hashes(convo)[-1]))
