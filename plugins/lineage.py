@@ -45,6 +45,16 @@ conversation's lineage inferred from the prompt (gateway.lineage). Per request:
   recomputed). Until a continued turn has been seen nothing is measured and the band
   decides alone.
 
+**Owed prefill (optional, ``band_owed_s``; issue 45).** With it set, the band is the
+replicas whose *owed prefill* (plugins.owed_prefill: what their still-active sessions'
+next turns will send, each session's own measured continued-turn prefill, in seconds at
+the replica's measured prefill speed) is within ``band_owed_s`` of the lowest, and the
+deep-prefix test above counts that owed prefill as queued on both sides: a preamble held
+by the replica earlier sessions went to pulls a new session there only while that
+replica owes less beyond the least-owing one than the preamble it saves. A replica
+carrying heavy main agents is avoided; one carrying many finished chats is not. Until a
+continued turn and a prefill speed are measured the count score decides.
+
 With KV cache events (gateway.kvevents), ``view.cache_evidence`` says what each replica
 really holds of the prompt: ``uncached_r`` then comes from it for every replica it knows
 (the prefix index answers for the others), and a sticky session whose replica evicted it
