@@ -45,6 +45,16 @@ conversation's lineage inferred from the prompt (gateway.lineage). Per request:
   recomputed). Until a continued turn has been seen nothing is measured and the band
   decides alone.
 
+**Owed prefill (optional, ``band_owed_s``; issue 45).** With it set, the band is the
+replicas whose *owed prefill* (plugins.owed_prefill: what their still-active sessions'
+next turns will send, each session's own measured continued-turn prefill, in seconds at
+the replica's measured prefill speed) is within ``band_owed_s`` of the lowest, and the
+deep-prefix test above counts that owed prefill as queued on both sides: a preamble held
+by the replica earlier sessions went to pulls a new session there only while that
+replica owes less beyond the least-owing one than the preamble it saves. A replica
+carrying heavy main agents is avoided; one carrying many finished chats is not. Until a
+continued turn and a prefill speed are measured the count score decides.
+
 With KV cache events (gateway.kvevents), ``view.cache_evidence`` says what each replica
 really holds of the prompt: ``uncached_r`` then comes from it for every replica it knows
 (the prefix index answers for the others), and a sticky session whose replica evicted it
@@ -82,6 +92,7 @@ from gateway.types import (
 from plugins.cache_churn import ChurnMeter
 from plugins.live_sessions import LiveSessions
 from plugins.load_model import TieBreaker, mix
+from plugins.owed_prefill import OwedPrefill
 from plugins.prefix_index import DEFAULT_CAPACITY_TOKENS, PrefixIndex
 
 # Memory of the requests-per-session counts, per request: the last few thousand weigh.
@@ -125,6 +136,14 @@ class LineageConfig(PolicyConfig):
         description="a new session that opens with a hot prefix goes only "
         "to replicas whose load score (live sessions over their mean plus those sessions' "
         "latest prompt tokens over theirs) is within 2 x this of the lowest",
+    )
+    band_owed_s: float | None = Field(
+        default=None,
+        ge=0,
+        description="seconds: when set, the band of a new session from a hot prefix is "
+        "the replicas whose owed prefill (what their active sessions' next turns will send, "
+        "plugins.owed_prefill, at each replica's measured prefill speed) is within this of "
+        "the lowest, instead of the session-count score (None: the count score)",
     )
     hot_after: int = Field(
         default=3,
@@ -186,6 +205,7 @@ class Lineage:
         self.config = config
         self.index = PrefixIndex(config.default_capacity_tokens, config.index_capacity_factor)
         self.sessions = LiveSessions(config.session_idle_s, config.max_sessions)
+        self.owed = OwedPrefill(config.session_idle_s, config.max_sessions)
         self._tie = TieBreaker()
         self._unit = float(config.initial_request_tokens)
         self._pending: dict[ReplicaId, float] = {}
@@ -216,6 +236,7 @@ class Lineage:
         for gone in set(self._ring.members) - live:
             self.index.forget(gone)
             self.sessions.forget(gone)
+            self.owed.forget(gone)
             self.churn.forget(gone)
             self._capacity_seen.pop(gone, None)
         self._ring = HashRing((RingNode(r.id, r.weight) for r in replicas), self.config.vnodes)
@@ -267,7 +288,9 @@ class Lineage:
     def placed(self, request: RouteRequest, replica: ReplicaId) -> None:
         hashes = request.prefix_hashes
         home = self.sessions.replica_of(request.session_key, self._now)
-        self._count_request(request, replica, home)
+        turn = self._count_request(request, replica, home)
+        if self.config.band_owed_s is not None:  # nothing reads the table when it is off
+            self.owed.place(request.session_key, replica, self._now, turn)
         if hashes:
             self._block_tokens = request.block_tokens or 1
             if self.config.session_band is not None and home is None:
@@ -277,16 +300,17 @@ class Lineage:
 
     def _count_request(
         self, request: RouteRequest, replica: ReplicaId, home: ReplicaId | None
-    ) -> None:
-        """Requests per session and a continued turn's uncached prefill (see `_owed`)."""
+    ) -> float | None:
+        """Requests per session and a continued turn's uncached prefill (see `_owed`);
+        returns that turn's uncached prefill when it continued a session where it lives."""
         keep = _COUNT_MEMORY
         self._requests = self._requests * keep + 1.0
         if home is None:
             self._new_sessions = self._new_sessions * keep + 1.0
-            return
+            return None
         self._new_sessions *= keep
         if home != replica or not request.prefix_hashes:
-            return
+            return None
         bt = request.block_tokens or 1
         turn = float(
             max(0, request.prompt_tokens - self.index.matched(replica, request.prefix_hashes) * bt)
@@ -295,6 +319,7 @@ class Lineage:
             self._turn_tokens = turn
         else:
             self._turn_tokens += self.config.ewma_alpha * (turn - self._turn_tokens)
+        return turn
 
     def _owed(self) -> float | None:
         """Tokens a new session is expected to send after its first request (its further
@@ -417,7 +442,7 @@ class Lineage:
         sh = self._tie.session_hash(request.session_key)
         rh = self._tie.replica_hash
         keys: list[tuple[float, int, int]] = []
-        in_band = self._band(request, replicas, matched) if not moved else None
+        in_band = self._band(request, view, matched) if not moved else None
         if in_band is not None and self._deep(request, view, unit, matched, precise):
             in_band = None  # one conversation's history, not a preamble: follow it
         cold = in_band is None and not moved
@@ -490,13 +515,20 @@ class Lineage:
         load = self._load(holder, view, unit)
         if load > self._bound(view, unit):
             return False
+        owes = self._owed_tokens(view)
+        if owes is not None:
+            # What the replicas' active sessions will send next counts as queued too:
+            # a preamble held by the replica its earlier sessions went to must not pull
+            # every new session there while that replica owes more than the preamble.
+            least = min(self._load(r.id, view, unit) + owes[i] for i, r in enumerate(replicas))
+            return load + owes[cached.index(best)] - least <= best - common
         # Tokens for tokens: waiting behind the holder's queue beyond the least loaded
         # replica's must cost less than recomputing the prefix it saves.
         least = min(self._load(r.id, view, unit) for r in replicas)
         return load - least <= best - common
 
     def _band(
-        self, request: RouteRequest, replicas: Sequence[ReplicaState], matched: dict[int, int]
+        self, request: RouteRequest, view: ClusterView, matched: dict[int, int]
     ) -> frozenset[ReplicaId] | None:
         """The replicas a new session from a hot prefix may go to, or None (no band).
 
@@ -511,6 +543,11 @@ class Lineage:
         depth = max(matched.values())
         if self._branches.get(request.prefix_hashes[depth - 1], 0) < cfg.hot_after:
             return None
+        replicas = view.replicas
+        if cfg.band_owed_s is not None:
+            owed = self._owed_band(view, cfg.band_owed_s)
+            if owed is not None:
+                return owed
         counts, tokens = self.sessions.counts.get, self.sessions.tokens.get
         n = len(replicas)
         live = [counts(r.id, 0) for r in replicas]
@@ -522,6 +559,34 @@ class Lineage:
         score = [c / mean_live + m / mean_mass for c, m in zip(live, mass, strict=True)]
         cap = min(score) + max(2.0 / mean_live, 2.0 * cfg.session_band)
         return frozenset(r.id for r, x in zip(replicas, score, strict=True) if x <= cap)
+
+    def _owed_tokens(self, view: ClusterView) -> list[float] | None:
+        """Per replica of the view, the prefill its active sessions owe, in tokens at the
+        cluster's mean prefill speed (a slower replica owes more); None when the rule is
+        off, or before a continued turn or a prefill speed is measured."""
+        if self.config.band_owed_s is None:
+            return None
+        table, prefill = self.owed, view.prefill
+        if not table.measured or prefill is None:
+            return None
+        mean_speed = prefill.mean_speed()
+        if not mean_speed:
+            return None
+        table.expire(view.now)
+        owed, speed = table.owed.get, prefill.speed
+        return [owed(r.id, 0.0) * mean_speed / (speed(r.id) or mean_speed) for r in view.replicas]
+
+    def _owed_band(self, view: ClusterView, width_s: float) -> frozenset[ReplicaId] | None:
+        """The replicas whose owed prefill, in seconds at their measured speed, is within
+        `width_s` of the lowest; None before a continued turn or a speed is measured (the
+        count score decides then)."""
+        tokens = self._owed_tokens(view)
+        if tokens is None or view.prefill is None:
+            return None
+        mean_speed = view.prefill.mean_speed() or 1.0
+        seconds = [t / mean_speed for t in tokens]
+        cap = min(seconds) + width_s
+        return frozenset(r.id for r, x in zip(view.replicas, seconds, strict=True) if x <= cap)
 
     def _failover_order(
         self, first: ReplicaId, key: str, view: ClusterView

@@ -405,3 +405,63 @@ def test_a_sticky_ranking_walks_the_ring_clockwise_from_the_session() -> None:
         walk = [r for r in ring.walk("s") if r != home and r in v.by_id]
         assert ranked == ((home, *walk)[:RANK_DEPTH])
         assert len(ranked) == min(RANK_DEPTH, len(shown))
+
+
+class _Prefill:
+    """Prefill signals of idle replicas that all prefill at 10,000 tokens/s."""
+
+    def queued_tokens(self, replica: ReplicaId) -> float:
+        return 0.0
+
+    def queued_requests(self, replica: ReplicaId) -> int:
+        return 0
+
+    def speed(self, replica: ReplicaId) -> float | None:
+        return 10_000.0
+
+    def mean_speed(self) -> float | None:
+        return 10_000.0
+
+    def mean_request_tokens(self) -> float:
+        return 0.0
+
+
+def _serve_on(p: Lineage, req: RouteRequest, v: ClusterView, at: ReplicaId) -> None:
+    """Serve `req` on `at`, whatever the policy would choose (a history built by hand)."""
+    p.choose(req, v)
+    p.dispatched(req, at)
+    p.placed(req, at)
+    p.finished(req, at, True, 0.1)
+
+
+def _heavy_agents_vs_finished_chats(**config: object) -> ReplicaId:
+    """r0 carries 3 main agents still sending 8K-token turns every 5 s; r1 carried 10
+    chats that ended a minute ago. Where does a new session from the shared preamble go?"""
+    p, v = policy(2, **config)
+    at = dataclasses.replace(v, prefill=_Prefill())
+
+    def now(t: float) -> ClusterView:
+        return dataclasses.replace(at, now=t)
+
+    for c in range(10):  # chats on r1: two short turns 5 s apart, then nothing
+        history = (*PREAMBLE, 20_000 + c)
+        _serve_on(p, turn(f"chat{c}", history, 0), now(0.0), rid(1))
+        _serve_on(p, turn(f"chat{c}", (*history, 21_000 + c), 1), now(5.0), rid(1))
+    for m in range(3):  # main agents on r0: every turn appends 16 blocks of tool output
+        history = (*PREAMBLE, 30_000 + m)
+        for n in range(14):
+            _serve_on(p, turn(f"main{m}", history, n), now(5.0 * n), rid(0))
+            history += tuple(range(40_000 + 1000 * m + 16 * n, 40_000 + 1000 * m + 16 * n + 16))
+    chosen = p.choose(turn("new", (*PREAMBLE, 50_000), 0), now(65.0)).first
+    assert chosen is not None
+    return chosen
+
+
+def test_a_new_session_avoids_the_replica_whose_agents_owe_the_most_prefill() -> None:
+    # The chats count as 10 live sessions for 900 s, the agents as 3: by count the new
+    # session would join the agents, whose next turns owe 3 x 8K tokens of prefill.
+    assert _heavy_agents_vs_finished_chats(band_owed_s=0.2) == rid(1)
+
+
+def test_the_control_by_live_session_count_it_joins_the_agents() -> None:
+    assert _heavy_agents_vs_finished_chats() == rid(0)
