@@ -19,6 +19,11 @@ request path pays nothing for a feature that is not configured:
 * `state.dispatcher: Dispatcher | None` -- may take over forwarding of a request (PD
   hand-off). It receives a `ForwardContext` with the proxy's own leg-opening helper and
   returns the `Leg` whose response the proxy relays, or None to decline.
+* `state.meters: list[RequestMeter]` -- called once per request at its end, before the
+  observers, with the request's ASGI scope and a `RequestUse` (status, whether an engine
+  took the prompt, the engine's `usage`): the features that left something in the scope
+  (gateway.auth: the key's usage series, the quota ticket's settlement) close it there,
+  so the outcome stage knows nothing of them. Quick, never raising.
 * `state.observers: list[OutcomeObserver]` -- called once per request with the final
   `RequestOutcome` (cost accounting, trace capture). Must be quick and must not raise;
   schedule I/O elsewhere. The router's `ObservesPlacement.placed` and
@@ -48,6 +53,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gateway.asgi import Scope
 from gateway.forecast import Forecast
 from gateway.types import Choice, ClusterView, ReplicaId, RouteRequest, SessionKey
 
@@ -90,6 +96,21 @@ class RequestOutcome:
 
 
 OutcomeObserver = Callable[[RequestOutcome], None]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestUse:
+    """What one request used, for the meters (`state.meters`) at its end."""
+
+    status: int
+    ok: bool
+    # An engine took the prompt, or may have (the client left while it was being sent);
+    # False: refused before any engine worked on it (no replica, connections refused).
+    engaged: bool
+    usage: Mapping[str, Any] | None  # the engine's `usage`; None: it gave none (or not read)
+
+
+RequestMeter = Callable[[Scope, RequestUse], None]
 
 
 @dataclass(frozen=True, slots=True)

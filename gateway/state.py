@@ -21,6 +21,7 @@ from gateway.hooks import (
     OutcomeObserver,
     PayloadShaper,
     PreRoute,
+    RequestMeter,
     RequestTracer,
     Service,
     SessionPlacements,
@@ -54,6 +55,8 @@ class GatewayState:
     health: HealthMonitor
     models: ModelsCache
     observers: list[OutcomeObserver] = field(default_factory=list)
+    # Closes what a feature left in the scope, once per request (gateway.hooks.RequestMeter).
+    meters: list[RequestMeter] = field(default_factory=list)
     dispatch_observers: list[DispatchObserver] = field(default_factory=list)
     # Body rewrites features ask of inbound (gateway.hooks.InboundRewrite), in order.
     inbound_rewrites: list[InboundRewrite] = field(default_factory=list)

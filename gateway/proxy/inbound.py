@@ -12,7 +12,6 @@ from typing import Any
 import orjson
 
 from gateway.asgi import Scope
-from gateway.auth.principal import Principal
 from gateway.body import (
     check_content_type,
     check_multipart,
@@ -25,7 +24,7 @@ from gateway.hashing import digest_hex
 from gateway.keys import agent_lineage, route_request, session_key
 from gateway.proxy.continuation import continuing, response_digest
 from gateway.proxy.exchange import Exchange
-from gateway.scope import PRINCIPAL_KEY
+from gateway.scope import PRINCIPAL_KEY, Caller
 from gateway.state import GatewayState
 from gateway.stream_usage import inject_usage, with_usage_option
 from gateway.tiers.ladder import TierDecision
@@ -222,7 +221,7 @@ class Inbound:
         ex.session_header = session.decode("latin-1") if session else None
         if state.tiers is not None and (ladder := state.tiers.ladder(model)) is not None:
             # A tiered public name: the entry tier's model from here on (gateway.tiers).
-            principal: Principal | None = scope.get(PRINCIPAL_KEY)
+            principal: Caller | None = scope.get(PRINCIPAL_KEY)
             ex.tier = state.tiers.decide(
                 ladder,
                 self._endpoint,
@@ -342,7 +341,7 @@ class Inbound:
 
     def _authorize(self, scope: Scope, model: str, tenant_name: str | None) -> str | None:
         """The caller's key may use `model` and acts for its own tenant; returns the tenant."""
-        principal: Principal | None = scope.get(PRINCIPAL_KEY)
+        principal: Caller | None = scope.get(PRINCIPAL_KEY)
         if principal is None:
             return tenant_name
         if principal.models and model not in principal.models:
