@@ -25,6 +25,7 @@ from gateway.hooks import (
     RequestTracer,
     Service,
     SessionPlacements,
+    Tiers,
 )
 from gateway.lineage import Conversations
 from gateway.metrics import GatewayMetrics
@@ -37,7 +38,6 @@ from gateway.policy import (
     TracksPrefill,
 )
 from gateway.settings import KvgateSettings
-from gateway.tiers.runtime import TiersRuntime
 from gateway.types import ReplicaId, RouteRequest
 from gateway.upstream import UpstreamClient
 from gateway.wrappers import ROUTER_LAYERS
@@ -77,7 +77,7 @@ class GatewayState:
     # Public model name -> name sent upstream (aliases); None: names pass unchanged.
     resolve_model: Callable[[str], str] | None = None
     # Tiered public model names (gateway.tiers): entry tier, checks, escalation.
-    tiers: TiersRuntime | None = None
+    tiers: Tiers | None = None
     # Router abilities, detected once (see set_router), never probed per request.
     router_placed: Callable[[RouteRequest, ReplicaId], None] | None = None
     router_finished: Callable[[RouteRequest, ReplicaId, bool, float], None] | None = None

@@ -27,9 +27,15 @@ from gateway.proxy.exchange import Exchange
 from gateway.scope import PRINCIPAL_KEY, Caller
 from gateway.state import GatewayState
 from gateway.stream_usage import inject_usage, with_usage_option
-from gateway.tiers.ladder import TierDecision
-from gateway.tracing.context import TRACEPARENT, child
-from gateway.types import ROUTE_SPECS, UPSTREAM_PATHS, Endpoint, RouteRequest, SessionKey
+from gateway.traceparent import TRACEPARENT, child
+from gateway.types import (
+    ROUTE_SPECS,
+    UPSTREAM_PATHS,
+    Endpoint,
+    RouteRequest,
+    SessionKey,
+    TierDecision,
+)
 from gateway.upload import open_upload
 from gateway.upstream import request_headers
 from gateway.upstream.headers import CREDENTIAL_HEADERS
@@ -219,11 +225,10 @@ class Inbound:
             rewritten = True
         tenant_name = self._authorize(scope, model, tenant.decode("latin-1") if tenant else None)
         ex.session_header = session.decode("latin-1") if session else None
-        if state.tiers is not None and (ladder := state.tiers.ladder(model)) is not None:
-            # A tiered public name: the entry tier's model from here on (gateway.tiers).
+        if (tiers := state.tiers) is not None:
             principal: Caller | None = scope.get(PRINCIPAL_KEY)
-            ex.tier = state.tiers.decide(
-                ladder,
+            entry = tiers.entry(
+                model,
                 self._endpoint,
                 body,
                 scope["headers"],
@@ -232,8 +237,11 @@ class Inbound:
                 tenant=tenant_name,
                 priority_class=priority.decode("latin-1") if priority else None,
             )
-            model = ex.tier.model
-            body, rewritten = {**body, "model": model}, True
+            if entry is not None:
+                # A tiered public name: the entry tier's model from here on (gateway.tiers).
+                ex.tier = entry
+                model = entry.model
+                body, rewritten = {**body, "model": model}, True
         if state.resolve_model is not None and (served := state.resolve_model(model)) != model:
             # An alias: the engines only know the served name.
             body = {**body, "model": served}
