@@ -19,6 +19,11 @@ request path pays nothing for a feature that is not configured:
 * `state.dispatcher: Dispatcher | None` -- may take over forwarding of a request (PD
   hand-off). It receives a `ForwardContext` with the proxy's own leg-opening helper and
   returns the `Leg` whose response the proxy relays, or None to decline.
+* `state.meters: list[RequestMeter]` -- called once per request at its end, before the
+  observers, with the request's ASGI scope and a `RequestUse` (status, whether an engine
+  took the prompt, the engine's `usage`): the features that left something in the scope
+  (gateway.auth: the key's usage series, the quota ticket's settlement) close it there,
+  so the outcome stage knows nothing of them. Quick, never raising.
 * `state.observers: list[OutcomeObserver]` -- called once per request with the final
   `RequestOutcome` (cost accounting, trace capture). Must be quick and must not raise;
   schedule I/O elsewhere. The router's `ObservesPlacement.placed` and
@@ -36,7 +41,7 @@ request path pays nothing for a feature that is not configured:
   quick when it returns None; the awaitable must end on its own within its budget.
 * `state.cluster.publish_load(replica, EngineLoad)` -- the scraper's input.
 * `state.services: list[Service]` -- started in order in the lifespan, stopped in reverse.
-* `state.tiers: TiersRuntime | None` -- tiered public model names (gateway.tiers): the
+* `state.tiers: Tiers | None` -- tiered public model names (gateway.tiers): the
   inbound stage asks it for the entry tier, gateway.proxy.tiered for an answer's checks and
   the next tier; each attempt's `RequestOutcome.tier` says which tier it ran on.
 """
@@ -48,12 +53,20 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gateway.asgi import Scope
 from gateway.forecast import Forecast
-from gateway.types import Choice, ClusterView, ReplicaId, RouteRequest, SessionKey
+from gateway.types import (
+    Choice,
+    ClusterView,
+    Endpoint,
+    ReplicaId,
+    RouteRequest,
+    SessionKey,
+    TierDecision,
+)
 
 if TYPE_CHECKING:
     from gateway.forward import Leg
-    from gateway.tiers.ladder import TierDecision
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +103,21 @@ class RequestOutcome:
 
 
 OutcomeObserver = Callable[[RequestOutcome], None]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestUse:
+    """What one request used, for the meters (`state.meters`) at its end."""
+
+    status: int
+    ok: bool
+    # An engine took the prompt, or may have (the client left while it was being sent);
+    # False: refused before any engine worked on it (no replica, connections refused).
+    engaged: bool
+    usage: Mapping[str, Any] | None  # the engine's `usage`; None: it gave none (or not read)
+
+
+RequestMeter = Callable[[Scope, RequestUse], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +237,44 @@ class SessionPlacements(Protocol):
     async def share(self) -> None:
         """Return once what was recorded so far can be read by other gateways (at once
         when nothing is shared). Best effort: a slow or failed store returns anyway."""
+
+
+class Tiers(Protocol):
+    """Tiered public model names, as the request path asks them (gateway.tiers.runtime):
+    the entry tier in inbound, then in gateway.proxy.tiered whether an answer is held to be
+    checked, the check it failed, the next tier, and what each attempt served."""
+
+    def entry(
+        self,
+        model: str,
+        endpoint: Endpoint,
+        body: Mapping[str, Any],
+        headers: Sequence[tuple[bytes, bytes]],
+        *,
+        session: str | None = None,
+        api_key: str | None = None,
+        tenant: str | None = None,
+        priority_class: str | None = None,
+    ) -> TierDecision | None:
+        """The tier a request for `model` enters; None: `model` is no tiered name."""
+        ...
+
+    def escalates(self, decision: TierDecision, stream: bool) -> bool: ...
+
+    def failed(
+        self,
+        decision: TierDecision,
+        endpoint: Endpoint,
+        status: int,
+        payload: bytes,
+        request: Mapping[str, Any],
+    ) -> str | None: ...
+
+    def escalate(self, decision: TierDecision, check: str) -> TierDecision | None: ...
+
+    def served(
+        self, decision: TierDecision, usage: Mapping[str, Any] | None, final: bool
+    ) -> None: ...
 
 
 class Service(Protocol):

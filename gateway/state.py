@@ -21,9 +21,11 @@ from gateway.hooks import (
     OutcomeObserver,
     PayloadShaper,
     PreRoute,
+    RequestMeter,
     RequestTracer,
     Service,
     SessionPlacements,
+    Tiers,
 )
 from gateway.lineage import Conversations
 from gateway.metrics import GatewayMetrics
@@ -36,7 +38,6 @@ from gateway.policy import (
     TracksPrefill,
 )
 from gateway.settings import KvgateSettings
-from gateway.tiers.runtime import TiersRuntime
 from gateway.types import ReplicaId, RouteRequest
 from gateway.upstream import UpstreamClient
 from gateway.wrappers import ROUTER_LAYERS
@@ -54,6 +55,8 @@ class GatewayState:
     health: HealthMonitor
     models: ModelsCache
     observers: list[OutcomeObserver] = field(default_factory=list)
+    # Closes what a feature left in the scope, once per request (gateway.hooks.RequestMeter).
+    meters: list[RequestMeter] = field(default_factory=list)
     dispatch_observers: list[DispatchObserver] = field(default_factory=list)
     # Body rewrites features ask of inbound (gateway.hooks.InboundRewrite), in order.
     inbound_rewrites: list[InboundRewrite] = field(default_factory=list)
@@ -74,7 +77,7 @@ class GatewayState:
     # Public model name -> name sent upstream (aliases); None: names pass unchanged.
     resolve_model: Callable[[str], str] | None = None
     # Tiered public model names (gateway.tiers): entry tier, checks, escalation.
-    tiers: TiersRuntime | None = None
+    tiers: Tiers | None = None
     # Router abilities, detected once (see set_router), never probed per request.
     router_placed: Callable[[RouteRequest, ReplicaId], None] | None = None
     router_finished: Callable[[RouteRequest, ReplicaId, bool, float], None] | None = None

@@ -292,3 +292,17 @@ class Choice:
     @property
     def first(self) -> ReplicaId | None:
         return self.ranked[0] if self.ranked else None
+
+
+@dataclass(frozen=True, slots=True)
+class TierDecision:
+    """The tier of a tiered public model name one attempt runs on, and why (gateway.tiers
+    decides; the proxy forwards to `model` and reports it in `RequestOutcome.tier`)."""
+
+    public: str
+    index: int
+    tier: str
+    model: str
+    reason: str  # "hint", "sticky", "rule:<i>", "default", "spill", "escalated:<check>"
+    score: float | None = None
+    sticky_key: str | None = None

@@ -7,6 +7,7 @@ before `[DONE]`, so only that event is parsed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -57,7 +58,7 @@ def usage_from_sse(tail: bytes) -> dict[str, Any] | None:
     return None
 
 
-def usage_tokens(usage: dict[str, Any] | None) -> tuple[int | None, int | None, int | None]:
+def usage_tokens(usage: Mapping[str, Any] | None) -> tuple[int | None, int | None, int | None]:
     """(prompt, cached, completion) tokens; None where the engine did not say."""
     if usage is None:
         return None, None, None

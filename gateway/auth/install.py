@@ -13,6 +13,7 @@ from starlette.middleware import Middleware
 
 from gateway.auth.host_counters import HostCounters
 from gateway.auth.limiter import Limiter, LocalLimiter
+from gateway.auth.meter import AuthMeter
 from gateway.auth.metrics import AuthMetrics
 from gateway.auth.middleware import AuthMiddleware
 from gateway.auth.principal import KeyRing
@@ -23,8 +24,6 @@ from gateway.console.api import console_asset_paths
 from gateway.state import GatewayState
 from gateway.store.redis import RedisStore
 from gateway.workers.directory import shared_directory
-
-EXTRAS_KEY = "auth"
 
 
 def install(state: GatewayState) -> None:
@@ -60,5 +59,6 @@ def install(state: GatewayState) -> None:
         ),
         Middleware(RateLimitMiddleware, limiter=limiter, metrics=metrics),
     ]
-    state.extras[EXTRAS_KEY] = metrics
+    # The key's usage series and its ticket's settlement, at each request's end.
+    state.meters.append(AuthMeter(metrics))
     state.extras["auth_ring"] = ring

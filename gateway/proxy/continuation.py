@@ -17,10 +17,10 @@ import re
 
 import orjson
 
-from gateway.auth.principal import Principal
 from gateway.hashing import digest_hex
 from gateway.hooks import SessionPlacements
 from gateway.proxy.identity import with_key
+from gateway.scope import Caller
 from gateway.state import GatewayState
 from gateway.types import ReplicaId, RouteRequest, SessionKey
 
@@ -40,7 +40,7 @@ def tenant_key(response_id: str) -> SessionKey:
     return SessionKey("t:" + digest_hex(response_id))
 
 
-async def may_use(state: GatewayState, principal: Principal | None, response_id: str) -> bool:
+async def may_use(state: GatewayState, principal: Caller | None, response_id: str) -> bool:
     """Whether `principal` may touch the stored response `response_id`: keys off, an admin
     key, or a key of the tenant recorded when it was made. Unrecorded: no (it may be
     anyone's)."""
@@ -84,7 +84,7 @@ async def remember(
     placements: SessionPlacements,
     response_id: str,
     replica: ReplicaId,
-    principal: Principal | None,
+    principal: Caller | None,
     chain_root: str | None,
 ) -> None:
     """Record an answer the engine stored: where it is, whose it is, and its chain (linked

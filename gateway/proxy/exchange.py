@@ -17,12 +17,11 @@ from gateway.asgi import Receive, Scope, Send
 from gateway.disconnect import CallState
 from gateway.errors import ErrorDialect
 from gateway.forecast import Forecast
-from gateway.types import ReplicaId, RouteRequest, SessionKey
+from gateway.types import ReplicaId, RouteRequest, SessionKey, TierDecision
 
 if TYPE_CHECKING:
     from gateway.forward import Leg
     from gateway.hooks import RequestSpans
-    from gateway.tiers.ladder import TierDecision
     from gateway.upload import Upload
 
 RawHeaders = list[tuple[bytes, bytes]]

@@ -12,10 +12,9 @@ from __future__ import annotations
 import dataclasses
 
 from gateway.admission.classes import BODY_FIELD, ClassMap
-from gateway.auth.principal import Principal
 from gateway.errors import Forbidden
 from gateway.proxy.exchange import Exchange
-from gateway.scope import PRINCIPAL_KEY, TICKET_KEY
+from gateway.scope import PRINCIPAL_KEY, TICKET_KEY, Caller, QuotaCharge
 from gateway.state import GatewayState
 from gateway.types import ReplicaId, RouteRequest, SessionKey
 
@@ -57,8 +56,8 @@ class Identity:
         self._engine_classes = ClassMap.from_settings(state.settings.admission)
         self._default_output = state.settings.auth.default_output_tokens
 
-    def principal(self, ex: Exchange) -> Principal | None:
-        principal: Principal | None = ex.scope.get(PRINCIPAL_KEY)
+    def principal(self, ex: Exchange) -> Caller | None:
+        principal: Caller | None = ex.scope.get(PRINCIPAL_KEY)
         return principal
 
     def _better_than(self, stated: object, ceiling: str) -> bool:
@@ -80,7 +79,7 @@ class Identity:
             return self._classes.get(named, len(self._classes)) < top
         return stated < classes.engine_priority.get(ceiling, stated)
 
-    def check_body_priority(self, ex: Exchange, principal: Principal) -> None:
+    def check_body_priority(self, ex: Exchange, principal: Caller) -> None:
         """403 when the body's own `priority` asks for more than the key's ceiling, before
         admission reads it: with admission off it goes to the engine as it came, with
         admission on it names the class when no header does."""
@@ -93,7 +92,7 @@ class Identity:
                 param="priority",
             )
 
-    def narrow(self, ex: Exchange, principal: Principal, request: RouteRequest) -> RouteRequest:
+    def narrow(self, ex: Exchange, principal: Caller, request: RouteRequest) -> RouteRequest:
         """`request` within the key's grants (after admission resolved its class)."""
         # The tenant is the key's already (gateway.proxy.inbound).
         changes: dict[str, object] = {}
@@ -120,7 +119,7 @@ class Identity:
                     f"API key {principal.name!r} may use pools {sorted(principal.pools)}; "
                     f"none of them serves `{request.model}`."
                 )
-        ticket = ex.scope.get(TICKET_KEY)
+        ticket: QuotaCharge | None = ex.scope.get(TICKET_KEY)
         if ticket is not None:
             output = request.max_tokens or self._default_output
             ticket.charge(request.prompt_tokens, output)

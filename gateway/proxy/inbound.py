@@ -12,7 +12,6 @@ from typing import Any
 import orjson
 
 from gateway.asgi import Scope
-from gateway.auth.principal import Principal
 from gateway.body import (
     check_content_type,
     check_multipart,
@@ -25,12 +24,18 @@ from gateway.hashing import digest_hex
 from gateway.keys import agent_lineage, route_request, session_key
 from gateway.proxy.continuation import continuing, response_digest
 from gateway.proxy.exchange import Exchange
-from gateway.scope import PRINCIPAL_KEY
+from gateway.scope import PRINCIPAL_KEY, Caller
 from gateway.state import GatewayState
 from gateway.stream_usage import inject_usage, with_usage_option
-from gateway.tiers.ladder import TierDecision
-from gateway.tracing.context import TRACEPARENT, child
-from gateway.types import ROUTE_SPECS, UPSTREAM_PATHS, Endpoint, RouteRequest, SessionKey
+from gateway.traceparent import TRACEPARENT, child
+from gateway.types import (
+    ROUTE_SPECS,
+    UPSTREAM_PATHS,
+    Endpoint,
+    RouteRequest,
+    SessionKey,
+    TierDecision,
+)
 from gateway.upload import open_upload
 from gateway.upstream import request_headers
 from gateway.upstream.headers import CREDENTIAL_HEADERS
@@ -220,11 +225,10 @@ class Inbound:
             rewritten = True
         tenant_name = self._authorize(scope, model, tenant.decode("latin-1") if tenant else None)
         ex.session_header = session.decode("latin-1") if session else None
-        if state.tiers is not None and (ladder := state.tiers.ladder(model)) is not None:
-            # A tiered public name: the entry tier's model from here on (gateway.tiers).
-            principal: Principal | None = scope.get(PRINCIPAL_KEY)
-            ex.tier = state.tiers.decide(
-                ladder,
+        if (tiers := state.tiers) is not None:
+            principal: Caller | None = scope.get(PRINCIPAL_KEY)
+            entry = tiers.entry(
+                model,
                 self._endpoint,
                 body,
                 scope["headers"],
@@ -233,8 +237,11 @@ class Inbound:
                 tenant=tenant_name,
                 priority_class=priority.decode("latin-1") if priority else None,
             )
-            model = ex.tier.model
-            body, rewritten = {**body, "model": model}, True
+            if entry is not None:
+                # A tiered public name: the entry tier's model from here on (gateway.tiers).
+                ex.tier = entry
+                model = entry.model
+                body, rewritten = {**body, "model": model}, True
         if state.resolve_model is not None and (served := state.resolve_model(model)) != model:
             # An alias: the engines only know the served name.
             body = {**body, "model": served}
@@ -342,7 +349,7 @@ class Inbound:
 
     def _authorize(self, scope: Scope, model: str, tenant_name: str | None) -> str | None:
         """The caller's key may use `model` and acts for its own tenant; returns the tenant."""
-        principal: Principal | None = scope.get(PRINCIPAL_KEY)
+        principal: Caller | None = scope.get(PRINCIPAL_KEY)
         if principal is None:
             return tenant_name
         if principal.models and model not in principal.models:

@@ -5,12 +5,8 @@ from __future__ import annotations
 import logging
 import time
 
-from gateway.auth.limiter import Ticket
-from gateway.auth.metrics import AuthMetrics
-from gateway.auth.principal import Principal
-from gateway.hooks import RequestOutcome
+from gateway.hooks import RequestOutcome, RequestUse
 from gateway.proxy.exchange import Exchange
-from gateway.scope import PRINCIPAL_KEY, TICKET_KEY
 from gateway.state import GatewayState
 from gateway.types import Endpoint, ReplicaId
 from gateway.usage import usage_tokens
@@ -19,13 +15,11 @@ log = logging.getLogger("kvgate.proxy")
 
 
 class Outcome:
-    __slots__ = ("_endpoint", "_meter", "_state")
+    __slots__ = ("_endpoint", "_state")
 
     def __init__(self, state: GatewayState, endpoint: Endpoint) -> None:
         self._state = state
         self._endpoint = endpoint.value
-        meter = state.extras.get("auth")
-        self._meter: AuthMetrics | None = meter if isinstance(meter, AuthMetrics) else None
 
     def finish(self, ex: Exchange, replica: ReplicaId | None) -> None:
         state = self._state
@@ -36,25 +30,10 @@ class Outcome:
         state.metrics.request_done(self._endpoint, replica or "", ex.status, stream, latency, ttfb)
         if request is not None and replica is not None and state.router_finished is not None:
             state.router_finished(request, replica, ex.ok, latency)
-        principal: Principal | None = ex.scope.get(PRINCIPAL_KEY)
-        if principal is not None and self._meter is not None:
-            used_in, _, used_out = usage_tokens(ex.usage)
-            self._meter.record(principal, ex.status, used_in, used_out)
-        ticket: Ticket | None = ex.scope.get(TICKET_KEY)
-        if ticket is not None:
-            if ex.usage is not None:
-                prompt, _, completion = usage_tokens(ex.usage)
-                ticket.settle(prompt, completion, exact=True)
-            elif ex.ok:
-                ticket.settle(None, None)  # answered, usage unknown: the estimate stands
-            elif ex.reached or call.disconnected:
-                # An engine took the prompt (or may have: the client left while it was
-                # sent): its estimate stands; output is what went out (`delivered`).
-                ticket.settle(None, 0)
-            else:
-                # Refused before any engine worked on it (no replica, every connection
-                # refused), though the gateway's own error went out.
-                ticket.settle(0, 0)
+        if meters := state.meters:
+            use = RequestUse(ex.status, ex.ok, ex.reached or call.disconnected, ex.usage)
+            for meter in meters:
+                meter(ex.scope, use)
         observers = state.observers
         if not observers:
             return

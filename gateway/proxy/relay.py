@@ -22,7 +22,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from gateway.auth.limiter import Ticket
 from gateway.errors import GatewayError, stream_error_event
 from gateway.forward import Leg
 from gateway.metrics import GatewayMetrics
@@ -30,7 +29,7 @@ from gateway.proxy.continuation import id_in_json, id_in_stream
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.passthrough import pass_through
 from gateway.proxy.respond import send_error
-from gateway.scope import HEAD_HOLDER_KEY, TICKET_KEY
+from gateway.scope import HEAD_HOLDER_KEY, TICKET_KEY, QuotaCharge
 from gateway.stream_usage import UsageStripper
 from gateway.types import ROUTE_SPECS
 from gateway.upstream import response_headers
@@ -124,7 +123,7 @@ async def relay(
     await send({"type": "http.response.start", "status": status, "headers": out_headers})
     # A quota ticket is charged for output tokens as they go out, past its estimate
     # (gateway.auth.limiter): a stream dropped midway still pays for what it got.
-    ticket: Ticket | None = ex.scope.get(TICKET_KEY)
+    ticket: QuotaCharge | None = ex.scope.get(TICKET_KEY)
     relayed = before = b""  # the last two chunks out: where a failure event continues from
     try:
         while True:

@@ -33,7 +33,7 @@ from gateway.proxy.respond import send_error
 from gateway.request_id import RequestIds
 from gateway.scope import PRINCIPAL_KEY, REQUEST_ID_KEY
 from gateway.state import GatewayState
-from gateway.tracing.context import TRACEPARENT
+from gateway.traceparent import TRACEPARENT
 from gateway.types import Endpoint, ReplicaId
 from gateway.upstream import Timeouts
 

@@ -19,10 +19,9 @@ from typing import Any
 
 from gateway.asgi import Message, Send
 from gateway.errors import GatewayError
+from gateway.hooks import Tiers
 from gateway.proxy.exchange import Exchange, RawHeaders
-from gateway.tiers.ladder import TierDecision
-from gateway.tiers.runtime import TiersRuntime
-from gateway.types import Endpoint
+from gateway.types import Endpoint, TierDecision
 
 TIER_HEADER = b"x-kvgate-tier"
 REASON_HEADER = b"x-kvgate-tier-reason"
@@ -89,7 +88,7 @@ class Held:
 
 async def run_tiered(
     ex: Exchange,
-    tiers: TiersRuntime,
+    tiers: Tiers,
     endpoint: Endpoint,
     route_and_relay: Callable[[Exchange], Awaitable[None]],
     retier: Callable[[Exchange, TierDecision], Exchange],

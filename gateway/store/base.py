@@ -1,10 +1,10 @@
 """The `Store` protocol: state that several gateway instances share.
 
 Methods are domain verbs, not get/set on strings. Reads that sit on a request's path
-(`lookup_session`, `ejections`, `health_reports`, `count_window`) are answered from local
-state whenever possible; an implementation backed by a network service may spend at most
-one pipelined round trip on them, bounded by a short timeout, and must answer from local
-state (never raise) when the service is unavailable. Writes never block a request: they
+(`lookup_session`, `ejections`, `health_reports`) are answered from local state whenever
+possible; an implementation backed by a network service may spend at most one pipelined
+round trip on them, bounded by a short timeout, and must answer from local state (never
+raise) when the service is unavailable. Writes never block a request: they
 are queued and flushed by background tasks.
 
 What is shared, and how stale it may be, is documented on each method and in
@@ -88,9 +88,6 @@ class Store(Protocol):
     async def assign_session(self, session: SessionKey, replica: ReplicaId) -> None:
         """Place (or move) the session on `replica`; the TTL starts again. Never blocks."""
 
-    async def touch_session(self, session: SessionKey) -> None:
-        """Refresh the session's idle TTL without changing its placement."""
-
     async def forget_replica(self, replica: ReplicaId) -> None:
         """The replica left the cluster: drop every session placed on it, everywhere."""
 
@@ -126,14 +123,6 @@ class Store(Protocol):
 
     def subscribe_prefixes(self, sink: PrefixSink) -> None:
         """Call `sink` (on the event loop, synchronously) for placements of other instances."""
-
-    # -- windows --------------------------------------------------------------------------
-    async def count_window(self, key: str, window_s: float, amount: int = 1) -> float:
-        """Add `amount` to the sliding window `key` and return the window's total.
-
-        The total is estimated from two fixed windows (previous one weighted by how much of
-        it still overlaps). Shared totals may lag by one sync interval.
-        """
 
     # -- housekeeping ---------------------------------------------------------------------
     async def sync(self) -> None:

@@ -16,9 +16,9 @@ class StoreSettings(BaseModel):
     """Where shared routing state lives.
 
     `memory` keeps everything in the process (the embedded default, no Redis). `redis`
-    shares session placements, ejections, health verdicts, recent prefix placements and
-    window counters between gateway instances, while each instance keeps a local copy so
-    requests are served when Redis is slow or down.
+    shares session placements, ejections, health verdicts and recent prefix placements
+    between gateway instances, while each instance keeps a local copy so requests are
+    served when Redis is slow or down.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

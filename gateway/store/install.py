@@ -1,7 +1,7 @@
 """Wires the shared store into a gateway app (listed in `gateway.app.FEATURE_INSTALLERS`).
 
 With `store.backend: memory` (the default) the core's in-process placements stay as they
-are and the store only serves features that count windows (`state.extras["store"]`). With
+are and the store is only there for the features that read it (`state.extras["store"]`). With
 `redis` the store becomes the session-placement seam, its sticky replica is honoured by
 `StickyFirst`, ejections are shared both ways with the health monitor, membership removals
 forget sessions, and prefix placements of other instances feed the router's index.

@@ -51,10 +51,6 @@ class StoreKeys:
         """Stream of prefix placements, trimmed to about `prefix_stream_max` entries."""
         return f"{self.prefix}:prefixes"
 
-    def window(self, key: str, index: int) -> str:
-        """Counter of one fixed window; expires two windows after it closed."""
-        return f"{self.prefix}:win:{key}:{index}"
-
     def quota(self, scope: str, kind: str, index: int) -> str:
         """Counter of one quota minute (`scope`: "key:<name>" or "tenant:<name>"); expires
         two minutes after it closed."""

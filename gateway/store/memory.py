@@ -1,8 +1,7 @@
 """MemoryStore: the embedded default. Everything lives in this process, no I/O at all.
 
 It is also the local layer of `RedisStore`, which answers requests from it and replicates
-it in the background, so the two share one implementation of TTLs, LRU bounds and window
-arithmetic.
+it in the background, so the two share one implementation of TTLs and LRU bounds.
 """
 
 from __future__ import annotations
@@ -15,17 +14,13 @@ from types import MappingProxyType
 
 from gateway.store.base import Ejection, HealthReport, PrefixPlacement, PrefixSink, StoreStatus
 from gateway.store.config import StoreSettings
-from gateway.store.windows import sliding_estimate, window_index
 from gateway.types import ReplicaId, SessionKey
 
 Clock = Callable[[], float]
 
-# Idle window keys are swept after this many count_window calls, so the sweep is amortised.
-_WINDOW_SWEEP_EVERY = 1024
-
 
 class MemoryStore:
-    """Single-process `Store`. Session TTLs run on `clock`; ejections and windows on `wall`."""
+    """Single-process `Store`. Session TTLs run on `clock`; ejections and health on `wall`."""
 
     backend = "memory"
 
@@ -46,8 +41,6 @@ class MemoryStore:
         self._sessions: OrderedDict[SessionKey, tuple[ReplicaId, float]] = OrderedDict()
         self._ejections: dict[ReplicaId, Ejection] = {}
         self._health: dict[ReplicaId, HealthReport] = {}
-        self._windows: dict[str, tuple[int, float, float, float]] = {}
-        self._window_calls = 0
         self._sinks: list[PrefixSink] = []
         # Responses chains: answer -> (root, expiry), in last-write order like sessions.
         self._roots: OrderedDict[str, tuple[str, float]] = OrderedDict()
@@ -70,9 +63,6 @@ class MemoryStore:
 
     async def assign_session(self, session: SessionKey, replica: ReplicaId) -> None:
         self.local_assign(session, replica)
-
-    async def touch_session(self, session: SessionKey) -> None:
-        self.local_lookup(session)
 
     async def forget_replica(self, replica: ReplicaId) -> None:
         self.local_forget(replica)
@@ -207,41 +197,6 @@ class MemoryStore:
         """Hand a placement made by another instance to every subscriber."""
         for sink in self._sinks:
             sink(placement)
-
-    # -- windows --------------------------------------------------------------------------
-    async def count_window(self, key: str, window_s: float, amount: int = 1) -> float:
-        return self.local_count(key, window_s, amount)
-
-    def local_count(self, key: str, window_s: float, amount: int = 1) -> float:
-        now = self._wall()
-        index = window_index(now, window_s)
-        previous, current = self._window_counts(key, index)
-        current += amount
-        self._windows[key] = (index, window_s, previous, current)
-        self._window_calls += 1
-        if self._window_calls % _WINDOW_SWEEP_EVERY == 0:
-            self._sweep_windows(now)
-        return sliding_estimate(previous, current, now, window_s)
-
-    def _window_counts(self, key: str, index: int) -> tuple[float, float]:
-        state = self._windows.get(key)
-        if state is None:
-            return 0.0, 0.0
-        at, _, previous, current = state
-        if at == index:
-            return previous, current
-        if at == index - 1:
-            return current, 0.0
-        return 0.0, 0.0
-
-    def _sweep_windows(self, now: float) -> None:
-        idle = [
-            key
-            for key, (index, window_s, _, _) in self._windows.items()
-            if window_index(now, window_s) > index + 1
-        ]
-        for key in idle:
-            del self._windows[key]
 
     def status(self) -> StoreStatus:
         return StoreStatus(self.backend, False, len(self._sessions))

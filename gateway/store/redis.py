@@ -16,8 +16,6 @@ What is shared and how stale it can be (normal operation, `sync_interval_s` = T)
   bytes each), so other instances learn where the leading part of a prefix lives (shared
   system prompts, tool definitions, forked agents), at most about T late; a longer match
   is found by the instance that placed it, and later turns follow the session placement.
-* window counters: local increments are added to Redis every T; the totals read back are
-  at most T (plus one window of trimming) behind what other instances counted.
 
 Request path: `lookup_session` answers from the local copy; on a local miss it spends one
 round trip (GETEX) bounded by `op_timeout_s`. Every other verb only updates local state and
@@ -265,10 +263,6 @@ class RedisStore:
         self.batch.assigned[session] = (replica, previous is not None)
         self._wake.set()
 
-    async def touch_session(self, session: SessionKey) -> None:
-        if self.local.local_lookup(session) is not None:
-            self.batch.touched.add(session)
-
     async def forget_replica(self, replica: ReplicaId) -> None:
         self.local.local_forget(replica)
         self.batch.forgotten.add(replica)
@@ -346,10 +340,6 @@ class RedisStore:
 
     def subscribe_prefixes(self, sink: PrefixSink) -> None:
         self.local.subscribe_prefixes(sink)
-
-    # -- windows --------------------------------------------------------------------------
-    async def count_window(self, key: str, window_s: float, amount: int = 1) -> float:
-        return self.batch.windows.count(key, window_s, amount, self._wall())
 
     # -- background -----------------------------------------------------------------------
     def ttl_ms(self) -> int:

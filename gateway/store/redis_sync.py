@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import math
 from array import array
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -20,7 +19,6 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from gateway.store.base import Ejection, HealthReport, PrefixPlacement
-from gateway.store.windows import sliding_estimate, window_index
 from gateway.types import ReplicaId, SessionKey
 
 if TYPE_CHECKING:
@@ -49,56 +47,6 @@ _SCAN_COUNT = 1000
 
 
 @dataclass
-class WindowLedger:
-    """Local increments not yet in Redis, and the totals Redis last reported."""
-
-    pending: dict[tuple[str, int, float], int] = field(default_factory=lambda: defaultdict(int))
-    shared: dict[str, tuple[int, float, float]] = field(default_factory=dict)
-    active: dict[str, tuple[float, int]] = field(default_factory=dict)
-
-    def count(self, key: str, window_s: float, amount: int, now: float) -> float:
-        index = window_index(now, window_s)
-        self.pending[(key, index, window_s)] += amount
-        self.active[key] = (window_s, index)
-        previous, current = self._shared_at(key, index)
-        previous += self.pending.get((key, index - 1, window_s), 0)
-        current += self.pending[(key, index, window_s)]
-        return sliding_estimate(previous, current, now, window_s)
-
-    def _shared_at(self, key: str, index: int) -> tuple[float, float]:
-        state = self.shared.get(key)
-        if state is None:
-            return 0.0, 0.0
-        at, previous, current = state
-        if at == index:
-            return previous, current
-        if at == index - 1:
-            return current, 0.0
-        return 0.0, 0.0
-
-    def take_pending(self, now: float) -> dict[tuple[str, int, float], int]:
-        taken = {k: v for k, v in self.pending.items() if k[1] >= window_index(now, k[2]) - 1}
-        self.pending.clear()
-        return taken
-
-    def restore(self, taken: dict[tuple[str, int, float], int]) -> None:
-        for k, v in taken.items():
-            self.pending[k] += v
-
-    def to_read(self, now: float) -> list[tuple[str, float, int]]:
-        """Keys used in the current or previous window; older ones are forgotten here."""
-        live: list[tuple[str, float, int]] = []
-        for key, (window_s, last) in list(self.active.items()):
-            index = window_index(now, window_s)
-            if last >= index - 1:
-                live.append((key, window_s, index))
-            else:
-                del self.active[key]
-                self.shared.pop(key, None)
-        return live
-
-
-@dataclass
 class SyncBatch:
     """Writes queued by requests since the last flush."""
 
@@ -109,7 +57,6 @@ class SyncBatch:
     readmitted: set[ReplicaId] = field(default_factory=set)
     health: dict[ReplicaId, HealthReport] = field(default_factory=dict)
     linked: dict[str, str] = field(default_factory=dict)
-    windows: WindowLedger = field(default_factory=WindowLedger)
 
     def take(self) -> SyncBatch:
         taken = SyncBatch(
@@ -182,17 +129,15 @@ async def run_batch(store: RedisStore, *, full: bool) -> None:
     """One flush-and-pull. `full` (after a (re)connect) reconciles every local placement."""
     now = store.local.now_wall()
     batch = store.batch.take()
-    windows = store.batch.windows.take_pending(now)
     prefixes = list(store.prefixes_out)
     store.prefixes_out.clear()
     try:
         if full:
             await store.redis.script_load(RECONCILE_LUA)
             await _reconcile_all(store)
-        await _flush(store, batch, windows, prefixes, now)
+        await _flush(store, batch, prefixes, now)
     except BaseException:
         store.batch.restore(batch)
-        store.batch.windows.restore(windows)
         store.prefixes_out.extendleft(reversed(prefixes))
         raise
     for replica in batch.forgotten:
@@ -216,7 +161,6 @@ async def _reconcile_all(store: RedisStore) -> None:
 async def _flush(
     store: RedisStore,
     batch: SyncBatch,
-    windows: dict[tuple[str, int, float], int],
     prefixes: list[PrefixPlacement],
     now: float,
 ) -> None:
@@ -275,20 +219,6 @@ async def _flush(
                 keys.prefixes(), entry, maxlen=store.settings.prefix_stream_max, approximate=True
             )
         )
-    for (key, index, window_s), amount in windows.items():
-        add(pipe.incrby(keys.window(key, index), amount))
-        # Needed until the next window is over (it is then the "previous" one).
-        add(pipe.pexpire(keys.window(key, index), math.ceil(window_s * 2000)))
-    ledger = store.batch.windows
-    for key, window_s, index in ledger.to_read(now):
-
-        def set_shared(
-            raw: Any, key: str = key, window_s: float = window_s, index: int = index
-        ) -> None:
-            previous, current = (float(v) if v is not None else 0.0 for v in raw)
-            ledger.shared[key] = (index, previous, current)
-
-        add(pipe.mget(keys.window(key, index - 1), keys.window(key, index)), set_shared)
     add(pipe.hgetall(keys.ejections()), lambda raw: _pull_ejections(store, raw, now))
     add(pipe.hgetall(keys.health()), lambda raw: _pull_health(store, raw))
     add(

@@ -16,7 +16,7 @@ from gateway.hashing import CHARS_PER_TOKEN
 from gateway.tiers.classify import Classifier, build_classifier
 from gateway.tiers.config import Tier, TieredModel, TierRule
 from gateway.tiers.features import has_tools, request_text, requested_output, wants_json
-from gateway.types import Endpoint
+from gateway.types import Endpoint, TierDecision
 
 BATCH_CLASSES = frozenset({"batch", "background", "low"})
 
@@ -35,17 +35,6 @@ class TierInput:
     priority_class: str
     hint: str | None = None
     remembered: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class TierDecision:
-    public: str
-    index: int
-    tier: str
-    model: str
-    reason: str  # "hint", "sticky", "rule:<i>", "default", "spill", "escalated:<check>"
-    score: float | None = None
-    sticky_key: str | None = None
 
 
 def tier_input(

@@ -22,9 +22,9 @@ import orjson
 from gateway.hashing import digest_hex
 from gateway.tiers.config import Tier, TiersSettings
 from gateway.tiers.escalate import failed_check
-from gateway.tiers.ladder import Ladder, TierDecision, tier_input
+from gateway.tiers.ladder import Ladder, tier_input
 from gateway.tiers.metrics import TierLedger
-from gateway.types import ClusterView, Endpoint
+from gateway.types import ClusterView, Endpoint, TierDecision
 from gateway.usage import usage_tokens
 
 RawHeaders = Sequence[tuple[bytes, bytes]]
@@ -69,6 +69,33 @@ class TiersRuntime:
 
     def ladder(self, model: str) -> Ladder | None:
         return self.ladders.get(model)
+
+    def entry(
+        self,
+        model: str,
+        endpoint: Endpoint,
+        body: Mapping[str, Any],
+        headers: RawHeaders,
+        *,
+        session: str | None = None,
+        api_key: str | None = None,
+        tenant: str | None = None,
+        priority_class: str | None = None,
+    ) -> TierDecision | None:
+        """The tier a request for `model` enters; None: `model` is no tiered name."""
+        ladder = self.ladders.get(model)
+        if ladder is None:
+            return None
+        return self.decide(
+            ladder,
+            endpoint,
+            body,
+            headers,
+            session=session,
+            api_key=api_key,
+            tenant=tenant,
+            priority_class=priority_class,
+        )
 
     def decide(
         self,

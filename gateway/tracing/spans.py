@@ -41,8 +41,8 @@ from opentelemetry.trace import (
 )
 
 from gateway.errors import ConfigError
+from gateway.traceparent import TRACEPARENT, TRACESTATE, parse
 from gateway.tracing.config import TracingSettings
-from gateway.tracing.context import TRACEPARENT, TRACESTATE, parse
 
 RawHeaders = list[tuple[bytes, bytes]]
 DEFAULT_SERVICE_NAME = "kvgate"

@@ -97,20 +97,6 @@ async def test_prefix_placements_reach_other_instances(
     assert (seen[0].model, seen[0].replica, seen[0].origin) == ("m", R1, a.instance_id)
 
 
-async def test_windows_add_up_across_instances(
-    make_store: MakeStore, redis_server: RedisServer
-) -> None:
-    a, b = await make_store(redis_server), await make_store(redis_server)
-    for _ in range(3):
-        await a.count_window("tenant", 60)
-        await b.count_window("tenant", 60)
-    await a.sync()
-    await b.sync()
-    await a.sync()
-    assert await a.count_window("tenant", 60, 0) >= 6
-    assert await b.count_window("tenant", 60, 0) >= 6
-
-
 async def test_ejections_shared_both_ways(make_store: MakeStore, redis_server: RedisServer) -> None:
     a, b = await make_store(redis_server), await make_store(redis_server)
     await a.eject_replica(R1, 30, "refused")
@@ -153,7 +139,6 @@ async def test_keys_expire_as_configured_and_stay_bounded(
     for i in range(200):
         await store.assign_session(SessionKey(f"s{i}"), R1)
         store.publish_prefix(PrefixPlacement("m", R1, (i, i + 1)))
-        await store.count_window(f"tenant{i % 5}", 0.2)
     await store.eject_replica(R2, 0.5)
     await store.sync()
     client = redis_server.client()
@@ -165,7 +150,6 @@ async def test_keys_expire_as_configured_and_stay_bounded(
         await asyncio.sleep(1.2)
         await store.sync()
         assert list(client.scan_iter(match=f"{prefix}:sess:*")) == []
-        assert list(client.scan_iter(match=f"{prefix}:win:*")) == []
         # What remains: the trimmed stream and small per-replica hashes, nothing per session.
         remaining = list(client.scan_iter(match=f"{prefix}:*"))
         assert len(remaining) <= 3, remaining

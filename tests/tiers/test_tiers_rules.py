@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from gateway.hooks import Tiers
 from gateway.testing.views import ViewBuilder
 from gateway.tiers.config import TieredModel, TiersSettings
 from gateway.tiers.ladder import Ladder, TierInput, tier_input
@@ -185,3 +186,14 @@ def test_lru_bound() -> None:
 def test_tier_input_reads_no_more_than_it_needs() -> None:
     x = tier_input(Endpoint.CHAT, chat(tools=[{"type": "function"}], max_completion_tokens=7))
     assert x == TierInput(Endpoint.CHAT, 0, 7, True, False, None, None, "default")
+
+
+def test_entry_is_the_request_paths_one_question() -> None:
+    """`entry` (the `gateway.hooks.Tiers` inbound asks): a tiered name's decision, as
+    `decide` makes it, and None for a name no ladder serves."""
+    rt = runtime(view_with({}))
+    body = chat(messages=[{"role": "user", "content": "a"}])
+    tiers: Tiers = rt  # what state.tiers is typed as
+    entered = tiers.entry("auto", Endpoint.CHAT, body, [])
+    assert entered == rt.decide(rt.ladders["auto"], Endpoint.CHAT, body, [])
+    assert tiers.entry("small", Endpoint.CHAT, body, []) is None

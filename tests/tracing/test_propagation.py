@@ -10,7 +10,7 @@ import pytest
 from gateway.sim.faults import FaultConfig
 from gateway.sim.server import SimEngine
 from gateway.testing.servers import RunningGateway, gateway, sim_engines
-from gateway.tracing.context import parse
+from gateway.traceparent import parse
 
 MODEL = "kvgate-sim"
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"

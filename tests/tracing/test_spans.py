@@ -19,7 +19,7 @@ from gateway.sim.faults import FaultConfig
 from gateway.sim.profiles import PROFILES
 from gateway.sim.server import SimEngine
 from gateway.testing.servers import RunningGateway, gateway, sim_engines
-from gateway.tracing.context import parse
+from gateway.traceparent import parse
 from gateway.tracing.spans import Tracing
 
 MODEL = "kvgate-sim"

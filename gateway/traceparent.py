@@ -1,5 +1,8 @@
 """W3C Trace Context (`traceparent`), the pure part: parse, and make the header an engine gets.
 
+Wire vocabulary on the ground floor: the inbound stage propagates the header with or without
+spans, and gateway.tracing builds its spans on it; neither imports the other.
+
 `traceparent: 00-<trace id, 32 hex>-<parent id, 16 hex>-<flags, 2 hex>`. The gateway is a
 hop of the trace: it keeps the caller's trace id and flags and puts its own span id in the
 parent field, so the engine's spans hang under the gateway's. A request without a valid

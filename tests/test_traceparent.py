@@ -1,10 +1,10 @@
-"""W3C traceparent: parsing and the header the next hop gets (gateway.tracing.context)."""
+"""W3C traceparent: parsing and the header the next hop gets (gateway.traceparent)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.tracing.context import child, new_span_id, parse
+from gateway.traceparent import child, new_span_id, parse
 
 TRACE = b"4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = b"00f067aa0ba902b7"
