@@ -14,6 +14,10 @@ profile), a redis-server on a free port, `--gateways` `kvgate serve` processes s
   requests (must be 0);
 * Redis operations per request (INFO commandstats delta under load, minus the idle rate).
 
+With `--py-spy BIN`, each gateway is profiled over the idle window (py-spy's raw collapsed
+stacks, one file per gateway, in the printed `profiles` directory); the profiler's own CPU
+then shares the host, so take the idle figures of such a run as a profile's, not a row's.
+
     python loadtests/bench_fleet.py                          # 1,000 replicas, 4 gateways
     python loadtests/bench_fleet.py --replicas 200 --gateways 1 --conversations 200000
 """
@@ -166,6 +170,25 @@ class Gateway:
                 self.p.kill()
 
 
+def spy(binary: str, g: Gateway, out: Path, seconds: float) -> subprocess.Popen[bytes]:
+    """py-spy over one gateway for `seconds`: collapsed stacks in `out`/<gateway>.txt."""
+    return subprocess.Popen(
+        [binary, "record", "--pid", str(g.p.pid), "--duration", str(max(1, int(seconds)))]
+        + [
+            "--rate",
+            "200",
+            "--nonblocking",
+            "--format",
+            "raw",
+            "-o",
+            str(out / f"{g.path.stem}.txt"),
+        ]
+        + ["--full-filenames"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 def commandstats(port: int) -> int:
     import redis
 
@@ -267,6 +290,7 @@ def main() -> int:
     ap.add_argument("--conversations", type=int, default=1_000_000)
     ap.add_argument("--decisions", type=int, default=2000)
     ap.add_argument("--code", default=str(ROOT), help="checkout the processes run (before/after)")
+    ap.add_argument("--py-spy", default="", help="py-spy binary: profile each gateway while idle")
     a = ap.parse_args()
     CODE[0] = a.code
     binary = shutil.which("redis-server")
@@ -293,7 +317,12 @@ def main() -> int:
         time.sleep(a.settle_s)
         cpu0 = [cpu_seconds(g.p.pid) or 0.0 for g in gateways]
         m0, ops0, t0 = machine_cpu(), commandstats(rport), time.perf_counter()
+        spies = [spy(a.py_spy, g, tmp, a.idle_s) for g in gateways] if a.py_spy else []
         time.sleep(a.idle_s)
+        for s in spies:
+            s.wait()
+        if spies:
+            rows["profiles"] = str(tmp)
         elapsed = time.perf_counter() - t0
         cpu = [((cpu_seconds(g.p.pid) or 0.0) - c) / elapsed * 100 for g, c in zip(gateways, cpu0)]
         m1 = machine_cpu()
