@@ -13,7 +13,9 @@ scrape).
 
 The lease holder writes each scraped load, stamped with its wall-clock time, to one hash;
 the others read the loads of the engines they do not hold from it once per scrape interval
-and age them by that stamp (gateways' clocks are assumed to agree to well under
+(once per lease round while every load this gateway holds is quiet and it sends no engine
+a request: a quiet engine's holder reads it every `scrape.idle_interval_s`) and age them by
+that stamp (gateways' clocks are assumed to agree to well under
 `scrape.stale_after_s`). One pipeline per round carries every lease, write and read, and
 every key carries the hash tag `{scrape}`, so on a Redis Cluster that pipeline is one
 round trip to one node and the lease script finds all its keys in one slot.
@@ -66,6 +68,7 @@ return out
 
 # The lease round runs this many times per lease TTL: a holder renews twice before expiry.
 LEASE_ROUNDS_PER_TTL = 3
+LEASE_SLACK = 0.05  # of a lease period
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +154,9 @@ class ScrapeShare:
         self._preferred_for: tuple[str, ...] = ()
         self._last_lease = -float("inf")
         self._outbox: dict[ReplicaId, bytes] = {}
-        self._seen: dict[ReplicaId, float] = {}  # stamp of the last shared load taken in
+        # The entry last taken in per engine: an unchanged one is not decoded again (most
+        # rounds, as a quiet engine's holder writes it once per scrape.idle_interval_s).
+        self._seen: dict[ReplicaId, bytes] = {}
         self._gone: set[ReplicaId] = set()
         self.rounds = 0
         self.failures = 0
@@ -181,6 +186,17 @@ class ScrapeShare:
         self._seen.pop(replica, None)
         self._gone.add(replica)
 
+    @property
+    def lease_period_s(self) -> float:
+        """Seconds between two lease rounds."""
+        return self.lease_ttl_s / LEASE_ROUNDS_PER_TTL
+
+    def lease_due(self) -> bool:
+        # A round woken a hair early by its timer still renews (else the next renewal
+        # would come a whole period later, close to the leases' expiry).
+        period = self.lease_period_s
+        return self._clock() - self._last_lease >= period * (1 - LEASE_SLACK)
+
     def _modes(self, replicas: Sequence[ReplicaId]) -> list[str]:
         if self._preferred_for != self._members:
             self._preferred.clear()
@@ -205,10 +221,7 @@ class ScrapeShare:
             return {}
         now = self._wall()
         ttl_ms = int(self.lease_ttl_s * 1000)
-        lease_round = (
-            self._owned is None
-            or self._clock() - self._last_lease >= self.lease_ttl_s / LEASE_ROUNDS_PER_TTL
-        )
+        lease_round = self._owned is None or self.lease_due()
         others = [r for r in replicas if self._owned is not None and r not in self._owned]
         outbox, self._outbox = self._outbox, {}
         gone, self._gone = self._gone, set()
@@ -254,13 +267,14 @@ class ScrapeShare:
     ) -> dict[ReplicaId, tuple[EngineLoad, EngineKind | None]]:
         out: dict[ReplicaId, tuple[EngineLoad, EngineKind | None]] = {}
         wall_now, clock_now = self._wall(), self._clock()
+        seen = self._seen
         for replica, raw in zip(replicas, raws):
-            if raw is None:
-                continue
-            shared = decode(raw)
-            if shared is None or self._seen.get(replica) == shared.at:
+            if raw is None or seen.get(replica) == raw:
                 continue  # nothing new since the last round
-            self._seen[replica] = shared.at
+            seen[replica] = raw
+            shared = decode(raw)
+            if shared is None:
+                continue
             out[replica] = (shared.aged(wall_now, clock_now), shared.kind)
         return out
 
