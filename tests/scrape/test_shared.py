@@ -201,3 +201,33 @@ async def test_an_unchanged_entry_is_not_decoded_again(client: Redis, key_prefix
         assert calls == len(theirs)  # the same bytes: not decoded again
     finally:
         shared_module.decode = real  # type: ignore[assignment]
+
+
+async def evals(client: Redis) -> int:
+    stats = await client.info("commandstats")
+    return int(stats.get("cmdstat_eval", {}).get("calls", 0))
+
+
+async def test_membership_rounds_run_the_lease_script_only_when_something_changed(
+    client: Redis, key_prefix: str
+) -> None:
+    ttl = 0.6
+    a, b = share(client, key_prefix, "a", ttl), share(client, key_prefix, "b", ttl)
+    await settle([a, b])
+    before, owned = await evals(client), (a.owned, b.owned)
+    await settle([a, b], rounds=5)  # ten membership rounds, nothing changed
+    assert await evals(client) == before  # was one script over every engine per round
+    assert (a.owned, b.owned) == owned
+    # The leases outlive many membership rounds and are renewed well before they end.
+    pttl = await client.pttl(a.keys.scrape_lease(min(owned[0] or REPLICAS)))
+    assert a.hold_s * 1000 * 0.5 < pttl <= a.hold_s * 1000
+    a._last_claim -= a.hold_s / 3
+    await settle([a], rounds=1)
+    assert await evals(client) == before + 1
+    # A new member: every gateway runs it in the round that sees it, and the work is split
+    # three ways.
+    c = share(client, key_prefix, "c", ttl)
+    await settle([c, a, b], rounds=2)
+    owners = [s.owned or frozenset() for s in (a, b, c)]
+    assert all(owners) and sum(len(o) for o in owners) == len(REPLICAS)
+    assert owners[0] | owners[1] | owners[2] == set(REPLICAS)
