@@ -104,7 +104,7 @@ def start_sims(replicas: int, per_process: int) -> tuple[list[subprocess.Popen[s
     return procs, urls
 
 
-def config(urls: list[str], redis_url: str, port: int, interval: float) -> str:
+def config(urls: list[str], redis_url: str, port: int, interval: float, prefix: str) -> str:
     replicas = [{"id": f"r{i}", "url": u, "models": [MODEL]} for i, u in enumerate(urls)]
     cfg = {
         "server": {"port": port, "log_level": "warning"},
@@ -112,13 +112,16 @@ def config(urls: list[str], redis_url: str, port: int, interval: float) -> str:
         "models": {"discover": False},
         "health": {"interval_s": 2.0},
         "scrape": {"interval_s": interval},
-        "store": {"backend": "redis", "url": redis_url, "key_prefix": "fleet"},
+        "store": {"backend": "redis", "url": redis_url, "key_prefix": prefix},
     }
     return json.dumps(cfg)  # JSON is YAML
 
 
 class Gateway:
-    def __init__(self, cfg_dir: Path, name: str, urls: list[str], redis_url: str, a: Any) -> None:
+    def __init__(
+        self, cfg_dir: Path, name: str, urls: list[str], redis_url: str, a: Any, prefix: str
+    ) -> None:
+        self.prefix = prefix
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.path = cfg_dir / f"{name}.yaml"
@@ -135,7 +138,7 @@ class Gateway:
         )
 
     def write(self, urls: list[str]) -> None:
-        self.path.write_text(config(urls, self.redis_url, self.port, self.interval))
+        self.path.write_text(config(urls, self.redis_url, self.port, self.interval, self.prefix))
 
     def ready_s(self) -> float:
         wait_ready(self.url + "/ready", timeout=300)
@@ -309,9 +312,13 @@ def main() -> int:
     try:
         sims, urls = start_sims(a.replicas + a.reload, a.per_process)
         serving, spare = urls[: a.replicas], urls[a.replicas :]
-        base = Gateway(tmp, "base", serving[:10], redis_url, a)
+        # The memory baseline shares no scraping with the fleet's gateways: as a member of
+        # theirs it would be preferred for replicas it does not know, which nobody scraped.
+        base = Gateway(tmp, "base", serving[:10], redis_url, a, "fleet-base")
         base.ready_s()
-        gateways = [Gateway(tmp, f"gw{i}", serving, redis_url, a) for i in range(a.gateways)]
+        gateways = [
+            Gateway(tmp, f"gw{i}", serving, redis_url, a, "fleet") for i in range(a.gateways)
+        ]
         rows["ready_s"] = [round(g.ready_s(), 1) for g in gateways]
         rows["all_loads_fresh_s"] = [round(g.fresh_s(a.replicas), 1) for g in gateways]
         time.sleep(a.settle_s)
