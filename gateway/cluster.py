@@ -49,14 +49,18 @@ class Cluster:
         # Queued prefill and measured prefill speed per replica, fed by the proxy at
         # dispatch and first token; every view carries it (gateway.prefill_meter).
         self.prefill = PrefillMeter()
-        # Told when a replica with nothing in flight gets a request (the scraper reads a
-        # quiet replica less often and wakes up for this).
-        self.on_busy: Callable[[ReplicaId], None] | None = None
+        # Told when a replica with nothing in flight gets a request (the scraper and the
+        # health probes read a quiet replica less often and wake up for this).
+        self._busy_listeners: list[Callable[[ReplicaId], None]] = []
         self.set_members(replicas)
 
     # -- membership ---------------------------------------------------------------------
     def on_membership_change(self, listener: MembershipListener) -> None:
         self._listeners.append(listener)
+
+    def on_busy(self, listener: Callable[[ReplicaId], None]) -> None:
+        """`listener(replica)` runs when a replica with nothing in flight gets a request."""
+        self._busy_listeners.append(listener)
 
     def set_members(self, replicas: Iterable[ReplicaState]) -> None:
         """Replace the replica set (ids kept keep their health, load and counters)."""
@@ -119,8 +123,9 @@ class Cluster:
     def acquire(self, replica: ReplicaId) -> None:
         before = self._in_flight.get(replica, 0)
         self._in_flight[replica] = before + 1
-        if not before and self.on_busy is not None:
-            self.on_busy(replica)
+        if not before:
+            for listener in self._busy_listeners:
+                listener(replica)
 
     def release(self, replica: ReplicaId) -> None:
         left = self._in_flight[replica] - 1
@@ -130,6 +135,10 @@ class Cluster:
             del self._in_flight[replica]
 
     # -- readers ------------------------------------------------------------------------
+    def load_of(self, replica: ReplicaId) -> EngineLoad | None:
+        """The replica's latest engine load as published (None: none yet, or unknown)."""
+        return self._loads.get(replica)
+
     def is_healthy(self, replica: ReplicaId) -> bool:
         return self._healthy.get(replica, False)
 

@@ -354,6 +354,16 @@ class HealthSettings(Section):
     enabled: bool = Field(True, description="actively probe each replica")
     path: str = Field("/health", description="probe path")
     interval_s: float = Field(2.0, gt=0, description="seconds between probes")
+    idle_interval_s: float = Field(
+        5.0,
+        gt=0,
+        description="seconds between probes of a quiet replica: healthy, its last probe "
+        "passed, its engine load says nothing runs or waits (read at scrape.idle_interval_s) "
+        "and this gateway sent it no request within this time. A request to it probes it at "
+        "once (at most every interval_s) and a failed probe restores interval_s, so a quiet "
+        "engine whose core died is out within idle_interval_s + (failure_threshold - 1) * "
+        "interval_s. At or below interval_s every replica is probed at one rate",
+    )
     timeout_s: float = Field(1.0, gt=0, description="probe timeout")
     failure_threshold: int = Field(3, ge=1, description="consecutive failures that eject")
     success_threshold: int = Field(2, ge=1, description="half-open successes that re-admit")

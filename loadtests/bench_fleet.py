@@ -14,6 +14,10 @@ profile), a redis-server on a free port, `--gateways` `kvgate serve` processes s
   requests (must be 0);
 * Redis operations per request (INFO commandstats delta under load, minus the idle rate).
 
+With `--py-spy BIN`, each gateway is profiled over the idle window (py-spy's raw collapsed
+stacks, one file per gateway, in the printed `profiles` directory); the profiler's own CPU
+then shares the host, so take the idle figures of such a run as a profile's, not a row's.
+
     python loadtests/bench_fleet.py                          # 1,000 replicas, 4 gateways
     python loadtests/bench_fleet.py --replicas 200 --gateways 1 --conversations 200000
 """
@@ -100,7 +104,7 @@ def start_sims(replicas: int, per_process: int) -> tuple[list[subprocess.Popen[s
     return procs, urls
 
 
-def config(urls: list[str], redis_url: str, port: int, interval: float) -> str:
+def config(urls: list[str], redis_url: str, port: int, interval: float, prefix: str) -> str:
     replicas = [{"id": f"r{i}", "url": u, "models": [MODEL]} for i, u in enumerate(urls)]
     cfg = {
         "server": {"port": port, "log_level": "warning"},
@@ -108,13 +112,16 @@ def config(urls: list[str], redis_url: str, port: int, interval: float) -> str:
         "models": {"discover": False},
         "health": {"interval_s": 2.0},
         "scrape": {"interval_s": interval},
-        "store": {"backend": "redis", "url": redis_url, "key_prefix": "fleet"},
+        "store": {"backend": "redis", "url": redis_url, "key_prefix": prefix},
     }
     return json.dumps(cfg)  # JSON is YAML
 
 
 class Gateway:
-    def __init__(self, cfg_dir: Path, name: str, urls: list[str], redis_url: str, a: Any) -> None:
+    def __init__(
+        self, cfg_dir: Path, name: str, urls: list[str], redis_url: str, a: Any, prefix: str
+    ) -> None:
+        self.prefix = prefix
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.path = cfg_dir / f"{name}.yaml"
@@ -131,7 +138,7 @@ class Gateway:
         )
 
     def write(self, urls: list[str]) -> None:
-        self.path.write_text(config(urls, self.redis_url, self.port, self.interval))
+        self.path.write_text(config(urls, self.redis_url, self.port, self.interval, self.prefix))
 
     def ready_s(self) -> float:
         wait_ready(self.url + "/ready", timeout=300)
@@ -164,6 +171,25 @@ class Gateway:
                 self.p.wait(15)
             except subprocess.TimeoutExpired:
                 self.p.kill()
+
+
+def spy(binary: str, g: Gateway, out: Path, seconds: float) -> subprocess.Popen[bytes]:
+    """py-spy over one gateway for `seconds`: collapsed stacks in `out`/<gateway>.txt."""
+    return subprocess.Popen(
+        [binary, "record", "--pid", str(g.p.pid), "--duration", str(max(1, int(seconds)))]
+        + [
+            "--rate",
+            "200",
+            "--nonblocking",
+            "--format",
+            "raw",
+            "-o",
+            str(out / f"{g.path.stem}.txt"),
+        ]
+        + ["--full-filenames"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def commandstats(port: int) -> int:
@@ -267,6 +293,7 @@ def main() -> int:
     ap.add_argument("--conversations", type=int, default=1_000_000)
     ap.add_argument("--decisions", type=int, default=2000)
     ap.add_argument("--code", default=str(ROOT), help="checkout the processes run (before/after)")
+    ap.add_argument("--py-spy", default="", help="py-spy binary: profile each gateway while idle")
     a = ap.parse_args()
     CODE[0] = a.code
     binary = shutil.which("redis-server")
@@ -285,15 +312,24 @@ def main() -> int:
     try:
         sims, urls = start_sims(a.replicas + a.reload, a.per_process)
         serving, spare = urls[: a.replicas], urls[a.replicas :]
-        base = Gateway(tmp, "base", serving[:10], redis_url, a)
+        # The memory baseline shares no scraping with the fleet's gateways: as a member of
+        # theirs it would be preferred for replicas it does not know, which nobody scraped.
+        base = Gateway(tmp, "base", serving[:10], redis_url, a, "fleet-base")
         base.ready_s()
-        gateways = [Gateway(tmp, f"gw{i}", serving, redis_url, a) for i in range(a.gateways)]
+        gateways = [
+            Gateway(tmp, f"gw{i}", serving, redis_url, a, "fleet") for i in range(a.gateways)
+        ]
         rows["ready_s"] = [round(g.ready_s(), 1) for g in gateways]
         rows["all_loads_fresh_s"] = [round(g.fresh_s(a.replicas), 1) for g in gateways]
         time.sleep(a.settle_s)
         cpu0 = [cpu_seconds(g.p.pid) or 0.0 for g in gateways]
         m0, ops0, t0 = machine_cpu(), commandstats(rport), time.perf_counter()
+        spies = [spy(a.py_spy, g, tmp, a.idle_s) for g in gateways] if a.py_spy else []
         time.sleep(a.idle_s)
+        for s in spies:
+            s.wait()
+        if spies:
+            rows["profiles"] = str(tmp)
         elapsed = time.perf_counter() - t0
         cpu = [((cpu_seconds(g.p.pid) or 0.0) - c) / elapsed * 100 for g, c in zip(gateways, cpu0)]
         m1 = machine_cpu()

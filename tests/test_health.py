@@ -1,18 +1,24 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
+import pytest
 
 from gateway.cluster import Cluster
 from gateway.errors import UpstreamConnectError
 from gateway.health import Health, HealthMonitor
 from gateway.settings import HealthSettings
 from gateway.sim.faults import FaultConfig
+from gateway.sim.server import SimEngine
 from gateway.testing.clock import FakeClock
 from gateway.testing.servers import gateway, sim_engines
-from gateway.types import ReplicaId, ReplicaState
+from gateway.types import EngineLoad, ReplicaId, ReplicaState
 from gateway.upstream import Timeouts, make_client
+from tests.store.conftest import RedisServer, key_prefix, redis_server
+
+__all__ = ["key_prefix", "redis_server"]  # fixtures of the real redis-server
 
 R = ReplicaId("r0")
 
@@ -135,3 +141,128 @@ async def test_session_moves_off_a_down_replica_and_stays_moved() -> None:
             assert gw.state.cluster.is_healthy(ReplicaId(home))
             # Its cache is now where it moved: the session does not go back.
             assert await served() == away
+
+
+def quiet_load(clock: FakeClock) -> EngineLoad:
+    """A load as the scraper writes it for a replica with nothing running or waiting."""
+    return EngineLoad(waiting=0, running=0, scraped_at=clock(), grace_s=4.75)
+
+
+async def test_a_quiet_replica_is_probed_every_idle_interval_and_a_busy_one_every_interval() -> (
+    None
+):
+    async with sim_engines(1, "instant") as engines:
+        clock = FakeClock()
+        m = monitor(clock, engines[0].url, interval_s=2.0, idle_interval_s=5.0)
+        try:
+            assert m.due(clock()) == [R]  # never probed
+            assert await m.probe(R)
+            # No load yet (no scraper, or not read yet): the busy rate.
+            clock.advance(2.0)
+            assert m.due(clock()) == [R]
+            assert await m.probe(R)
+            m.cluster.publish_load(R, quiet_load(clock))
+            clock.advance(2.0)
+            assert m.quiet(R, clock()) and m.due(clock()) == []
+            clock.advance(2.4)
+            # Rounds run every second (half the interval): due from half a round before.
+            assert m.due(clock()) == []
+            clock.advance(0.1)
+            assert m.due(clock()) == [R]
+            assert await m.probe(R)
+            # A busy load (or a stale quiet one) is probed every interval.
+            m.cluster.publish_load(R, EngineLoad(waiting=1, running=2, scraped_at=clock()))
+            clock.advance(2.0)
+            assert not m.quiet(R, clock()) and m.due(clock()) == [R]
+            m.cluster.publish_load(R, quiet_load(clock))
+            clock.advance(7.0)  # past stale_after + grace: unknown load
+            assert not m.quiet(R, clock())
+            # A failed probe brings the busy rate back until a probe passes.
+            m.cluster.publish_load(R, quiet_load(clock))
+            await engines[0].set_faults(FaultConfig(unhealthy=True))
+            assert not await m.probe(R)
+            assert not m.quiet(R, clock())
+            clock.advance(2.0)
+            assert m.due(clock()) == [R]
+            await engines[0].set_faults(FaultConfig())
+            assert await m.probe(R)
+            m.cluster.publish_load(R, quiet_load(clock))
+            assert m.quiet(R, clock())
+            # A request from this gateway: busy for the idle interval after it began.
+            m.cluster.acquire(R)
+            assert not m.quiet(R, clock())
+            m.cluster.release(R)
+            clock.advance(4.9)
+            m.cluster.publish_load(R, quiet_load(clock))
+            assert not m.quiet(R, clock())
+            clock.advance(0.1)
+            assert m.quiet(R, clock())
+            # One rate when the idle interval is not longer.
+            one = monitor(clock, engines[0].url, interval_s=2.0, idle_interval_s=2.0)
+            one.cluster.publish_load(R, quiet_load(clock))
+            assert not one.quiet(R, clock())
+            await one.client.aclose()
+        finally:
+            await m.client.aclose()
+
+
+async def probes_over(engines: list[SimEngine], seconds: float) -> list[int]:
+    before = [e.health_requests for e in engines]
+    await asyncio.sleep(seconds)
+    return [e.health_requests - b for e, b in zip(engines, before)]
+
+
+async def test_a_gateway_probes_idle_engines_slowly_and_wakes_on_a_request() -> None:
+    health = {"interval_s": 0.1, "idle_interval_s": 0.6, "timeout_s": 0.5}
+    scrape = {"interval_s": 0.05, "idle_interval_s": 0.5, "stale_after_s": 0.5}
+    async with (
+        sim_engines(2, "instant") as engines,
+        gateway(engines, health=health, scrape=scrape, models={"discover": False}) as gw,
+        httpx.AsyncClient(base_url=gw.url) as http,
+    ):
+        await asyncio.sleep(1.0)  # past the first reads: both engines quiet
+        idle = await probes_over(engines, 2.4)
+        # 2.4 s at the busy rate would be 24 probes each; at the quiet one 4.
+        assert all(2 <= n <= 7 for n in idle), idle
+        before = [e.health_requests for e in engines]
+        r = await http.post(
+            "/v1/chat/completions",
+            json={"model": "kvgate-sim", "messages": [{"role": "user", "content": "x"}]},
+        )
+        assert r.status_code == 200
+        served = int(r.headers["x-kvgate-replica"].removeprefix("e"))
+        await asyncio.sleep(0.05)
+        # The request woke the probe of the engine it went to.
+        assert engines[served].health_requests > before[served]
+        # And it is probed at the busy rate for the idle interval after the request.
+        busy = await probes_over(engines, 0.5)
+        assert busy[served] >= 3, busy
+
+
+@pytest.mark.redis
+async def test_a_quiet_engine_whose_core_died_is_taken_out_by_every_gateway(
+    redis_server: RedisServer, key_prefix: str
+) -> None:
+    """/health 503 while /metrics still answers, and no traffic: out within the idle
+    interval plus (failure_threshold - 1) probe intervals, on both gateways of a store."""
+    health = {"interval_s": 0.2, "idle_interval_s": 1.0, "timeout_s": 0.5, "failure_threshold": 3}
+    scrape = {"interval_s": 0.05, "idle_interval_s": 0.5, "stale_after_s": 0.5}
+    store = {"backend": "redis", "url": redis_server.url, "key_prefix": key_prefix}
+    async with (
+        sim_engines(3, "instant") as engines,
+        gateway(engines, health=health, scrape=scrape, store=store) as a,
+        gateway(engines, health=health, scrape=scrape, store=store) as b,
+    ):
+        await asyncio.sleep(1.5)  # quiet: probed every second
+        assert all(g.state.health.quiet(ReplicaId("e0"), g.state.cluster.clock()) for g in (a, b))
+        await engines[0].set_faults(FaultConfig(unhealthy=True, error=500))
+        died = time.monotonic()
+        out: dict[int, float] = {}
+        while len(out) < 2 and time.monotonic() - died < 5.0:
+            for i, g in enumerate((a, b)):
+                if i not in out and not g.state.cluster.is_healthy(ReplicaId("e0")):
+                    out[i] = time.monotonic() - died
+            await asyncio.sleep(0.01)
+        # 1.0 + 2 * 0.2 s, plus a round's slack and the probes' own time on a busy host.
+        assert len(out) == 2 and max(out.values()) < 2.2, out
+        assert all(g.state.cluster.is_healthy(ReplicaId(f"e{i}")) for g in (a, b) for i in (1, 2))

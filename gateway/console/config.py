@@ -19,6 +19,16 @@ class ConsoleSettings(BaseModel):
     sample_interval_s: float = Field(
         default=2.0, gt=0, le=60, description="seconds between two history samples"
     )
+    idle_sample_interval_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        description="seconds between two history samples while idle: nobody read the "
+        "console or its JSON within watch_idle_s and no request began since the last "
+        "sample (a sample reads every series of the gateway: over hundreds of replicas, a "
+        "share of an idle gateway's CPU). The first request or read samples at "
+        "sample_interval_s again",
+    )
     history_s: float = Field(
         default=900.0, gt=0, le=86400, description="how much history the gateway keeps in memory"
     )

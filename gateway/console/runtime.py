@@ -50,6 +50,7 @@ class ConsoleRuntime:
             measurements,
             watch,
             interval_s=settings.sample_interval_s,
+            idle_interval_s=settings.idle_sample_interval_s,
             history_s=settings.history_s,
             live_session_s=settings.live_session_s,
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -60,6 +61,7 @@ class Sampler:
         watch: Watch,
         *,
         interval_s: float,
+        idle_interval_s: float | None = None,
         history_s: float,
         live_session_s: float,
         clock: Callable[[], float] = time.time,
@@ -68,6 +70,13 @@ class Sampler:
         self.measurements = measurements
         self.watch = watch
         self.interval_s = interval_s
+        # While idle (nobody reads the console, no request began): one sample this often.
+        self.idle_interval_s = max(interval_s, idle_interval_s or interval_s)
+        self._history_s = history_s
+        self._active = False  # a request began since the last sample
+        self._last_sample = -math.inf
+        self.samples_taken = 0
+        fleet.cluster.on_busy(self._request_began)
         self._live_session_s = live_session_s
         self._clock = clock
         self._history: deque[tuple[float, bytes]] = deque(
@@ -97,13 +106,33 @@ class Sampler:
         while True:
             await asyncio.sleep(self.interval_s)
             try:
-                self.sample_once()
+                if self.due():
+                    self.sample_once()
             except Exception:  # the sampler must outlive one bad round; say so
                 log.exception("console sample failed")
+
+    def _request_began(self, _replica: str) -> None:
+        self._active = True
+
+    def idle(self) -> bool:
+        """Nobody reads the console, no request began since the last sample, none runs."""
+        if self._active or self.watch.read_recently:
+            return False
+        return not any(self.fleet.cluster.in_flight.values())
+
+    def due(self) -> bool:
+        """Whether the sampler's tick (every `interval_s`) takes a sample."""
+        if not self.idle():
+            return True
+        # Half a tick early counts: ticks drift by the time a sample takes.
+        return self._clock() - self._last_sample >= self.idle_interval_s - self.interval_s / 2
 
     # -- sampling ---------------------------------------------------------------------
     def sample_once(self) -> dict[str, Any]:
         now = self._clock()
+        self._active = False
+        self._last_sample = now
+        self.samples_taken += 1
         self.watch.tick()
         self.series = series = read_series(self.fleet.registry)
         totals = self._totals(series)
@@ -116,7 +145,10 @@ class Sampler:
             window.popleft()
         self.error_shares = error_shares(window)
         sample = self._sample(now, series, rates)
-        self._history.append((now, orjson.dumps(sample, option=orjson.OPT_NON_STR_KEYS)))
+        history = self._history
+        history.append((now, orjson.dumps(sample, option=orjson.OPT_NON_STR_KEYS)))
+        while history[0][0] < now - self._history_s:  # idle samples are sparser
+            history.popleft()
         self.measurements.forget(list(self.fleet.cluster.in_flight))
         return sample
 

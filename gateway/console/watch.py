@@ -41,6 +41,12 @@ class Watch:
     def measuring(self) -> bool:
         return self._observer in self._observers
 
+    @property
+    def read_recently(self) -> bool:
+        """Whether the console or its JSON was read within `idle_s`."""
+        last = self._last_read
+        return last is not None and self._clock() - last < self._idle_s
+
     def touch(self) -> None:
         """An admin read: start measuring (in `watched` mode) and push back the idle end."""
         self._last_read = self._clock()

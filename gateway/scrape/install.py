@@ -75,6 +75,6 @@ def install(state: GatewayState) -> None:
         share=shared_scraping(state, settings),
         in_flight=cluster.in_flight,
     )
-    cluster.on_busy = scraper.wake
+    cluster.on_busy(scraper.wake)
     state.services.append(scraper)
     state.extras["scrape"] = scraper

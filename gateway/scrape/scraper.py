@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -111,6 +112,9 @@ class MetricsScraper:
         # with any is never quiet. The poll loops of quiet replicas wait on these events.
         self._in_flight = in_flight
         self._quiet: dict[ReplicaId, asyncio.Event] = {}
+        # The shared round waits on this between rounds; a request after a quiet spell sets it.
+        self._share_wakeup = asyncio.Event()
+        self._busy_at = -math.inf  # this gateway's last request to any replica began
         self._supervisor: asyncio.Task[None] | None = None
         self._sharer: asyncio.Task[None] | None = None
         self.metrics = (
@@ -332,11 +336,31 @@ class MetricsScraper:
 
     async def _share_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.settings.interval_s)
+            self._share_wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.share_period()):
+                    await self._share_wakeup.wait()
             try:
                 await self._share_round()
             except Exception:  # outermost boundary of this task: keep sharing, but say so
                 log.exception("shared scrape round failed unexpectedly")
+
+    def share_period(self) -> float:
+        """Seconds to the next shared round: `interval_s`, or one lease period while all is
+        quiet (every load held is quiet, nothing in flight here, no request within
+        `idle_interval_s`): a quiet engine's holder writes its load once per
+        `idle_interval_s`, so reading four times a second found nothing new."""
+        share, s = self.share, self.settings
+        if share is None or not share.sharing or s.quiet_grace_s <= 0:
+            return s.interval_s
+        if self._clock() - self._busy_at < s.idle_interval_s:
+            return s.interval_s
+        if self._in_flight is not None and any(self._in_flight.values()):
+            return s.interval_s
+        loads = self._loads
+        if len(loads) < len(self._known) or any(not load.grace_s for load in loads.values()):
+            return s.interval_s  # a busy engine, a failed read, or one not read yet
+        return max(s.interval_s, min(s.idle_interval_s, share.lease_period_s))
 
     async def _supervise(self) -> None:
         period = self.settings.interval_s / FLUSHES_PER_INTERVAL
@@ -349,10 +373,14 @@ class MetricsScraper:
                 self._reconcile()
 
     def wake(self, replica: ReplicaId) -> None:
-        """This gateway sends `replica` a request: read it now if it was quiet."""
+        """This gateway sends `replica` a request: read it now if it was quiet (or, when
+        another gateway reads it, take in the shared loads now and at the busy rate)."""
         event = self._quiet.get(replica)
         if event is not None:
             event.set()
+        if self._clock() - self._busy_at >= self.settings.idle_interval_s:
+            self._share_wakeup.set()
+        self._busy_at = self._clock()
 
     def _is_quiet(self, replica: ReplicaId, waiting: float, running: float) -> bool:
         if waiting or running or self.settings.quiet_grace_s <= 0:

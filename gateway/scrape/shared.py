@@ -1,20 +1,28 @@
 """Shared scraping: gateways that share a Redis store scrape each engine once between them.
 
-Each engine has a lease in the store (`SET ... PX`, `scrape.lease_ttl_s`). The live
-gateways register in a sorted set (member -> expiry) renewed with the leases; each engine
+Each engine has a lease in the store (`SET ... PX`). The live gateways register in a sorted
+set (member -> expiry, `scrape.lease_ttl_s`) renewed every third of the TTL; each engine
 goes to one of them by rendezvous hashing, so the work spreads evenly and moves only as
 gateways come and go. A gateway claims (or renews) the leases of the engines it is
 preferred for and lets go of the ones it holds but is no longer preferred for; it never
-takes a lease another gateway holds. When a gateway dies, its member entry and its leases
-expire within `lease_ttl_s`, and the survivors' next lease round (every third of the TTL)
-claims its engines: a dead holder's engines are scraped again within about
-`lease_ttl_s * 4 / 3`, during which their loads age (and turn stale, as after a failed
-scrape).
+takes a lease a live member holds. A lease lasts `LEASE_HOLD_TTLS` TTLs and the lease
+script runs only when it is due for renewal (every third of that), when the engines or the
+members changed, or while an engine this gateway is preferred for is held by another: a
+holder's death is read from its membership, not from its leases. When a gateway dies, its
+member entry expires within `lease_ttl_s`; the survivors' next membership round sees it
+gone and claims its engines at once (a lease whose holder is no live member is free): a
+dead holder's engines are scraped again within about `lease_ttl_s * 4 / 3`, during which
+their loads age (and turn stale, as after a failed scrape). A gateway of the previous
+version (leases of one TTL, renewed every round) takes over a dead new one's engines only
+when their leases end.
 
 The lease holder writes each scraped load, stamped with its wall-clock time, to one hash;
 the others read the loads of the engines they do not hold from it once per scrape interval
-and age them by that stamp (gateways' clocks are assumed to agree to well under
-`scrape.stale_after_s`). One pipeline per round carries every lease, write and read, and
+(once per lease round while every load this gateway holds is quiet and it sends no engine
+a request: a quiet engine's holder reads it every `scrape.idle_interval_s`) and age them by
+that stamp (gateways' clocks are assumed to agree to well under
+`scrape.stale_after_s`). One pipeline per round carries the membership, the lease script
+when it runs, the writes and the reads (a change of members adds a second round trip), and
 every key carries the hash tag `{scrape}`, so on a Redis Cluster that pipeline is one
 round trip to one node and the lease script finds all its keys in one slot.
 
@@ -44,18 +52,25 @@ log = logging.getLogger("kvgate.scrape")
 
 _FAILURES: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError)
 
-# KEYS: one lease per engine. ARGV: me, ttl ms, then one mode per key: "1" claim or renew
-# (when free or mine), "0" let go (when mine). Answers 1 per lease held after the call.
+# KEYS: the members' sorted set, then one lease per engine. ARGV: me, hold ms, now (epoch
+# ms), then one mode per lease: "1" claim or renew (when free, mine, or its holder is no live
+# member any more), "0" let go (when mine). Answers 1 per lease held after the call.
 CLAIM = """
-local me, ttl = ARGV[1], ARGV[2]
+local me, hold, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local out = {}
-for i, key in ipairs(KEYS) do
+for i = 2, #KEYS do
+  local key = KEYS[i]
   local holder = redis.call('GET', key)
-  out[i] = 0
+  local free = not holder or holder == me
+  if not free then
+    local expiry = redis.call('ZSCORE', KEYS[1], holder)
+    free = not expiry or tonumber(expiry) < now
+  end
+  out[i - 1] = 0
   if ARGV[i + 2] == '1' then
-    if not holder or holder == me then
-      redis.call('SET', key, me, 'PX', ttl)
-      out[i] = 1
+    if free then
+      redis.call('SET', key, me, 'PX', hold)
+      out[i - 1] = 1
     end
   elseif holder == me then
     redis.call('DEL', key)
@@ -64,8 +79,14 @@ end
 return out
 """
 
-# The lease round runs this many times per lease TTL: a holder renews twice before expiry.
+# The membership round runs this many times per lease TTL: a member renews twice before
+# its entry expires.
 LEASE_ROUNDS_PER_TTL = 3
+LEASE_SLACK = 0.05  # of a lease period
+# An engine's lease lasts this many lease TTLs and is renewed every third of that: who holds
+# it is judged by its holder's membership (renewed every round), so renewing every lease
+# every round (the script over every engine, each second) bought nothing but store work.
+LEASE_HOLD_TTLS = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,8 +171,13 @@ class ScrapeShare:
         self._preferred: dict[ReplicaId, bool] = {}
         self._preferred_for: tuple[str, ...] = ()
         self._last_lease = -float("inf")
+        self._last_claim = -float("inf")
+        self._claimed_for: tuple[tuple[ReplicaId, ...], tuple[str, ...]] | None = None
+        self.claims = 0  # runs of the lease script
         self._outbox: dict[ReplicaId, bytes] = {}
-        self._seen: dict[ReplicaId, float] = {}  # stamp of the last shared load taken in
+        # The entry last taken in per engine: an unchanged one is not decoded again (most
+        # rounds, as a quiet engine's holder writes it once per scrape.idle_interval_s).
+        self._seen: dict[ReplicaId, bytes] = {}
         self._gone: set[ReplicaId] = set()
         self.rounds = 0
         self.failures = 0
@@ -181,6 +207,48 @@ class ScrapeShare:
         self._seen.pop(replica, None)
         self._gone.add(replica)
 
+    @property
+    def lease_period_s(self) -> float:
+        """Seconds between two lease rounds."""
+        return self.lease_ttl_s / LEASE_ROUNDS_PER_TTL
+
+    def lease_due(self) -> bool:
+        # A round woken a hair early by its timer still renews (else the next renewal
+        # would come a whole period later, close to the leases' expiry).
+        period = self.lease_period_s
+        return self._clock() - self._last_lease >= period * (1 - LEASE_SLACK)
+
+    @property
+    def hold_s(self) -> float:
+        """How long an engine's lease lasts unless renewed (its holder's death is seen
+        sooner, by its membership)."""
+        return self.lease_ttl_s * LEASE_HOLD_TTLS
+
+    def _claim_due(self, replicas: tuple[ReplicaId, ...]) -> bool:
+        """Whether this membership round runs the lease script: the leases' renewal is
+        due, the engines or the members changed since it last ran, or an engine this
+        gateway is preferred for is still held by another (a handover in progress)."""
+        if self._owned is None or self._claimed_for != (replicas, self._members):
+            return True
+        if self._clock() - self._last_claim >= self.hold_s / LEASE_ROUNDS_PER_TTL:
+            return True
+        return any(
+            m == "1" and r not in self._owned for r, m in zip(replicas, self._modes(replicas))
+        )
+
+    def _claim(self, pipe: Any, replicas: tuple[ReplicaId, ...], now: float) -> None:
+        keys = [self.keys.scrape_members(), *(self.keys.scrape_lease(r) for r in replicas)]
+        hold_ms = int(self.hold_s * 1000)
+        pipe.eval(
+            CLAIM, len(keys), *keys, self.me, hold_ms, int(now * 1000), *self._modes(replicas)
+        )
+
+    def _claimed(self, replicas: tuple[ReplicaId, ...], held: Sequence[int]) -> None:
+        self.claims += 1
+        self._last_claim = self._clock()
+        self._claimed_for = (replicas, self._members)
+        self._owned = frozenset(r for r, h in zip(replicas, held) if h)
+
     def _modes(self, replicas: Sequence[ReplicaId]) -> list[str]:
         if self._preferred_for != self._members:
             self._preferred.clear()
@@ -205,10 +273,10 @@ class ScrapeShare:
             return {}
         now = self._wall()
         ttl_ms = int(self.lease_ttl_s * 1000)
-        lease_round = (
-            self._owned is None
-            or self._clock() - self._last_lease >= self.lease_ttl_s / LEASE_ROUNDS_PER_TTL
-        )
+        engines = tuple(replicas)
+        was_sharing = self.sharing
+        lease_round = not was_sharing or self.lease_due()
+        claim = lease_round and self._claim_due(engines)
         others = [r for r in replicas if self._owned is not None and r not in self._owned]
         outbox, self._outbox = self._outbox, {}
         gone, self._gone = self._gone, set()
@@ -219,9 +287,8 @@ class ScrapeShare:
             pipe.zremrangebyscore(members_key, "-inf", int(now * 1000))
             pipe.zrange(members_key, 0, -1)
             pipe.pexpire(members_key, 4 * ttl_ms)
-            leases = [self.keys.scrape_lease(r) for r in replicas]
-            if leases:
-                pipe.eval(CLAIM, len(leases), *leases, self.me, ttl_ms, *self._modes(replicas))
+            if claim and engines:
+                self._claim(pipe, engines, now)
         if outbox:
             pipe.hset(loads_key, mapping=outbox)
             pipe.pexpire(loads_key, 4 * ttl_ms)
@@ -233,20 +300,30 @@ class ScrapeShare:
             # A round that outlasts a lease renewal period is a store in trouble.
             async with asyncio.timeout(self.lease_ttl_s / LEASE_ROUNDS_PER_TTL):
                 results = await pipe.execute()
+                if lease_round:
+                    live = tuple(sorted({m.decode() for m in results[2]} | {self.me}))
+                    if claim:  # run with the members of the last round
+                        self._claimed(engines, results[4] if engines else [])
+                    if live != self._members:
+                        # Members came or went: who scrapes what changes now, not at
+                        # the next renewal (a dead holder's engines are taken over).
+                        self._members = live
+                        if engines:
+                            again: Any = redis.pipeline(transaction=False)
+                            self._claim(again, engines, now)
+                            (held,) = await again.execute()
+                        else:
+                            held = []
+                        self._claimed(engines, held)
         except _FAILURES as exc:
             self.failures += 1
             self._stop_sharing(f"a scrape round failed: {exc!r}")
             return {}
         self.rounds += 1
         if lease_round:
+            if not was_sharing:
+                log.info("scraping shared through the store with %d gateway(s)", len(self._members))
             self._last_lease = self._clock()
-            live = tuple(sorted({m.decode() for m in results[2]} | {self.me}))
-            held = results[4] if replicas else []
-            owned = frozenset(r for r, h in zip(replicas, held) if h)
-            if self._owned is None:
-                log.info("scraping shared through the store with %d gateway(s)", len(live))
-            self._members = live
-            self._owned = owned
         return self._taken_in(others, results[-1] if others else [])
 
     def _taken_in(
@@ -254,13 +331,14 @@ class ScrapeShare:
     ) -> dict[ReplicaId, tuple[EngineLoad, EngineKind | None]]:
         out: dict[ReplicaId, tuple[EngineLoad, EngineKind | None]] = {}
         wall_now, clock_now = self._wall(), self._clock()
+        seen = self._seen
         for replica, raw in zip(replicas, raws):
-            if raw is None:
-                continue
-            shared = decode(raw)
-            if shared is None or self._seen.get(replica) == shared.at:
+            if raw is None or seen.get(replica) == raw:
                 continue  # nothing new since the last round
-            self._seen[replica] = shared.at
+            seen[replica] = raw
+            shared = decode(raw)
+            if shared is None:
+                continue
             out[replica] = (shared.aged(wall_now, clock_now), shared.kind)
         return out
 

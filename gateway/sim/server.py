@@ -133,6 +133,7 @@ class SimEngine:
         self.metrics_enabled = metrics_enabled
         # GET /metrics answered so far: how tests and benchmarks count scrapes.
         self.metrics_requests = 0
+        self.health_requests = 0  # GET /health answered so far (the gateway's probes)
         self.api_key = api_key
         self.profile = profile
         self.model_name = model_name
@@ -575,6 +576,7 @@ class SimEngine:
         )
 
     async def _health(self, request: Request) -> Response:
+        self.health_requests += 1
         if self.faults.config.unhealthy or self.runner.error is not None:
             return Response(status_code=503)
         return Response(status_code=200)

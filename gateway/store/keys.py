@@ -65,8 +65,9 @@ class StoreKeys:
         return f"{self.prefix}:apikeys"
 
     def scrape_lease(self, replica: str) -> str:
-        """String: the instance id of the gateway that scrapes `replica`; expires after
-        `scrape.lease_ttl_s` unless its holder renews it."""
+        """String: the instance id of the gateway that scrapes `replica`; expires ten
+        `scrape.lease_ttl_s` after its holder last renewed it, and is free at once when
+        its holder is no live member (`scrape_members`)."""
         return f"{self.prefix}:{SCRAPE_TAG}:lease:{replica}"
 
     def scrape_members(self) -> str:

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
+import gateway.scrape.shared as shared_module
+from gateway.scrape import MetricsScraper, ScrapeSettings
 from gateway.scrape.config import EngineKind
 from gateway.scrape.shared import ScrapeShare, decode, encode
+from gateway.sim.cluster import SimCluster
+from gateway.sim.profiles import get_profile
 from gateway.store.keys import StoreKeys
-from gateway.types import EngineLoad, ReplicaId
+from gateway.types import EngineLoad, ReplicaId, ReplicaState
 from tests.store.conftest import RedisServer
 
 pytestmark = [pytest.mark.redis]
@@ -125,3 +130,104 @@ def test_an_entry_another_version_wrote_is_ignored() -> None:
     raw = encode(EngineLoad(1.0, 2.0, engine=False), None, 5.0)
     shared = decode(raw)
     assert shared is not None and shared.load.engine is False and shared.at == 5.0
+
+
+async def test_the_shared_round_runs_once_per_lease_period_while_all_is_quiet(
+    client: Redis, key_prefix: str
+) -> None:
+    settings = ScrapeSettings(interval_s=0.05, idle_interval_s=0.5, lease_ttl_s=0.6)
+    async with SimCluster(4, get_profile("instant")) as sim:
+        targets = [ReplicaState(ReplicaId(f"e{i}"), url) for i, url in enumerate(sim.urls)]
+        in_flight: dict[ReplicaId, int] = {}
+        scrapers = [
+            MetricsScraper(
+                settings,
+                lambda: targets,
+                share=share(client, key_prefix, me, ttl=settings.lease_ttl_s),
+                in_flight=in_flight,
+            )
+            for me in ("a", "b")
+        ]
+        for scraper in scrapers:
+            await scraper.start()
+        try:
+            a = scrapers[0]
+            assert a.share is not None
+            for _ in range(200):  # until every engine's load is in, quiet
+                if len(a.loads) == 4 and all(load.grace_s for load in a.loads.values()):
+                    break
+                await asyncio.sleep(0.02)
+            assert a.share_period() == pytest.approx(0.2)  # the lease period, not 0.05
+            before = a.share.rounds
+            await asyncio.sleep(1.0)
+            quiet_rounds = a.share.rounds - before
+            assert 3 <= quiet_rounds <= 7, quiet_rounds  # 20 at the busy rate
+            # A request of this gateway: at once, then at the busy rate.
+            before = a.share.rounds
+            in_flight[targets[0].id] = 1
+            a.wake(targets[0].id)
+            await asyncio.sleep(0.02)
+            assert a.share.rounds > before
+            assert a.share_period() == settings.interval_s
+            before = a.share.rounds
+            await asyncio.sleep(0.5)
+            assert a.share.rounds - before >= 6
+        finally:
+            for scraper in scrapers:
+                await scraper.stop()
+
+
+async def test_an_unchanged_entry_is_not_decoded_again(client: Redis, key_prefix: str) -> None:
+    a, b = share(client, key_prefix, "a"), share(client, key_prefix, "b")
+    await settle([a, b])
+    assert b.owned
+    theirs = sorted(b.owned)
+    for replica in theirs:
+        b.offer(replica, EngineLoad(waiting=0, running=0, scraped_at=0.0, grace_s=4.75), None)
+    await b.round(REPLICAS)
+    calls = 0
+    real = shared_module.decode
+
+    def counting(raw: bytes) -> Any:
+        nonlocal calls
+        calls += 1
+        return real(raw)
+
+    shared_module.decode = counting  # type: ignore[assignment]
+    try:
+        assert set(await a.round(REPLICAS)) == set(theirs)
+        assert calls == len(theirs)
+        assert await a.round(REPLICAS) == {}
+        assert calls == len(theirs)  # the same bytes: not decoded again
+    finally:
+        shared_module.decode = real  # type: ignore[assignment]
+
+
+async def evals(client: Redis) -> int:
+    stats = await client.info("commandstats")
+    return int(stats.get("cmdstat_eval", {}).get("calls", 0))
+
+
+async def test_membership_rounds_run_the_lease_script_only_when_something_changed(
+    client: Redis, key_prefix: str
+) -> None:
+    ttl = 0.6
+    a, b = share(client, key_prefix, "a", ttl), share(client, key_prefix, "b", ttl)
+    await settle([a, b])
+    before, owned = await evals(client), (a.owned, b.owned)
+    await settle([a, b], rounds=5)  # ten membership rounds, nothing changed
+    assert await evals(client) == before  # was one script over every engine per round
+    assert (a.owned, b.owned) == owned
+    # The leases outlive many membership rounds and are renewed well before they end.
+    pttl = await client.pttl(a.keys.scrape_lease(min(owned[0] or REPLICAS)))
+    assert a.hold_s * 1000 * 0.5 < pttl <= a.hold_s * 1000
+    a._last_claim -= a.hold_s / 3
+    await settle([a], rounds=1)
+    assert await evals(client) == before + 1
+    # A new member: every gateway runs it in the round that sees it, and the work is split
+    # three ways.
+    c = share(client, key_prefix, "c", ttl)
+    await settle([c, a, b], rounds=2)
+    owners = [s.owned or frozenset() for s in (a, b, c)]
+    assert all(owners) and sum(len(o) for o in owners) == len(REPLICAS)
+    assert owners[0] | owners[1] | owners[2] == set(REPLICAS)
