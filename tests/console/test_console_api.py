@@ -47,7 +47,13 @@ async def test_nobody_watching_means_no_observer_and_the_first_read_starts_measu
             engines,
             # Unread for 3 s detaches: ten times what the reads below take on a loaded
             # 2-core machine (at 0.3 s the observer left mid-test there and counted nothing).
-            console={"sample_interval_s": 0.05, "watch_idle_s": 3.0},
+            # Unwatched, the sampler ticks at its idle interval (10 s by default), and the
+            # detach below happens on a tick: at the default the wait took 14 of its 15 s.
+            console={
+                "sample_interval_s": 0.05,
+                "idle_sample_interval_s": 0.05,
+                "watch_idle_s": 3.0,
+            },
             metrics={"tokens": False},
         ) as gw,
         httpx.AsyncClient(base_url=gw.url, timeout=10) as http,
