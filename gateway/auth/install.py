@@ -61,4 +61,3 @@ def install(state: GatewayState) -> None:
     ]
     # The key's usage series and its ticket's settlement, at each request's end.
     state.meters.append(AuthMeter(metrics))
-    state.extras["auth_ring"] = ring
