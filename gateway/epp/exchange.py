@@ -170,8 +170,12 @@ class EppStream:
         ex = self.ex
         if ex is None or self._settled or self._request is None or self._first_byte is None:
             return
-        if not self._ended:
-            ex.call.disconnected = True
+        if self._ended:
+            # The answer ended but Envoy reset the stream before the loop settled it (it may
+            # as soon as it holds the last body chunk): settle it as served, usage and all.
+            await self._finish()
+            return
+        ex.call.disconnected = True
         self._settled = True
         await self._proxy.settle(ex, self._request, self._first_byte)
 
@@ -333,7 +337,7 @@ class EppStream:
                 self._stripper = UsageStripper()
         if message.response_headers.end_of_stream:
             self._mark_first_byte(token=False)
-            self._ended = True
+            self._conclude()
         return wire.response_headers([(core.replica_header, leg.replica.encode())])
 
     def _served(self, message: ProcessingRequest) -> ReplicaId | None:
@@ -389,16 +393,16 @@ class EppStream:
         ):
             self._held += chunk
         if end:
-            self._ended = True
+            self._conclude()
         return wire.response_body(chunk, end)
 
-    async def _finish(self) -> None:
+    def _conclude(self) -> None:
+        """The answer ended: read its usage and id now, before the last chunk is handed back,
+        since Envoy may reset the stream the moment it has it."""
         ex = self.ex
-        if ex is None or self._settled:
+        if ex is None or self._ended:
             return
-        assert self._request is not None and self._first_byte is not None
         self._ended = True
-        state = self._core.state
         ex.ok = 0 < ex.status < 400
         if self._timer is not None:
             if self._stripper is not None:
@@ -411,10 +415,20 @@ class EppStream:
             ex.usage = usage_from_json(held) if self._want_usage and ex.ok else None
             if ex.find_response_id and ex.ok:
                 ex.response_id = id_in_json(held)
-        if ex.response_id is not None and state.placements is not None and ex.leg is not None:
-            await state.placements.record(response_key(ex.response_id), ex.leg.replica)
+
+    async def _finish(self) -> None:
+        ex = self.ex
+        if ex is None or self._settled:
+            return
+        assert self._request is not None and self._first_byte is not None
+        self._conclude()
         self._settled = True
-        await self._proxy.settle(ex, self._request, self._first_byte)
+        state = self._core.state
+        try:
+            if ex.response_id is not None and state.placements is not None and ex.leg is not None:
+                await state.placements.record(response_key(ex.response_id), ex.leg.replica)
+        finally:
+            await self._proxy.settle(ex, self._request, self._first_byte)
 
 
 def _held_limit(core: EppCore) -> int:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import httpx
@@ -35,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.epp import wire
 from gateway.epp.addresses import address_of
 from gateway.epp.config import MAX_CHUNK_BYTES, EppSettings
+from gateway.epp.exchange import EppStream
 from gateway.epp.server import READY_POLL_S, EppService
 from gateway.sim.server import SimEngine
 from gateway.testing.process import free_port
@@ -331,6 +332,45 @@ async def test_a_streamed_answer_is_relayed_and_its_usage_stripped(rig: Rig) -> 
     assert not any(b'"usage":{' in e for e in events)  # the client did not ask for it
     await settled(rig, before)
     assert rig.sample("kvgate_generation_tokens_total") == tokens + 4
+
+
+async def test_a_stream_reset_after_its_last_chunk_is_settled_as_served(rig: Rig) -> None:
+    """Envoy may reset the ext_proc stream as soon as it holds the last body chunk, before the
+    EPP's loop resumes: the request still counts as served, with the usage it reported."""
+    before = rig.sample("kvgate_requests_total", status="200")
+    tokens = rig.sample("kvgate_generation_tokens_total")
+    left = rig.sample("kvgate_client_disconnects_total")
+    inbox: asyncio.Queue[ProcessingRequest] = asyncio.Queue()
+
+    async def from_envoy() -> AsyncIterator[ProcessingRequest]:
+        while True:
+            yield await inbox.get()
+
+    stream = EppStream(rig.service.core)
+    answers = cast(AsyncGenerator[ProcessingResponse, None], stream.run(from_envoy()))
+    await inbox.put(request_headers("/v1/chat/completions"))
+    await inbox.put(request_body(chat("stream me once", max_tokens=3, stream=True), True))
+    ranked = destination(await anext(answers))
+    body = b""
+    while not (
+        part := (await anext(answers)).request_body.response.body_mutation
+    ).streamed_response.end_of_stream:
+        body += part.streamed_response.body
+    body += part.streamed_response.body
+    engine = rig.replica_of(ranked[0])
+    reply = await rig.http.post(engine.url + "/v1/chat/completions", content=body)
+    await inbox.put(response_headers(200, "text/event-stream"))
+    await anext(answers)
+    await inbox.put(response_body(reply.content, True))
+    last = await anext(answers)
+    assert last.response_body.response.body_mutation.streamed_response.end_of_stream
+    # The reset: the generator is closed at the yield that handed the last chunk back.
+    await answers.aclose()
+    await stream.close()
+    assert rig.sample("kvgate_requests_total", status="200") == before + 1
+    assert rig.sample("kvgate_generation_tokens_total") == tokens + 3
+    assert rig.sample("kvgate_client_disconnects_total") == left
+    assert rig.sample("kvgate_in_flight") == 0
 
 
 async def test_a_large_body_is_re_chunked_at_62000_bytes(rig: Rig) -> None:
