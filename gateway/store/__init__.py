@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from gateway.store.base import Ejection, HealthReport, PrefixPlacement, Store, StoreStatus
+from gateway.store.base import Ejection, PrefixPlacement, Store, StoreStatus
 from gateway.store.config import StoreSettings
 from gateway.store.memory import MemoryStore
 
 __all__ = [
     "Ejection",
-    "HealthReport",
     "MemoryStore",
     "PrefixPlacement",
     "Store",

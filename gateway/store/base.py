@@ -1,7 +1,7 @@
 """The `Store` protocol: state that several gateway instances share.
 
 Methods are domain verbs, not get/set on strings. Reads that sit on a request's path
-(`lookup_session`, `ejections`, `health_reports`) are answered from local state whenever
+(`lookup_session`, `ejections`) are answered from local state whenever
 possible; an implementation backed by a network service may spend at most one pipelined
 round trip on them, bounded by a short timeout, and must answer from local state (never
 raise) when the service is unavailable. Writes never block a request: they
@@ -27,16 +27,6 @@ class Ejection:
     replica: ReplicaId
     until: float
     reason: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class HealthReport:
-    """The latest health verdict any instance reached about a replica."""
-
-    replica: ReplicaId
-    healthy: bool
-    at: float
-    reporter: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,12 +100,6 @@ class Store(Protocol):
 
     def ejections(self) -> Mapping[ReplicaId, Ejection]:
         """Ejections still in force, as last synchronised. Synchronous, no I/O."""
-
-    async def report_health(self, replica: ReplicaId, healthy: bool) -> None:
-        """Share this instance's health verdict about a replica."""
-
-    def health_reports(self) -> Mapping[ReplicaId, HealthReport]:
-        """Latest verdict per replica from any instance, as last synchronised. No I/O."""
 
     # -- prefix placements ----------------------------------------------------------------
     def publish_prefix(self, placement: PrefixPlacement) -> None:

@@ -57,9 +57,6 @@ class StoreSettings(BaseModel):
         description="a sticky replica above this factor of the mean in-flight count is "
         "left for the router's choice (the move is recorded); null: always honoured",
     )
-    health_ttl_s: float = Field(
-        30.0, gt=0, description="health verdicts older than this are ignored"
-    )
 
     @model_validator(mode="after")
     def _check_url(self) -> StoreSettings:

@@ -93,7 +93,6 @@ class StoreService:
             self.spawn(self.store.eject_replica(replica, cooldown, "health"))
         elif health is Health.HEALTHY:
             self.spawn(self.store.readmit_replica(replica))
-        self.spawn(self.store.report_health(replica, health is not Health.EJECTED))
 
     def membership_changed(self, replicas: tuple[ReplicaState, ...]) -> None:
         members = frozenset(r.id for r in replicas)

@@ -43,10 +43,6 @@ class StoreKeys:
         """Hash: replica -> JSON {until, reason}. Entries pruned once past `until`."""
         return f"{self.prefix}:ejections"
 
-    def health(self) -> str:
-        """Hash: replica -> JSON {healthy, at, reporter}. Whole key expires when idle."""
-        return f"{self.prefix}:health"
-
     def prefixes(self) -> str:
         """Stream of prefix placements, trimmed to about `prefix_stream_max` entries."""
         return f"{self.prefix}:prefixes"

@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 
-from gateway.store.base import Ejection, HealthReport, PrefixPlacement, PrefixSink, StoreStatus
+from gateway.store.base import Ejection, PrefixPlacement, PrefixSink, StoreStatus
 from gateway.store.config import StoreSettings
 from gateway.types import ReplicaId, SessionKey
 
@@ -20,7 +20,7 @@ Clock = Callable[[], float]
 
 
 class MemoryStore:
-    """Single-process `Store`. Session TTLs run on `clock`; ejections and health on `wall`."""
+    """Single-process `Store`. Session TTLs run on `clock`; ejections on `wall`."""
 
     backend = "memory"
 
@@ -40,7 +40,6 @@ class MemoryStore:
         # is always the next entry to expire: pruning is amortised O(1).
         self._sessions: OrderedDict[SessionKey, tuple[ReplicaId, float]] = OrderedDict()
         self._ejections: dict[ReplicaId, Ejection] = {}
-        self._health: dict[ReplicaId, HealthReport] = {}
         self._sinks: list[PrefixSink] = []
         # Responses chains: answer -> (root, expiry), in last-write order like sessions.
         self._roots: OrderedDict[str, tuple[str, float]] = OrderedDict()
@@ -172,18 +171,6 @@ class MemoryStore:
         for replica in expired:
             del self._ejections[replica]
         return MappingProxyType(dict(self._ejections))
-
-    async def report_health(self, replica: ReplicaId, healthy: bool) -> None:
-        self.local_health(HealthReport(replica, healthy, self._wall(), self.instance_id))
-
-    def local_health(self, report: HealthReport) -> None:
-        current = self._health.get(report.replica)
-        if current is None or current.at <= report.at:
-            self._health[report.replica] = report
-
-    def health_reports(self) -> Mapping[ReplicaId, HealthReport]:
-        horizon = self._wall() - self.settings.health_ttl_s
-        return MappingProxyType({r: h for r, h in self._health.items() if h.at >= horizon})
 
     # -- prefix placements ----------------------------------------------------------------
     def publish_prefix(self, placement: PrefixPlacement) -> None:

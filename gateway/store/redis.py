@@ -9,8 +9,9 @@ What is shared and how stale it can be (normal operation, `sync_interval_s` = T)
 * Responses chains: a Redis string per answer that continues a chain, naming the chain's
   root; written at once like a new placement, expiring after the session TTL. A lookup
   the local copy cannot answer spends one GET bounded by `op_timeout_s`.
-* ejections and health verdicts: small hashes, pushed over pub/sub when they change and
-  re-read every T.
+* ejections: a small hash, pushed over pub/sub when it changes and re-read every T.
+  Health verdicts are not shared: nothing read another instance's, and while a hash of
+  200 of them lived (a minute after any change) reading it every T cost about 1 ms of CPU.
 * prefix placements: a stream trimmed to about `prefix_stream_max` entries, read every T.
   Each entry carries only the first `prefix_hashes_shared` block hashes of the prompt (8
   bytes each), so other instances learn where the leading part of a prefix lives (shared
@@ -43,7 +44,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
-from gateway.store.base import Ejection, HealthReport, PrefixPlacement, PrefixSink, StoreStatus
+from gateway.store.base import Ejection, PrefixPlacement, PrefixSink, StoreStatus
 from gateway.store.config import StoreSettings
 from gateway.store.connect import (
     RedisClient,
@@ -309,17 +310,6 @@ class RedisStore:
 
     def ejections(self) -> Mapping[ReplicaId, Ejection]:
         return self.local.ejections()
-
-    async def report_health(self, replica: ReplicaId, healthy: bool) -> None:
-        report = HealthReport(replica, healthy, self._wall(), self.instance_id)
-        previous = self.local.health_reports().get(replica)
-        self.local.local_health(report)
-        self.batch.health[replica] = report
-        if previous is None or previous.healthy != healthy:
-            self._wake.set()
-
-    def health_reports(self) -> Mapping[ReplicaId, HealthReport]:
-        return self.local.health_reports()
 
     # -- prefix placements ----------------------------------------------------------------
     def publish_prefix(self, placement: PrefixPlacement) -> None:

@@ -18,7 +18,7 @@ import orjson
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
-from gateway.store.base import Ejection, HealthReport, PrefixPlacement
+from gateway.store.base import Ejection, PrefixPlacement
 from gateway.types import ReplicaId, SessionKey
 
 if TYPE_CHECKING:
@@ -55,15 +55,14 @@ class SyncBatch:
     forgotten: set[ReplicaId] = field(default_factory=set)
     ejected: dict[ReplicaId, Ejection] = field(default_factory=dict)
     readmitted: set[ReplicaId] = field(default_factory=set)
-    health: dict[ReplicaId, HealthReport] = field(default_factory=dict)
     linked: dict[str, str] = field(default_factory=dict)
 
     def take(self) -> SyncBatch:
         taken = SyncBatch(
-            self.assigned, self.touched, self.forgotten, self.ejected, self.readmitted, self.health
+            self.assigned, self.touched, self.forgotten, self.ejected, self.readmitted
         )
         self.assigned, self.touched, self.forgotten = {}, set(), set()
-        self.ejected, self.readmitted, self.health = {}, set(), {}
+        self.ejected, self.readmitted = {}, set()
         taken.linked, self.linked = self.linked, {}
         return taken
 
@@ -75,7 +74,6 @@ class SyncBatch:
         self.forgotten |= taken.forgotten
         self.ejected = {**taken.ejected, **self.ejected}
         self.readmitted |= taken.readmitted - set(self.ejected)
-        self.health = {**taken.health, **self.health}
 
 
 def encode_event(origin: str, kind: str, **fields: Any) -> bytes:
@@ -207,11 +205,6 @@ async def _flush(
     for replica in batch.readmitted:
         add(pipe.hdel(keys.ejections(), replica))
         add(pipe.publish(keys.events(), store.encode_event("a", r=replica)))
-    for replica, report in batch.health.items():
-        value = orjson.dumps({"h": report.healthy, "t": report.at, "o": report.reporter})
-        add(pipe.hset(keys.health(), replica, value))
-    if batch.health:
-        add(pipe.expire(keys.health(), math.ceil(store.settings.health_ttl_s * 2)))
     for placement in prefixes:
         entry = encode_prefix(placement, store.instance_id)
         add(
@@ -220,7 +213,6 @@ async def _flush(
             )
         )
     add(pipe.hgetall(keys.ejections()), lambda raw: _pull_ejections(store, raw, now))
-    add(pipe.hgetall(keys.health()), lambda raw: _pull_health(store, raw))
     add(
         pipe.xread({keys.prefixes(): store.stream_cursor}, count=_STREAM_READ_MAX),
         lambda raw: _pull_prefixes(store, raw),
@@ -248,14 +240,6 @@ def _pull_ejections(store: RedisStore, raw: dict[bytes, bytes], now: float) -> N
     for replica in store.batch.readmitted:
         remote.pop(replica, None)
     store.local.local_replace_ejections(remote)
-
-
-def _pull_health(store: RedisStore, raw: dict[bytes, bytes]) -> None:
-    for field_name, value in raw.items():
-        d = orjson.loads(value)
-        store.local.local_health(
-            HealthReport(ReplicaId(field_name.decode()), bool(d["h"]), float(d["t"]), d["o"])
-        )
 
 
 def _pull_prefixes(store: RedisStore, raw: Any) -> None:

@@ -108,18 +108,6 @@ async def test_ejections_expire_and_readmit(store_factory: Callable[..., object]
     assert dict(store.ejections()) == {}
 
 
-async def test_health_reports_latest_wins(store_factory: Callable[..., object]) -> None:
-    store = await store_factory()  # type: ignore[misc]
-    await store.report_health(R1, False)
-    await store.report_health(R1, True)
-    await store.report_health(R2, False)
-    await _settle(store)
-    reports = store.health_reports()
-    assert reports[R1].healthy is True
-    assert reports[R2].healthy is False
-    assert reports[R1].reporter == store.instance_id
-
-
 async def test_own_prefix_placements_are_not_echoed(store_factory: Callable[..., object]) -> None:
     store = await store_factory(sync_interval_s=0.02)  # type: ignore[misc]
     seen: list[PrefixPlacement] = []
