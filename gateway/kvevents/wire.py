@@ -274,6 +274,8 @@ class _MapStored(_MapEvent, tag="BlockStored"):
     lora_name: str | None = None
     extra_keys: list[Any] | None = None
     group_idx: int | None = None
+    cache_salt: str | None = None
+    kv_cache_spec_kind: str | None = None
 
 
 class _MapRemoved(_MapEvent, tag="BlockRemoved"):
@@ -316,8 +318,11 @@ def _to_struct(event: Event, positional: bool) -> Any:
             event.block_size,
             event.lora_id,
             event.medium,
+            lora_name=event.lora_name,
             extra_keys=list(event.extra_keys) if event.extra_keys is not None else None,
             group_idx=event.group_idx,
+            cache_salt=event.cache_salt,
+            kv_cache_spec_kind=event.spec_kind,
         )
     if isinstance(event, BlockRemoved):
         if positional:

@@ -3,6 +3,7 @@ same events, whatever the layout and version; anything else is a WireError."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import msgspec
@@ -19,6 +20,7 @@ from gateway.kvevents.wire import (
     encode_batch,
     encode_seq,
 )
+from tests.kvevents.engine_fixtures import all_scenarios
 
 # The engines' event classes, written from their documented field lists (not copied):
 # vLLM <= 0.10 (positional, no medium), vLLM 0.11 (positional, medium), vLLM main (maps,
@@ -263,3 +265,96 @@ def test_token_ids_are_packed_once_and_key_as_unpacked_ones() -> None:
         assert chain_keys(ids, 16, root_seed(), None, event.packed) == chain_keys(
             ids, 16, root_seed()
         )
+
+
+# --- the recorded engine payloads, whole, cut short and garbled ---------------------------
+
+
+def _recorded_payloads() -> list[tuple[str, bytes]]:
+    out = []
+    for sc in all_scenarios():
+        for i, frames in enumerate(sc.live):
+            out.append((f"{sc.engine}:{sc.name}:{i}", frames[2]))
+    return out
+
+
+RECORDED = _recorded_payloads()
+
+
+@pytest.mark.parametrize(("name", "payload"), RECORDED, ids=[n for n, _ in RECORDED])
+def test_every_recorded_batch_decodes_and_survives_our_own_encoding(
+    name: str, payload: bytes
+) -> None:
+    batch = decode_batch(payload)
+    assert batch.events, name
+    # The map layouts carry every field the decoder reads.
+    for layout in ("map", "mixed"):
+        assert decode_batch(encode_batch(batch, layout)) == batch  # type: ignore[arg-type]
+    # The positional layout (vLLM <= 0.11) has no place for the later fields.
+    old = decode_batch(encode_batch(batch, "array"))
+    assert (old.ts, old.dp_rank, len(old.events)) == (batch.ts, batch.dp_rank, len(batch.events))
+    for got, want in zip(old.events, batch.events, strict=True):
+        assert type(got) is type(want)
+        if isinstance(want, BlockStored):
+            assert isinstance(got, BlockStored)
+            keep = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "medium")
+            assert [getattr(got, k) for k in keep] == [getattr(want, k) for k in keep]
+        elif isinstance(want, BlockRemoved):
+            assert isinstance(got, BlockRemoved)
+            assert (got.block_hashes, got.medium) == (want.block_hashes, want.medium)
+
+
+@pytest.mark.parametrize(("name", "payload"), RECORDED[::3], ids=[n for n, _ in RECORDED[::3]])
+def test_a_recorded_batch_cut_short_is_a_wire_error_never_a_crash(
+    name: str, payload: bytes
+) -> None:
+    whole = decode_batch(payload)
+    for end in range(len(payload)):
+        try:
+            got = decode_batch(payload[:end])
+        except WireError:
+            continue
+        # A cut that still parses is a shorter msgpack value: never the whole batch.
+        assert got != whole, (name, end)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_garbled_recorded_batches_decode_or_are_wire_errors(seed: int) -> None:
+    rng = random.Random(seed)
+    for _name, payload in RECORDED:
+        raw = bytearray(payload)
+        for _ in range(rng.randint(1, 3)):
+            raw[rng.randrange(len(raw))] = rng.randrange(256)
+        try:
+            batch = decode_batch(bytes(raw))
+        except WireError:
+            continue
+        assert isinstance(batch, EventBatch)
+        assert all(
+            isinstance(e, BlockStored | BlockRemoved | AllBlocksCleared) for e in batch.events
+        )
+
+
+@pytest.mark.parametrize("frame", [b"", b"\x00" * 7, b"\x00" * 9])
+def test_a_sequence_frame_of_the_wrong_size_is_a_wire_error(frame: bytes) -> None:
+    with pytest.raises(WireError, match="8 bytes"):
+        decode_seq(frame)
+
+
+@pytest.mark.parametrize(
+    ("event", "what"),
+    [
+        (["BlockRemoved", [1, 2], None, "one"], "group_idx"),
+        (["BlockStored", [1], None, [[1, 2, 3]], 16], "integer pairs"),
+        (["BlockStored", [1], None, [1, "x"], 16], "token_ids"),
+        (["BlockStored", [1], None, [1, 2], 0], "block_size"),
+        (["BlockStored", [1], "parent", [1, 2], 16], "parent_block_hash"),
+        ({"type": "Nope"}, "unknown event type"),
+        ([], "tagged array"),
+        (["BlockRemoved", "not a list"], "block_hashes"),
+    ],
+)
+def test_a_bad_field_is_named_in_the_wire_error(event: object, what: str) -> None:
+    payload = msgspec.msgpack.encode([1.0, [event]])
+    with pytest.raises(WireError, match=what):
+        decode_batch(payload)

@@ -6,7 +6,7 @@ import pytest
 from pools_helpers import settings
 from pydantic import ValidationError
 
-from gateway.pools.config import PoolsSettings
+from gateway.pools.config import PoolsSettings, eligible
 
 
 def test_example_settings_validate() -> None:
@@ -50,3 +50,54 @@ def test_settings_are_frozen() -> None:
     s = settings()
     with pytest.raises(ValidationError):
         s.strict_models = True  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"new_sessions_pool": "moon"}, "new_sessions_pool: unknown pool 'moon'"),
+        ({"initial_weights": {"mars": 1.0}}, "initial_weights: unknown pool 'mars'"),
+        (
+            {"initial_weights": {"h200": -1.0, "domestic": 2.0}},
+            r"initial_weights\.h200: must be >= 0",
+        ),
+        (
+            {"models": [{"name": "a"}, {"name": "b", "aliases": ["a"]}]},
+            "name 'a' already belongs to model 'a'",
+        ),
+    ],
+)
+def test_cross_references_name_the_field_and_the_value(
+    overrides: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValidationError, match=message):
+        settings(**overrides)
+
+
+def test_a_model_may_repeat_its_own_name_as_an_alias() -> None:
+    s = settings(models=[{"name": "a", "aliases": ["a", "b"]}])
+    assert [m.name for m in s.models] == ["a"]
+
+
+@pytest.mark.parametrize(
+    ("model", "allowed"),
+    [
+        ({"name": "m"}, {"h200", "domestic"}),
+        ({"name": "m", "requires": ["fp4"]}, {"h200"}),
+        ({"name": "m", "min_context": 65536}, {"h200", "domestic"}),
+        ({"name": "m", "min_context": 65537}, {"h200"}),
+        ({"name": "m", "pools": ["domestic"], "requires": ["fp8"]}, {"domestic"}),
+    ],
+)
+def test_eligible_pools_meet_every_requirement(model: dict[str, Any], allowed: set[str]) -> None:
+    s = settings(models=[model])
+    assert {p.name for p in s.pools if eligible(p, s.models[0])} == allowed
+    assert s.pool("nowhere") is None
+
+
+def test_a_pool_of_unknown_context_never_meets_a_minimum() -> None:
+    pool = {"name": "p", "price_per_card_hour": 1}
+    s = PoolsSettings.model_validate({"pools": [pool], "models": [{"name": "m"}]})
+    assert eligible(s.pools[0], s.models[0])
+    with pytest.raises(ValidationError, match="no configured pool satisfies"):
+        PoolsSettings.model_validate({"pools": [pool], "models": [{"name": "m", "min_context": 1}]})
