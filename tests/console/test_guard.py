@@ -28,14 +28,15 @@ PANELS = ("fleet", "sessions", "traffic", "admission", "pd", "history")
 
 @contextlib.asynccontextmanager
 async def console_over_http(
-    *, proxy_headers: bool = False, **sections: Any
+    *, proxy_headers: bool = False, engines: int = 1, time_scale: float = 20.0, **sections: Any
 ) -> AsyncIterator[httpx.AsyncClient]:
     """A gateway before one simulated engine; `proxy_headers` as `server.proxy_headers`
     sets it in production (a load balancer on this machine, trusted for X-Forwarded-For)."""
-    engine = SimEngine(PROFILES["tiny"], index=0, time_scale=20.0)
-    await engine.start()
+    sims = [SimEngine(PROFILES["tiny"], index=i, time_scale=time_scale) for i in range(engines)]
     try:
-        settings = load_settings(replicas=replica_config([engine]), **sections)
+        for sim in sims:
+            await sim.start()
+        settings = load_settings(replicas=replica_config(sims), **sections)
         server = await start_server(
             build_app(settings), proxy_headers=proxy_headers, forwarded_allow_ips="127.0.0.1"
         )
@@ -45,7 +46,9 @@ async def console_over_http(
         finally:
             await server.stop()
     finally:
-        await engine.stop()
+        for sim in sims:
+            if sim.server is not None:
+                await sim.stop()
 
 
 def assert_openai_error(resp: httpx.Response, status: int, error_type: str) -> None:
