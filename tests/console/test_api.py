@@ -10,17 +10,13 @@ from tests.console.test_guard import assert_openai_error, console_over_http
 FAST_SAMPLES = {"sample_interval_s": 0.05, "idle_sample_interval_s": 0.05, "measure": "always"}
 
 
-async def test_history_refuses_a_since_that_is_not_a_finite_number() -> None:
+async def test_history_refuses_a_since_that_is_not_a_finite_number_and_cuts_at_a_good_one() -> None:
     async with console_over_http(console=FAST_SAMPLES) as http:
         for raw in ("yesterday", "", "nan", "inf", "-inf", "1e400"):
             resp = await http.get("/admin/history", params={"since": raw})
             assert_openai_error(resp, 400, "invalid_request_error")
             assert resp.json()["error"]["param"] == "since"
             assert repr(raw) in resp.json()["error"]["message"]
-
-
-async def test_history_since_returns_exactly_the_later_samples() -> None:
-    async with console_over_http(console=FAST_SAMPLES) as http:
         samples: list[dict[str, float]] = []
         for _ in range(100):  # the sampler runs every 50 ms: a few samples within a second
             samples = (await http.get("/admin/history")).json()

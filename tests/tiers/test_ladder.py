@@ -48,7 +48,7 @@ def check_names(ladder: Ladder, decision: Any) -> None:
     assert decision.public == ladder.config.name
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(ladder=st.sampled_from(LADDERS), x=inputs, score=scores)
 def test_the_entry_tier_follows_the_stated_precedence(
     ladder: Ladder, x: TierInput, score: float | None
