@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from importlib.resources import files
 from typing import Any
@@ -95,8 +96,11 @@ def console_routes(rt: ConsoleRuntime) -> list[BaseRoute]:
         try:
             since = float(raw)
         except ValueError:
+            since = math.nan
+        # "nan" and "inf" parse, but no sample is after them: say so instead of answering [].
+        if not math.isfinite(since):
             return _bad_request(
-                f"since must be a number (wall-clock seconds), not {raw!r}", "since"
+                f"since must be a finite number (wall-clock seconds), not {raw!r}", "since"
             )
         rt.watch.touch()
         return Response(rt.sampler.since(since), media_type="application/json", headers=_NO_CACHE)
