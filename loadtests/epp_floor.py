@@ -2,8 +2,9 @@
 
 It holds the request-headers answer until the body ended, names one fixed endpoint (the
 destination header, its per-attempt copy and the `envoy.lb` metadata, as kvgate does),
-re-streams the request body and echoes every response message: the same messages as
-`kvgate epp` with no decision and no accounting. bench_epp.py (`--floor`) runs it behind
+re-streams the request body, names the replica on the response headers (as kvgate's
+`x-kvgate-replica`) and echoes every response message: the same messages as `kvgate epp`
+with no decision and no accounting. bench_epp.py (`--floor`) runs it behind
 the same Envoy so that the EPP's CPU splits into the protocol's floor and kvgate's work.
 
     python loadtests/epp_floor.py --port 9002 --endpoint 127.0.0.1:8000
@@ -30,6 +31,7 @@ class Floor(external_processor_pb2_grpc.ExternalProcessorServicer):  # type: ign
             [(wire.DESTINATION, endpoint.encode()), (f"{wire.DESTINATION}-0", endpoint.encode())],
             [],
         )
+        self._served = wire.response_headers([("x-kvgate-replica", b"engine")])
 
     async def Process(
         self,
@@ -46,7 +48,7 @@ class Floor(external_processor_pb2_grpc.ExternalProcessorServicer):  # type: ign
                     for chunk in wire.request_body_chunks(bytes(body), 62_000):
                         yield chunk
             elif kind == "response_headers":
-                yield wire.response_headers([])
+                yield self._served
             elif kind == "response_body":
                 part = message.response_body
                 yield wire.response_body(part.body, part.end_of_stream)

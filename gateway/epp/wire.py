@@ -138,6 +138,9 @@ _EMPTY_END = _streamed(b"", True, request=False)
 
 def response_headers(set_headers: list[tuple[str, bytes]]) -> ProcessingResponse:
     out = ProcessingResponse()
+    # With no header to set, nothing below is assigned and the oneof would stay empty:
+    # Envoy counts such an answer spurious and fails the request with a 500.
+    out.response_headers.SetInParent()
     _set(out.response_headers.response.header_mutation, set_headers)
     return out
 

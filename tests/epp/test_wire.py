@@ -36,6 +36,21 @@ def test_the_destination_answer_carries_the_same_value_as_header_and_metadata() 
     assert header.raw_value.decode() == metadata.fields[wire.DESTINATION].string_value
 
 
+def test_every_answer_names_the_message_it_answers_even_with_nothing_to_change() -> None:
+    # An answer whose oneof is empty is "spurious" to Envoy: it fails the request with 500.
+    assert wire.response_headers([]).WhichOneof("response") == "response_headers"
+    set_one = wire.response_headers([("x-kvgate-replica", b"r0")])
+    header = set_one.response_headers.response.header_mutation.set_headers[0].header
+    assert (header.key, header.raw_value) == ("x-kvgate-replica", b"r0")
+    for end in (False, True):
+        assert wire.response_body(b"", end).WhichOneof("response") == "response_body"
+    assert wire.EMPTY_REQUEST_TRAILERS.WhichOneof("response") == "request_trailers"
+    assert wire.EMPTY_RESPONSE_TRAILERS.WhichOneof("response") == "response_trailers"
+    assert wire.destination_response("10.0.0.1:8000", [], []).WhichOneof("response") == (
+        "request_headers"
+    )
+
+
 def hinted(value: object) -> ProcessingRequest:
     request = ProcessingRequest()
     hint = Struct()
