@@ -104,7 +104,14 @@ def start_sims(replicas: int, per_process: int) -> tuple[list[subprocess.Popen[s
     return procs, urls
 
 
-def config(urls: list[str], redis_url: str, port: int, interval: float, prefix: str) -> str:
+def config(
+    urls: list[str],
+    redis_url: str,
+    port: int,
+    interval: float,
+    prefix: str,
+    overrides: tuple[str, ...] = (),
+) -> str:
     replicas = [{"id": f"r{i}", "url": u, "models": [MODEL]} for i, u in enumerate(urls)]
     cfg = {
         "server": {"port": port, "log_level": "warning"},
@@ -114,6 +121,14 @@ def config(urls: list[str], redis_url: str, port: int, interval: float, prefix: 
         "scrape": {"interval_s": interval},
         "store": {"backend": "redis", "url": redis_url, "key_prefix": prefix},
     }
+    for item in overrides:  # `section.field=value`, the value read as JSON (else a string)
+        path, _, raw = item.partition("=")
+        section, _, field = path.partition(".")
+        try:
+            value: Any = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        cfg.setdefault(section, {})[field] = value
     return json.dumps(cfg)  # JSON is YAML
 
 
@@ -126,6 +141,7 @@ class Gateway:
         self.url = f"http://127.0.0.1:{self.port}"
         self.path = cfg_dir / f"{name}.yaml"
         self.interval = a.interval
+        self.overrides: tuple[str, ...] = tuple(a.set)
         self.redis_url = redis_url
         self.write(urls)
         self.started = time.perf_counter()
@@ -138,7 +154,9 @@ class Gateway:
         )
 
     def write(self, urls: list[str]) -> None:
-        self.path.write_text(config(urls, self.redis_url, self.port, self.interval, self.prefix))
+        self.path.write_text(
+            config(urls, self.redis_url, self.port, self.interval, self.prefix, self.overrides)
+        )
 
     def ready_s(self) -> float:
         wait_ready(self.url + "/ready", timeout=300)
@@ -294,6 +312,13 @@ def main() -> int:
     ap.add_argument("--decisions", type=int, default=2000)
     ap.add_argument("--code", default=str(ROOT), help="checkout the processes run (before/after)")
     ap.add_argument("--py-spy", default="", help="py-spy binary: profile each gateway while idle")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="a setting for every gateway (value as JSON), e.g. scrape.idle_interval_s=10",
+    )
     a = ap.parse_args()
     CODE[0] = a.code
     binary = shutil.which("redis-server")
