@@ -100,25 +100,23 @@ async def test_unpeeked_stream_leg_iterates_from_the_start() -> None:
 # (or hand it to the returned leg), or the replica looks busier with every failure.
 
 
-async def test_refused_connection_names_the_replica_and_frees_the_slot() -> None:
+async def test_a_refused_connection_or_a_retryable_status_frees_the_slot() -> None:
     async with sim_engines(1, "instant") as engines, gateway(engines) as gw:
-        await engines[0].set_faults(FaultConfig(refuse=True))
-        with pytest.raises(GatewayError) as caught:
-            await _open(gw, False)
-        assert caught.value.retryable
-        assert caught.value.message.startswith("replica e0: ")
-        assert gw.state.cluster.in_flight[ReplicaId("e0")] == 0
-
-
-async def test_a_retryable_status_is_raised_and_the_answer_dropped() -> None:
-    async with sim_engines(1, "instant") as engines, gateway(engines) as gw:
+        replica = ReplicaId("e0")
         for status in (502, 503, 504):
             await engines[0].set_faults(FaultConfig(error=status))
             with pytest.raises(UpstreamStatusError) as caught:
                 await _open(gw, False)
+            # Raised, and the answer dropped: another replica may take the request.
             assert caught.value.upstream_status == status
             assert caught.value.retryable and caught.value.status == 502
-            assert gw.state.cluster.in_flight[ReplicaId("e0")] == 0
+            assert gw.state.cluster.in_flight[replica] == 0
+        await engines[0].set_faults(FaultConfig(refuse=True))
+        with pytest.raises(GatewayError) as refused:
+            await _open(gw, False)
+        assert refused.value.retryable
+        assert refused.value.message.startswith("replica e0: ")
+        assert gw.state.cluster.in_flight[replica] == 0
 
 
 async def test_a_final_5xx_is_handed_to_the_leg_which_holds_the_slot() -> None:
