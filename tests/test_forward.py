@@ -119,7 +119,7 @@ async def test_a_refused_connection_or_a_retryable_status_frees_the_slot() -> No
         assert gw.state.cluster.in_flight[replica] == 0
 
 
-async def test_a_final_5xx_is_handed_to_the_leg_which_holds_the_slot() -> None:
+async def test_a_final_5xx_hands_the_slot_to_the_leg_and_a_cancelled_send_frees_it() -> None:
     async with sim_engines(1, "instant") as engines, gateway(engines) as gw:
         await engines[0].set_faults(FaultConfig(error=500))
         leg = await _open(gw, False)
@@ -129,7 +129,20 @@ async def test_a_final_5xx_is_handed_to_the_leg_which_holds_the_slot() -> None:
             assert orjson.loads(await leg.read())  # the engine's own error body, relayed
         finally:
             await leg.aclose()
-        assert gw.state.cluster.in_flight[ReplicaId("e0")] == 0
+        replica = ReplicaId("e0")
+        assert gw.state.cluster.in_flight[replica] == 0
+        # A send cancelled while waiting for the headers (the client left) frees it too.
+        await engines[0].set_faults(FaultConfig(slow=30.0))
+        task = asyncio.create_task(_open(gw, False))
+        for _ in range(200):
+            if gw.state.cluster.in_flight[replica] == 1:
+                break
+            await asyncio.sleep(0.005)
+        assert gw.state.cluster.in_flight[replica] == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert gw.state.cluster.in_flight[replica] == 0
 
 
 async def test_a_stream_stalled_before_its_first_chunk_fails_inside_the_attempt() -> None:
@@ -144,19 +157,3 @@ async def test_a_stream_stalled_before_its_first_chunk_fails_inside_the_attempt(
             assert caught.value.retryable and caught.value.status == 504
             assert caught.value.message.startswith("replica e0: ")
             assert gw.state.cluster.in_flight[ReplicaId("e0")] == 0
-
-
-async def test_a_cancelled_send_frees_the_slot() -> None:
-    async with sim_engines(1, "instant") as engines, gateway(engines) as gw:
-        await engines[0].set_faults(FaultConfig(slow=30.0))
-        task = asyncio.create_task(_open(gw, False))
-        replica = ReplicaId("e0")
-        for _ in range(200):
-            if gw.state.cluster.in_flight[replica] == 1:
-                break
-            await asyncio.sleep(0.005)
-        assert gw.state.cluster.in_flight[replica] == 1
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        assert gw.state.cluster.in_flight[replica] == 0

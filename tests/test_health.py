@@ -287,31 +287,27 @@ def two_replica_monitor(url: str, **cfg: object) -> HealthMonitor:
     return m
 
 
-async def test_concurrent_timeouts_share_one_canary_which_ejects_a_stalled_replica() -> None:
-    async with sim_engines(1, "instant") as engines:
-        await engines[0].set_faults(FaultConfig(stall=0))
-        m = two_replica_monitor(engines[0].url)
-        try:
-            assert await asyncio.gather(m.stalled(R, ASK), m.stalled(R, ASK)) == [True, True]
-            assert m.canaries_failed == 1  # one canary for both callers
-            assert engines[0].faults.stalled == 1
-            assert m.state(R) is Health.EJECTED and m.ejections[(R, "stalled")] == 1
-            assert await m.stalled(R, ASK)  # already ejected: no second canary
-            assert m.canaries_failed == 1
-        finally:
-            await m.client.aclose()
-
-
-async def test_the_last_replica_in_service_is_not_ejected_for_a_stall(
+async def test_concurrent_timeouts_share_one_canary_which_ejects_a_stalled_replica(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     async with sim_engines(1, "instant") as engines:
         await engines[0].set_faults(FaultConfig(stall=0))
-        m = monitor(FakeClock(), engines[0].url, canary_timeout_s=0.2)
+        alone = monitor(FakeClock(), engines[0].url, canary_timeout_s=0.2)
         try:
-            assert await m.stalled(R, ASK)  # the request was innocent...
-            assert m.state(R) is Health.HEALTHY  # ...but nothing would be left to serve
+            assert await alone.stalled(R, ASK)  # the request was innocent...
+            # ...but the last replica in service is kept: nothing would be left to serve.
+            assert alone.state(R) is Health.HEALTHY
             assert "last in service" in caplog.text
+        finally:
+            await alone.client.aclose()
+        m = two_replica_monitor(engines[0].url)
+        try:
+            assert await asyncio.gather(m.stalled(R, ASK), m.stalled(R, ASK)) == [True, True]
+            assert m.canaries_failed == 1  # one canary for both callers
+            assert engines[0].faults.stalled == 2  # the lone replica's canary, then this one
+            assert m.state(R) is Health.EJECTED and m.ejections[(R, "stalled")] == 1
+            assert await m.stalled(R, ASK)  # already ejected: no second canary
+            assert m.canaries_failed == 1
         finally:
             await m.client.aclose()
 
