@@ -203,7 +203,10 @@ class RunningServer:
     async def stop(self, timeout: float = 10.0) -> None:
         """Graceful shutdown (lifespan shutdown included); forced after `timeout` seconds."""
         if self._task.done():
-            await self._task
+            # A forced stop cancelled the task: awaiting it again would raise CancelledError
+            # into the caller (a second `stop()`, `async with`'s exit) as if it were cancelled.
+            if not self._task.cancelled():
+                await self._task
             return
         self._server.should_exit = True
         try:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
 import openai
+import pytest
+from starlette.applications import Starlette
 
 from gateway.app import build_app
 from gateway.serving import start_server
@@ -35,3 +40,73 @@ def test_build_app_creates_independent_state() -> None:
     b = build_app(load_settings(replicas=[{"url": "http://127.0.0.1:1"}]))
     assert a.state.gateway is not b.state.gateway
     assert a.state.gateway.metrics.registry is not b.state.gateway.metrics.registry
+
+
+# -- the lifespan releases what it started, on every way out -------------------------------
+
+
+class _Service:
+    def __init__(
+        self, name: str, events: list[str], *, start_fails: bool = False, stop_fails: bool = False
+    ) -> None:
+        self.name, self.events = name, events
+        self.start_fails, self.stop_fails = start_fails, stop_fails
+
+    async def start(self) -> None:
+        self.events.append(f"start {self.name}")
+        if self.start_fails:
+            raise RuntimeError(f"{self.name} cannot start")
+
+    async def stop(self) -> None:
+        self.events.append(f"stop {self.name}")
+        if self.stop_fails:
+            raise RuntimeError(f"{self.name} cannot stop")
+
+
+def _quiet_app() -> Starlette:
+    # A replica that is never asked: no discovery, no probes reaching anything.
+    return build_app(
+        load_settings(
+            replicas=[{"id": "x", "url": "http://127.0.0.1:9"}],
+            models={"discover": False},
+            health={"enabled": False},
+        )
+    )
+
+
+def _lifespan_tasks() -> set[str]:
+    return {t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("kvgate-")}
+
+
+async def test_a_service_that_fails_to_start_stops_those_started_before_it() -> None:
+    events: list[str] = []
+    app = _quiet_app()
+    state = app.state.gateway
+    state.services.extend(
+        [
+            _Service("a", events),
+            _Service("b", events, start_fails=True),
+            _Service("c", events),
+        ]
+    )
+    with pytest.raises(RuntimeError):
+        await start_server(app)
+    assert events == ["start a", "start b", "stop a"]  # c never started, b never stopped
+    assert not _lifespan_tasks()  # the health task was cancelled, not left running
+
+
+async def test_a_service_that_fails_to_stop_does_not_keep_the_others_running(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    events: list[str] = []
+    app = _quiet_app()
+    app.state.gateway.services.extend(
+        [_Service("a", events), _Service("b", events, stop_fails=True), _Service("c", events)]
+    )
+    server = await start_server(app)
+    assert _lifespan_tasks()
+    with caplog.at_level(logging.ERROR, logger="kvgate"):
+        await server.stop()
+    assert events == ["start a", "start b", "start c", "stop c", "stop b", "stop a"]
+    assert "stopping" in caplog.text and "failed" in caplog.text
+    assert not _lifespan_tasks()

@@ -1,15 +1,21 @@
 from __future__ import annotations
 
+import argparse
 import http.client
 import importlib.metadata
+import logging
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
-from gateway.cli import build_parser, main
+from gateway.cli import _reload, build_parser, main
 from gateway.testing.process import kvgate_serve
+from gateway.testing.servers import gateway, replica_config, sim_engines
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,3 +78,108 @@ def test_kvgate_serve_without_arguments_answers_openai_requests() -> None:
             assert conn.getresponse().status == 200 and conn.sock is sock
         finally:
             conn.close()
+
+
+# -- the entry point's exit codes and one-line messages --------------------------------
+
+
+def test_check_config_through_the_module_entry_point(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("server:\n  workers: 0\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "check-config", str(bad)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1 and done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert lines[0] == f"{bad}: 1 problem(s)"
+    assert lines[1].startswith("  server.workers: ") and "(got 0)" in lines[1]
+
+
+@pytest.mark.parametrize("argv", [[], ["no-such-command"]])
+def test_a_missing_or_unknown_command_is_a_usage_error(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: kvgate")
+
+
+def test_check_config_of_a_missing_file_is_one_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "absent.yaml"
+    assert main(["check-config", str(missing)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"{missing}: 1 problem(s)"
+    assert err[1].startswith("  cannot read config file") and len(err) == 2
+
+
+def test_serve_with_an_unreadable_config_says_so_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["serve", "-c", str(tmp_path / "absent.yaml")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("kvgate: cannot read config file")
+
+
+def test_help_shows_defaults_only_where_they_say_something() -> None:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    # A feature's own subparser gets the formatter too, however it was registered.
+    sim_help = " ".join(sub.choices["sim"].format_help().split())
+    assert "address the engines listen on (default: 127.0.0.1)" in sim_help
+    # Help that already names its default is not told it twice.
+    assert "number of engines (default 1)" in sim_help and "(default: 1)" not in sim_help
+    serve_help = sub.choices["serve"].format_help()
+    assert "(default: None)" not in serve_help and "(default: False)" not in serve_help
+
+
+# -- SIGHUP's reload, in process, against a running gateway -------------------------------
+
+
+async def test_reload_adds_a_replica_and_keeps_them_on_a_broken_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = tmp_path / "gw.yaml"
+    async with sim_engines(2, "instant") as engines, gateway(engines[:1]) as gw:
+        state = gw.state
+        assert set(state.cluster.members) == {"e0"}
+        cfg.write_text(yaml.safe_dump({"replicas": replica_config(engines)}))
+        await _reload(state, str(cfg))
+        assert set(state.cluster.members) == {"e0", "e1"}
+        # Both now take requests: the new member is reachable through the gateway.
+        seen = set()
+        async with httpx.AsyncClient(base_url=gw.url) as client:
+            for i in range(12):
+                r = await client.post(
+                    "/v1/chat/completions",
+                    json={
+                        "model": "kvgate-sim",
+                        "messages": [{"role": "user", "content": f"conversation {i}"}],
+                        "max_tokens": 1,
+                    },
+                )
+                assert r.status_code == 200
+                seen.add(r.headers["x-kvgate-replica"])
+        assert seen == {"e0", "e1"}
+
+        cfg.write_text("replicas: [\n")
+        with caplog.at_level(logging.ERROR, logger="kvgate"):
+            await _reload(state, str(cfg))
+        assert "not reloaded, keeping the current replicas" in caplog.text
+        assert set(state.cluster.members) == {"e0", "e1"}
+
+        cfg.write_text("server:\n  port: 0\n")  # no replicas listed: kept, not emptied
+        await _reload(state, str(cfg))
+        assert set(state.cluster.members) == {"e0", "e1"}
+
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="kvgate"):
+            await _reload(state, None)
+        assert "no config file" in caplog.text

@@ -2,22 +2,32 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 
+import httpx
+import openai
 import orjson
 import pytest
 
 from gateway.errors import (
     BadRequest,
     GatewayError,
+    InvalidJSON,
+    ModelNotFound,
     NoHealthyReplica,
     PayloadTooLarge,
     RateLimited,
     UpstreamStalled,
+    UpstreamStatusError,
     anthropic_body,
     error_response_parts,
     stream_error_event,
 )
+from gateway.health import Health
+from gateway.sim.faults import FaultConfig
+from gateway.testing.servers import gateway, sim_engines
+from gateway.types import ReplicaId
 
 ANTHROPIC_KINDS = {
     "invalid_request_error",
@@ -97,3 +107,87 @@ def test_rate_limited_never_asks_for_less_than_the_wait(wait: float) -> None:
     seconds = int(headers["retry-after"])
     assert seconds >= 1 and seconds >= math.ceil(wait - 1e-9)
     assert int(headers["retry-after-ms"]) == int(wait * 1000)
+
+
+# -- the one boundary: each error a live gateway answers, as the official client sees it ---
+
+CHAT = "/v1/chat/completions"
+RIDS = (ReplicaId("e0"), ReplicaId("e1"))
+
+
+def _chat(content: str = "hi", model: str = "kvgate-sim") -> dict[str, object]:
+    return {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 1}
+
+
+def _assert_rendered(r: httpx.Response, err: type[GatewayError]) -> dict[str, object]:
+    """`r` is `err` as `error_response_parts` renders it: its status, a JSON body holding
+    OpenAI's error object with exactly its four fields, the class's type and code."""
+    assert r.status_code == err.status, r.text
+    assert r.headers["content-type"] == "application/json"
+    assert int(r.headers["content-length"]) == len(r.content)
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert (error["type"], error["code"]) == (err.error_type, err.code)
+    assert isinstance(error["message"], str) and error["message"]
+    return dict(error)
+
+
+async def test_request_errors_are_rendered_by_their_class() -> None:
+    async with (
+        sim_engines(1, "instant") as engines,
+        gateway(engines, limits={"max_body_bytes": 4096}) as gw,
+        httpx.AsyncClient(base_url=gw.url) as client,
+    ):
+        json_headers = {"content-type": "application/json"}
+        r = await client.post(CHAT, content=b"{not json", headers=json_headers)
+        _assert_rendered(r, InvalidJSON)
+        r = await client.post(CHAT, content=b"[1, 2]", headers=json_headers)
+        _assert_rendered(r, InvalidJSON)
+        r = await client.post(CHAT, content=b"{}" + b" " * 8192, headers=json_headers)
+        _assert_rendered(r, PayloadTooLarge)
+        r = await client.post(CHAT, json=_chat(model="no-such-model"))
+        assert _assert_rendered(r, ModelNotFound)["param"] == "model"
+        # The gateway still serves after each of them.
+        assert (await client.post(CHAT, json=_chat())).status_code == 200
+
+        sdk = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
+        try:
+            with pytest.raises(openai.NotFoundError) as caught:
+                await sdk.chat.completions.create(
+                    model="no-such-model",
+                    messages=[{"role": "user", "content": "hi"}],
+                    max_tokens=1,
+                )
+            assert caught.value.code == ModelNotFound.code
+            assert caught.value.param == "model"
+        finally:
+            await sdk.close()
+
+
+async def test_upstream_failures_are_rendered_by_their_class() -> None:
+    async with sim_engines(2, "instant") as engines:
+        retries = {"max_attempts": 2}
+        probes = {"interval_s": 0.05, "idle_interval_s": 0.05, "failure_threshold": 1}
+        async with (
+            gateway(engines, retries=retries, health=probes) as gw,
+            httpx.AsyncClient(base_url=gw.url) as client,
+        ):
+            for engine in engines:
+                await engine.set_faults(FaultConfig(error=503))
+            r = await client.post(CHAT, json=_chat())
+            error = _assert_rendered(r, UpstreamStatusError)
+            # Names a replica by its id, never the engine's address.
+            assert "replica e" in str(error["message"])
+            assert str(engines[0].port) not in str(error["message"])
+            assert [gw.state.cluster.in_flight[r] for r in RIDS] == [0, 0]
+
+            for engine in engines:
+                await engine.set_faults(FaultConfig(unhealthy=True))
+            health = gw.state.health
+            for _ in range(400):  # the probes (every 50 ms) eject both
+                if all(health.state(r) is Health.EJECTED for r in RIDS):
+                    break
+                await asyncio.sleep(0.01)
+            r = await client.post(CHAT, json=_chat())
+            _assert_rendered(r, NoHealthyReplica)
+            assert int(r.headers["retry-after"]) >= 1

@@ -4,10 +4,12 @@ its body raises (the stages relaying the body do not add it)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import orjson
 import pytest
 
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, UpstreamStalled, UpstreamStatusError
 from gateway.forward import Leg, open_leg
 from gateway.sim.faults import FaultConfig
 from gateway.testing.servers import RunningGateway, gateway, sim_engines
@@ -91,3 +93,67 @@ async def test_unpeeked_stream_leg_iterates_from_the_start() -> None:
             await leg.aclose()
         assert body.rstrip().endswith(b"data: [DONE]")
         assert await leg.next_chunk() == b""  # after the end, still the end
+
+
+# -- the in-flight slot on every exit path ----------------------------------------------
+# `open_leg` takes the replica's slot before it sends; each way out below must give it back
+# (or hand it to the returned leg), or the replica looks busier with every failure.
+
+
+async def test_a_refused_connection_or_a_retryable_status_frees_the_slot() -> None:
+    async with sim_engines(1, "instant") as engines, gateway(engines) as gw:
+        replica = ReplicaId("e0")
+        for status in (502, 503, 504):
+            await engines[0].set_faults(FaultConfig(error=status))
+            with pytest.raises(UpstreamStatusError) as caught:
+                await _open(gw, False)
+            # Raised, and the answer dropped: another replica may take the request.
+            assert caught.value.upstream_status == status
+            assert caught.value.retryable and caught.value.status == 502
+            assert gw.state.cluster.in_flight[replica] == 0
+        await engines[0].set_faults(FaultConfig(refuse=True))
+        with pytest.raises(GatewayError) as refused:
+            await _open(gw, False)
+        assert refused.value.retryable
+        assert refused.value.message.startswith("replica e0: ")
+        assert gw.state.cluster.in_flight[replica] == 0
+
+
+async def test_a_final_5xx_hands_the_slot_to_the_leg_and_a_cancelled_send_frees_it() -> None:
+    async with sim_engines(1, "instant") as engines, gateway(engines) as gw:
+        await engines[0].set_faults(FaultConfig(error=500))
+        leg = await _open(gw, False)
+        try:
+            assert leg.response.status == 500
+            assert gw.state.cluster.in_flight[ReplicaId("e0")] == 1
+            assert orjson.loads(await leg.read())  # the engine's own error body, relayed
+        finally:
+            await leg.aclose()
+        replica = ReplicaId("e0")
+        assert gw.state.cluster.in_flight[replica] == 0
+        # A send cancelled while waiting for the headers (the client left) frees it too.
+        await engines[0].set_faults(FaultConfig(slow=30.0))
+        task = asyncio.create_task(_open(gw, False))
+        for _ in range(200):
+            if gw.state.cluster.in_flight[replica] == 1:
+                break
+            await asyncio.sleep(0.005)
+        assert gw.state.cluster.in_flight[replica] == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert gw.state.cluster.in_flight[replica] == 0
+
+
+async def test_a_stream_stalled_before_its_first_chunk_fails_inside_the_attempt() -> None:
+    async with sim_engines(1, "instant") as engines:
+        await engines[0].set_faults(FaultConfig(stall=0))
+        health = {"canary_timeout_s": 0.2}
+        async with gateway(engines, timeouts={"read_s": 0.2}, health=health) as gw:
+            with pytest.raises(UpstreamStalled) as caught:
+                await _open(gw, True)
+            # Timed out on the peek, and the canary stalled too: the replica is to blame,
+            # nothing reached a client yet, so the attempts may fail over on this error.
+            assert caught.value.retryable and caught.value.status == 504
+            assert caught.value.message.startswith("replica e0: ")
+            assert gw.state.cluster.in_flight[ReplicaId("e0")] == 0

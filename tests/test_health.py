@@ -272,3 +272,67 @@ async def test_a_quiet_engine_whose_core_died_is_taken_out_by_every_gateway(
         # 1.0 + 2 * 0.2 s, plus a round's slack and the probes' own time on a busy host.
         assert len(out) == 2 and max(out.values()) < 2.2, out
         assert all(g.state.cluster.is_healthy(ReplicaId(f"e{i}")) for g in (a, b) for i in (1, 2))
+
+
+# -- the stall canary: who is to blame for a request's timeout ---------------------------
+
+ASK = b'{"model": "kvgate-sim", "prompt": "hello", "max_tokens": 4}'
+
+
+def two_replica_monitor(url: str, **cfg: object) -> HealthMonitor:
+    m = monitor(FakeClock(), url, canary_timeout_s=0.2, **cfg)
+    m.cluster.set_members(
+        [ReplicaState(R, url), ReplicaState(ReplicaId("r1"), "http://127.0.0.1:9")]
+    )
+    return m
+
+
+async def test_concurrent_timeouts_share_one_canary_which_ejects_a_stalled_replica(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with sim_engines(1, "instant") as engines:
+        await engines[0].set_faults(FaultConfig(stall=0))
+        alone = monitor(FakeClock(), engines[0].url, canary_timeout_s=0.2)
+        try:
+            assert await alone.stalled(R, ASK)  # the request was innocent...
+            # ...but the last replica in service is kept: nothing would be left to serve.
+            assert alone.state(R) is Health.HEALTHY
+            assert "last in service" in caplog.text
+        finally:
+            await alone.client.aclose()
+        m = two_replica_monitor(engines[0].url)
+        try:
+            assert await asyncio.gather(m.stalled(R, ASK), m.stalled(R, ASK)) == [True, True]
+            assert m.canaries_failed == 1  # one canary for both callers
+            assert engines[0].faults.stalled == 2  # the lone replica's canary, then this one
+            assert m.state(R) is Health.EJECTED and m.ejections[(R, "stalled")] == 1
+            assert await m.stalled(R, ASK)  # already ejected: no second canary
+            assert m.canaries_failed == 1
+        finally:
+            await m.client.aclose()
+
+
+@pytest.mark.parametrize("body", [b"not json", b"[1, 2]", b'{"model": 3}', b"{}"])
+async def test_a_canary_needs_a_model_to_ask_for(body: bytes) -> None:
+    m = two_replica_monitor("http://127.0.0.1:9")
+    try:
+        assert await m.stalled(R, body) is False
+        assert m.state(R) is Health.HEALTHY and m.canaries_failed == 0
+    finally:
+        await m.client.aclose()
+
+
+async def test_a_refused_canary_or_a_canary_turned_off_blames_nobody() -> None:
+    async with sim_engines(1, "instant") as engines:
+        refused = two_replica_monitor("http://127.0.0.1:9")
+        await engines[0].set_faults(FaultConfig(stall=0))
+        off = two_replica_monitor(engines[0].url, canary=False)
+        try:
+            assert await refused.stalled(R, ASK) is False
+            assert await off.stalled(R, ASK) is False
+            assert engines[0].faults.stalled == 0  # no canary was sent
+            for m in (refused, off):
+                assert m.state(R) is Health.HEALTHY and m.canaries_failed == 0
+        finally:
+            await refused.client.aclose()
+            await off.client.aclose()

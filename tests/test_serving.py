@@ -2,16 +2,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import signal
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 import pytest
+import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 
-from gateway.serving import start_server
+from gateway.serving import DrainingServer, _bind, start_server
 from gateway.settings import DEFAULT_KEEP_ALIVE_S
 
 
@@ -111,3 +115,119 @@ async def test_accepted_connections_have_tcp_nodelay() -> None:
                 assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
     finally:
         await server.stop()
+
+
+# -- DrainingServer: `kvgate serve`'s SIGTERM drain and SIGHUP reload ----------------------
+# Served from a thread of its own, as the signal handlers would call in from outside the
+# loop; and off the main thread uvicorn installs no handlers and re-raises no signal at
+# exit, which in this process would end the test run.
+
+
+class _Drained:
+    def __init__(self, delay: float, on_reload: Callable[[], Awaitable[None]] | None = None):
+        self.drains: list[float] = []
+        sock = _bind("127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        config = uvicorn.Config(_app([]), lifespan="on", log_level="warning")
+        self.server = DrainingServer(
+            config,
+            on_drain=lambda: self.drains.append(time.monotonic()),
+            drain_delay_s=delay,
+            on_reload=on_reload,
+        )
+        self.thread = threading.Thread(
+            target=lambda: asyncio.run(self.server.serve(sockets=[sock])), daemon=True
+        )
+        self.thread.start()
+        deadline = time.monotonic() + 5
+        while not self.server.started:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+
+    def exited_within(self, seconds: float) -> bool:
+        self.thread.join(seconds)
+        return not self.thread.is_alive()
+
+
+def test_sigterm_drains_at_once_and_stops_accepting_after_the_delay() -> None:
+    served = _Drained(delay=0.15)
+    signalled = time.monotonic()
+    served.server.handle_exit(signal.SIGTERM, None)
+    assert len(served.drains) == 1  # /ready turns 503 before anything else happens
+    # Still listening during the delay: a load balancer's requests are still answered.
+    assert httpx.get(served.url + "/").text == "hi"
+    assert served.exited_within(5)
+    assert time.monotonic() - signalled >= 0.15
+    assert len(served.drains) == 1
+
+
+def test_a_second_signal_skips_the_drain_delay() -> None:
+    served = _Drained(delay=60.0)
+    served.server.handle_exit(signal.SIGTERM, None)
+    assert not served.exited_within(0.05)
+    served.server.handle_exit(signal.SIGINT, None)
+    assert served.exited_within(5)  # not 60 s
+    assert len(served.drains) == 1  # drained once, however many signals
+
+
+def test_no_delay_stops_at_once() -> None:
+    served = _Drained(delay=0.0)
+    served.server.handle_exit(signal.SIGTERM, None)
+    assert served.exited_within(5)
+    assert len(served.drains) == 1
+
+
+def test_sighup_runs_the_reload_in_the_servers_loop() -> None:
+    reloaded = threading.Event()
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    async def reload() -> None:
+        loops.append(asyncio.get_running_loop())
+        reloaded.set()
+
+    served = _Drained(delay=0.0, on_reload=reload)
+    try:
+        served.server._hang_up(signal.SIGHUP, None)
+        assert reloaded.wait(5)
+        assert loops == [served.server._loop]
+        assert httpx.get(served.url + "/").status_code == 200  # requests undisturbed
+    finally:
+        served.server.handle_exit(signal.SIGTERM, None)
+        assert served.exited_within(5)
+
+
+# -- RunningServer's edges ----------------------------------------------------------------
+
+
+async def test_stop_forces_a_stream_that_never_ends_after_its_timeout() -> None:
+    async def endless(request: Request) -> StreamingResponse:
+        async def chunks() -> AsyncIterator[bytes]:
+            while True:
+                yield b"data: x\n\n"
+                await asyncio.sleep(0.02)
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    server = await start_server(Starlette(routes=[Route("/s", endless)]))
+    loop = asyncio.get_running_loop()
+    async with (
+        httpx.AsyncClient(base_url=server.url) as client,
+        client.stream("GET", "/s") as response,
+    ):
+        assert response.status_code == 200
+        started = loop.time()
+        await server.stop(timeout=0.2)
+        assert loop.time() - started < 1.5  # not uvicorn's graceful 2 s, nor forever
+        assert server.stopped
+        with pytest.raises(httpx.HTTPError):
+            async for _ in response.aiter_bytes():
+                pass
+    await server.stop()  # stopping a stopped server is a no-op
+
+
+async def test_a_busy_port_raises_and_leaks_no_socket() -> None:
+    async with await start_server(_app([])) as running:
+        with pytest.raises(OSError):
+            await start_server(_app([]), port=running.port)
+        await running.resume_listening()  # already listening: nothing to do
+        assert running.listening

@@ -151,3 +151,100 @@ def test_priority_order_follows_the_engine_kind_unless_set() -> None:
     assert [r.runs_higher_first() for r in settings.replicas] == [False, True, False, True]
     with pytest.raises(ConfigError, match="priority_order"):
         load_settings(replicas=[{"url": "http://a:1", "priority_order": "first"}])
+
+
+def test_an_environment_value_that_is_not_json_names_its_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KVGATE_REPLICAS", "[{url: http://a:1")
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert info.value.message.startswith("environment: KVGATE_REPLICAS: not valid JSON")
+
+
+def test_an_environment_value_out_of_range_names_its_dotted_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = tmp_path / "ok.yaml"
+    cfg.write_text("server:\n  port: 9000\n")
+    monkeypatch.setenv("KVGATE_RETRIES__MAX_ATTEMPTS", "99")
+    problems = check_config(cfg)
+    assert len(problems) == 1
+    assert problems[0].startswith("retries.max_attempts: ") and "(got '99')" in problems[0]
+
+
+def test_a_long_bad_value_is_shown_cut_short(tmp_path: Path) -> None:
+    cfg = tmp_path / "long.yaml"
+    cfg.write_text(f"server:\n  log_level: {'x' * 500}\n")
+    (problem,) = check_config(cfg)
+    assert problem.startswith("server.log_level: ")
+    shown = problem.partition("(got ")[2]
+    assert shown.startswith("'xxx") and len(shown) <= 81  # the value, then ')'
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("http://a:1/v1?x=1", "query"),
+        ("http://a:1/#top", "query"),
+        ("http://a:1?", "query"),
+        ("a:1", "http(s) URL"),
+        ("http://:1", "http(s) URL"),
+    ],
+)
+def test_a_replica_url_requests_cannot_be_appended_to_is_refused(url: str, why: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(replicas=[{"url": url}])
+    (line,) = info.value.message.splitlines()[1:]
+    assert line.strip().startswith("replicas.0.url: ") and why in line
+
+
+def test_a_replica_id_is_opaque_stable_and_ignores_a_trailing_slash() -> None:
+    first = load_settings(replicas=[{"url": "http://10.0.0.5:8000/"}]).replicas[0]
+    again = load_settings(replicas=[{"url": "http://10.0.0.5:8000"}]).replicas[0]
+    other = load_settings(replicas=[{"url": "http://10.0.0.6:8000"}]).replicas[0]
+    assert first.url == "http://10.0.0.5:8000"
+    assert first.id == again.id != other.id
+    assert first.id.startswith("r-") and "10.0.0.5" not in first.id
+    named = load_settings(replicas=[{"url": "http://10.0.0.5:8000", "id": "gpu-a"}])
+    assert named.replicas[0].id == "gpu-a"
+
+
+def test_two_urls_given_the_same_id_are_refused_naming_it() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(replicas=[{"url": "http://a:1", "id": "x"}, {"url": "http://b:1", "id": "x"}])
+    assert "replica id 'x' is used twice" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("key", "passed", "keys_on", "expected"),
+    [
+        (None, None, False, True),  # nothing set: the client may hold the engines' key
+        (None, None, True, False),  # the gateway's keys are not the engines'
+        ("sk-engine", None, False, False),
+        ("sk-engine", True, True, True),
+        (None, False, False, False),
+    ],
+)
+def test_the_client_authorization_goes_to_engines_only_when_it_may(
+    key: str | None, passed: bool | None, keys_on: bool, expected: bool
+) -> None:
+    upstream = load_settings(
+        upstream={"engine_api_key": key, "pass_client_authorization": passed}
+    ).upstream
+    assert upstream.passes_client_authorization(keys_on) is expected
+    assert upstream.auth_headers() == (
+        ((b"authorization", b"Bearer " + key.encode()),) if key else ()
+    )
+
+
+def test_the_engine_key_is_never_shown_in_an_error_or_a_dump(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KVGATE_UPSTREAM__ENGINE_API_KEY", "sk-very-secret")
+    settings = load_settings()
+    assert "sk-very-secret" not in repr(settings)
+    assert "sk-very-secret" not in settings.model_dump_json()
+    with pytest.raises(ConfigError) as info:
+        load_settings(upstream={"max_connections": 0})
+    assert "sk-very-secret" not in info.value.message
