@@ -64,7 +64,14 @@ async def gateway(engines: Sequence[SimEngine], **settings: Any) -> AsyncIterato
     settings.setdefault("replicas", replica_config(engines))
     loaded = load_settings(**settings)
     app = build_app(loaded)
-    server = await start_server(app, http=loaded.server.protocol())
+    # Forwarded-address handling as `kvgate serve` sets it (uvicorn's own default trusts
+    # X-Forwarded-For from loopback, which a test client on 127.0.0.1 could then forge).
+    server = await start_server(
+        app,
+        http=loaded.server.protocol(),
+        proxy_headers=loaded.server.proxy_headers,
+        forwarded_allow_ips=loaded.server.forwarded_allow_ips,
+    )
     try:
         yield RunningGateway(server, app)
     finally:
