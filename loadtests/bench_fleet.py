@@ -320,6 +320,11 @@ def main() -> int:
         help="a setting for every gateway (value as JSON), e.g. scrape.idle_interval_s=10",
     )
     a = ap.parse_args()
+    for item in a.set:
+        path, eq, _ = item.partition("=")
+        section, dot, field = path.partition(".")
+        if not (eq and dot and section and field) or section == "replicas":
+            ap.error(f"--set {item!r}: expected SECTION.FIELD=VALUE (a settings section)")
     CODE[0] = a.code
     binary = shutil.which("redis-server")
     if binary is None:
