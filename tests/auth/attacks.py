@@ -3,10 +3,26 @@ in-process gateways (test_quota_drain) and a real `kvgate serve` (test_attacks).
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import httpx
+
+from gateway.auth.limits import WINDOW_S
 
 MODEL = "kvgate-sim"
 PROMPT_4K2 = "word " * 3360  # 16,800 characters: 4,200 tokens by the gateway's estimate
+
+
+async def clear_of_a_window_edge(need_s: float) -> None:
+    """Wait for the next quota minute when fewer than `need_s` seconds are left in this one.
+
+    Budgets are a sliding minute: past the edge, the previous minute's charges weigh
+    (1 - elapsed share) and a drained budget admits one stream more. A drain that crosses
+    the edge would then count one more served request than the budget, by design."""
+    left = WINDOW_S - time.time() % WINDOW_S
+    if left < need_s:
+        await asyncio.sleep(left + 0.05)
 
 
 def _count_tokens(line: str) -> int:

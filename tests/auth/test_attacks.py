@@ -16,7 +16,7 @@ from gateway.auth.principal import hash_key
 from gateway.sim.server import SimEngine
 from gateway.testing.forms import BOUNDARY, CONTENT_TYPE, form
 from gateway.testing.servers import sim_engines
-from tests.auth.attacks import MODEL, drained_input, drained_output
+from tests.auth.attacks import MODEL, clear_of_a_window_edge, drained_input, drained_output
 from tests.auth.serve import kvgate_serve
 
 ENGINE_KEY = "engine-secret"
@@ -178,12 +178,14 @@ async def test_the_two_quota_drains_get_429(tmp_path: Path) -> None:
         sim_engines(1, "tiny") as engines,
         kvgate_serve(_config(engines), tmp_path) as url,
     ):
+        await clear_of_a_window_edge(8.0)
         out = await drained_output(url, "sk-out", streams=12, read=300)
     assert "429" in out and len([g for g in out if isinstance(g, int)]) <= 7, out
     async with (
         sim_engines(1, "h200-sparse") as engines,
         kvgate_serve(_config(engines), tmp_path) as url,
     ):
+        await clear_of_a_window_edge(8.0)
         got = await drained_input(url, "sk-in", prompts=10)
     assert got == [1] * 5 + ["429"] * 5, got
 
