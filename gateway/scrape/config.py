@@ -51,6 +51,13 @@ class ScrapeSettings(BaseModel):
         description="a snapshot older than this is unknown load, which policies treat as saturated",
     )
     path: str = Field(default="/metrics", description="metrics path appended to each replica URL")
+    select_series: bool = Field(
+        default=True,
+        description="after a first whole read, ask each engine for only the series kvgate "
+        "reads (prometheus-client's name[] query, which vLLM and SGLang serve): a fraction "
+        "of the bytes to render, send and parse. An engine that answers it short (SGLang, "
+        "vLLM with several API servers: multiprocess collection) is read whole",
+    )
     engine: EngineKind = Field(
         default=EngineKind.AUTO, description="default dialect for every replica"
     )

@@ -585,7 +585,8 @@ class SimEngine:
         self.metrics_requests += 1
         if not self.metrics_enabled:
             return _error(404, "Not Found")
-        return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+        names = request.query_params.getlist("name[]")  # prometheus-client's selection
+        return Response(self.metrics.render(names or None), media_type=CONTENT_TYPE)
 
     def _publisher_config(self) -> dict[str, Any] | None:
         """The KV event publisher as vLLM 0.33 describes it (its `KVEventsConfig`)."""
