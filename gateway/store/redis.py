@@ -18,6 +18,11 @@ What is shared and how stale it can be (normal operation, `sync_interval_s` = T)
   system prompts, tool definitions, forked agents), at most about T late; a longer match
   is found by the instance that placed it, and later turns follow the session placement.
 
+While nothing is written here and a pull brings nothing new (ten syncs in a row), T
+becomes one second: an idle fleet's pulls find nothing. The first write that would wait for
+T (a TTL refresh, a prefix placement) wakes the sync, and a prefix placement written then
+is announced over pub/sub so that the other instances, quiet too, pull it at once.
+
 Request path: `lookup_session` answers from the local copy; on a local miss it spends one
 round trip (GETEX) bounded by `op_timeout_s`. Every other verb only updates local state and
 queues the write. When Redis is down, slow or restarting the store is *degraded*: requests
