@@ -358,6 +358,10 @@ class MetricsScraper:
             return
         before = share.owned
         taken = await share.round(sorted(self._known | {t.id for t in self._targets()}))
+        for replica in share.woken:  # other gateways began sending these requests
+            event = self._quiet.get(replica)
+            if event is not None:
+                event.set()
         for replica, (load, kind) in taken.items():
             if share.owns(replica):
                 continue  # claimed in this round: its own scrape follows
@@ -416,6 +420,11 @@ class MetricsScraper:
         event = self._quiet.get(replica)
         if event is not None:
             event.set()
+        share = self.share
+        if share is not None and not share.owns(replica):
+            load = self._loads.get(replica)
+            if load is not None and load.grace_s:  # its holder reads it only now and then
+                share.wake_holder(replica)
         if self._clock() - self._busy_at >= self.settings.idle_interval_s:
             self._share_wakeup.set()
         self._busy_at = self._clock()
