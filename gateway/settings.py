@@ -355,9 +355,11 @@ class HealthSettings(Section):
     path: str = Field("/health", description="probe path")
     interval_s: float = Field(2.0, gt=0, description="seconds between probes")
     idle_interval_s: float = Field(
-        5.0,
+        4.0,
         gt=0,
-        description="seconds between probes of a quiet replica: healthy, its last probe "
+        description="seconds between probes of a quiet replica (under the 5 s vLLM and SGLang "
+        "keep an idle connection, so the probes keep one open and the quiet scrapes reuse "
+        "it; a new connection costs several times a request's CPU): healthy, its last probe "
         "passed, its engine load says nothing runs or waits (read at scrape.idle_interval_s) "
         "and this gateway sent it no request within this time. A request to it probes it at "
         "once (at most every interval_s) and a failed probe restores interval_s, so a quiet "

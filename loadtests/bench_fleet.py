@@ -62,12 +62,12 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-CODE = [str(ROOT)]  # the checkout the gateways and sims run (--code)
+CODE = [str(ROOT), str(ROOT)]  # the checkouts the gateways (--code) and sims (--sim-code) run
 
 
-def env() -> dict[str, str]:
+def env(code: str | None = None) -> dict[str, str]:
     out = {k: v for k, v in os.environ.items() if not k.startswith("KVGATE_")}
-    out["PYTHONPATH"] = CODE[0]
+    out["PYTHONPATH"] = code or CODE[0]
     return out
 
 
@@ -83,8 +83,8 @@ def start_sims(replicas: int, per_process: int) -> tuple[list[subprocess.Popen[s
             subprocess.Popen(
                 [sys.executable, "-m", "gateway.cli", "sim", "--replicas", str(n), "--port", "0"]
                 + ["--profile", "instant", "--model", MODEL],
-                cwd=a_code(),
-                env=env(),
+                cwd=CODE[1],
+                env=env(CODE[1]),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
                 text=True,
@@ -311,6 +311,12 @@ def main() -> int:
     ap.add_argument("--conversations", type=int, default=1_000_000)
     ap.add_argument("--decisions", type=int, default=2000)
     ap.add_argument("--code", default=str(ROOT), help="checkout the processes run (before/after)")
+    ap.add_argument(
+        "--sim-code",
+        default=None,
+        help="checkout the simulated engines run (default: --code); e.g. this one's sims, "
+        "which close idle connections after 5 s as vLLM and SGLang do, under an older gateway",
+    )
     ap.add_argument("--py-spy", default="", help="py-spy binary: profile each gateway while idle")
     ap.add_argument(
         "--set",
@@ -326,6 +332,7 @@ def main() -> int:
         if not (eq and dot and section and field) or section == "replicas":
             ap.error(f"--set {item!r}: expected SECTION.FIELD=VALUE (a settings section)")
     CODE[0] = a.code
+    CODE[1] = a.sim_code or a.code
     binary = shutil.which("redis-server")
     if binary is None:
         print("redis-server not found")
@@ -337,6 +344,7 @@ def main() -> int:
     )
     redis_url = f"redis://127.0.0.1:{rport}/0"
     rows: dict[str, Any] = {"replicas": a.replicas, "gateways": a.gateways, "code": a.code}
+    rows["sim_code"] = CODE[1]
     sims: list[subprocess.Popen[str]] = []
     gateways: list[Gateway] = []
     try:

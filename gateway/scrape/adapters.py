@@ -284,6 +284,14 @@ def read_engine(
     text: str, kind: EngineKind = EngineKind.AUTO, previous: CounterState | None = None
 ) -> EngineReading:
     """Parse an exposition and read it in `kind`'s dialect (detected when `auto`)."""
+    return read_engine_series(text, kind, previous)[0]
+
+
+def read_engine_series(
+    text: str, kind: EngineKind = EngineKind.AUTO, previous: CounterState | None = None
+) -> tuple[EngineReading, frozenset[str]]:
+    """`read_engine`, and the names of the read samples the exposition had (what a
+    selective scrape of the same engine must bring back, gateway.scrape.select)."""
     index, detected = select_read_samples(text)
     resolved = detected if kind is EngineKind.AUTO else kind
     if resolved is None:
@@ -291,7 +299,13 @@ def read_engine(
     reading = READERS[resolved](index, previous)
     if reading is None:
         raise MetricsFormatError(f"{resolved.value} queue/running gauges are missing")
-    return _bounded(reading)
+    return _bounded(reading), frozenset(index)
+
+
+def read_samples_of(kind: EngineKind) -> frozenset[str]:
+    """The sample names `kind`'s reader looks at (all dialects' for `auto`)."""
+    prefix = next((p for p, k in _PREFIXES if k is kind), "")
+    return frozenset(n for n in _READ_SAMPLES if n.startswith(prefix))
 
 
 _MAX_CAPACITY_TOKENS = 1 << 40  # far past any engine's KV; a larger figure is a broken one

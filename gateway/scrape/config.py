@@ -10,7 +10,7 @@ DEFAULT_INTERVAL_S = 0.25
 DEFAULT_STALE_AFTER_S = 2.0
 # A quiet replica is read this often: the idle fleet's scrapes were most of an idle
 # gateway's CPU (200 replicas: 5.0% of a core at 1 s, 2.1% at 5 s, health probes included).
-DEFAULT_IDLE_INTERVAL_S = 5.0
+DEFAULT_IDLE_INTERVAL_S = 10.0
 
 
 class EngineKind(str, Enum):
@@ -41,8 +41,10 @@ class ScrapeSettings(BaseModel):
         description="seconds between two scrapes of a quiet replica: nothing running or "
         "waiting at its last scrape and nothing in flight from this gateway. Its load stays "
         "fresh that much longer; the gateway's next request to it scrapes it at once and "
-        "restores interval_s. Load other clients put on it shows within this time. Equal "
-        "to interval_s (or below) scrapes every replica at one rate",
+        "restores interval_s. Another gateway sharing the store that begins sending it "
+        "requests has it read within about a lease period; load that clients of no kvgate "
+        "put on it shows within this time. Equal to interval_s (or below) scrapes every "
+        "replica at one rate",
     )
     timeout_s: float = Field(default=1.0, gt=0, le=60, description="per-scrape HTTP timeout")
     stale_after_s: float = Field(
@@ -51,6 +53,13 @@ class ScrapeSettings(BaseModel):
         description="a snapshot older than this is unknown load, which policies treat as saturated",
     )
     path: str = Field(default="/metrics", description="metrics path appended to each replica URL")
+    select_series: bool = Field(
+        default=True,
+        description="after a first whole read, ask each engine for only the series kvgate "
+        "reads (prometheus-client's name[] query, which vLLM and SGLang serve): a fraction "
+        "of the bytes to render, send and parse. An engine that answers it short (SGLang, "
+        "vLLM with several API servers: multiprocess collection) is read whole",
+    )
     engine: EngineKind = Field(
         default=EngineKind.AUTO, description="default dialect for every replica"
     )

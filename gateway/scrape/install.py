@@ -9,6 +9,8 @@ from gateway.scrape.shared import ScrapeShare
 from gateway.state import GatewayState
 from gateway.store.redis import RedisStore
 from gateway.types import ReplicaId
+from gateway.upstream import UpstreamClient
+from gateway.upstream.h1_client import H1Client
 
 # Only an unreachable replica says something about its health; a slow or unreadable
 # /metrics (busy engine, metrics disabled) does not, and must not eject it. A scrape is
@@ -58,6 +60,16 @@ def shared_scraping(state: GatewayState, settings: ScrapeSettings) -> ScrapeShar
     )
 
 
+def probes_client(state: GatewayState) -> UpstreamClient | None:
+    """The health probes' client, when it is the `h1` one (the scraper's own kind): vLLM
+    and SGLang close a connection idle for 5 s, so reads of a quiet replica (every
+    `scrape.idle_interval_s`) would each open a new one, several times a read's CPU; the
+    probes (every `health.idle_interval_s`, under 5 s) keep one open that the reads reuse.
+    None: the scraper opens a client of its own."""
+    client = state.health.client
+    return client if isinstance(client, H1Client) else None
+
+
 def install(state: GatewayState) -> None:
     settings = scrape_settings(state)
     state.cluster.stale_after = settings.stale_after_s
@@ -67,6 +79,7 @@ def install(state: GatewayState) -> None:
     scraper = MetricsScraper(
         settings,
         lambda: tuple(cluster.members.values()),
+        client=probes_client(state),
         headers=state.settings.upstream.auth_headers(),
         registry=state.metrics.registry,
         on_load=cluster.publish_load,

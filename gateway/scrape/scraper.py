@@ -31,9 +31,15 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry
 
 from gateway.errors import GatewayError, UpstreamTimeout
-from gateway.scrape.adapters import CounterState, MetricsFormatError, read_engine
+from gateway.scrape.adapters import (
+    CounterState,
+    EngineReading,
+    MetricsFormatError,
+    read_engine_series,
+)
 from gateway.scrape.config import EngineKind, ScrapeSettings
 from gateway.scrape.metrics import ScrapeMetrics
+from gateway.scrape.select import SeriesSelection
 from gateway.scrape.shared import ScrapeShare
 from gateway.types import EngineLoad, ReplicaId
 from gateway.upstream import Timeouts, UpstreamClient, make_client
@@ -66,6 +72,17 @@ METRICS_ABSENT = frozenset({404})
 
 # Scraped loads reach the listener within a quarter of an interval.
 FLUSHES_PER_INTERVAL = 4
+
+
+def _text(payload: bytes) -> str:
+    return payload.decode("utf-8", "replace")
+
+
+def _query_may_be_at_fault(status: int) -> bool:
+    """A selective read's answer that a whole read may not share: a 200 (that may lack
+    series) or a 4xx other than "no metrics here" (a server that refuses the query). A 5xx
+    or a 404 is the engine's state, and a whole read would only repeat it."""
+    return status == 200 or (400 <= status < 500 and status not in METRICS_ABSENT)
 
 
 class MetricsScraper:
@@ -102,6 +119,8 @@ class MetricsScraper:
         self._kinds: dict[ReplicaId, EngineKind] = {}
         self.kinds: Mapping[ReplicaId, EngineKind] = MappingProxyType(self._kinds)
         self._counters: dict[ReplicaId, CounterState | None] = {}
+        # Whole expositions or only the read series, per replica.
+        self.selection = SeriesSelection(settings.select_series)
         self._pending: dict[ReplicaId, EngineLoad] = {}
         self._missing: set[ReplicaId] = set()  # warned once each; gauge while missing
         # The KV capacity an engine states elsewhere (SGLang's /server_info
@@ -174,30 +193,40 @@ class MetricsScraper:
 
         With `publish=False` the load waits for the next batched flush (the poll loops).
         """
-        client = self._client
-        if client is None:
+        if self._client is None:
             raise RuntimeError("scraper not started")
-        url = target.url.rstrip("/") + self.settings.path
+        whole_url = target.url.rstrip("/") + self.settings.path
+        url, selective = self.selection.url(target.id, whole_url)
+        kind = self.settings.engine_for(target.id)
+        previous = self._counters.get(target.id)
         started = self._clock()
         try:
             # One limit for the whole scrape: per-read limits would let a trickling reply run on.
             async with asyncio.timeout(self.settings.timeout_s):
-                response = await client.send("GET", url, self._headers)
-                try:
-                    payload = await response.read()  # drained, so the connection is reused
-                finally:
-                    await response.aclose()
-            if response.status in METRICS_ABSENT:
-                self._failed(target.id, f"status_{response.status}")
+                status, payload = await self._get(url)
+                reading: EngineReading | None = None
+                selected: frozenset[str] = frozenset()
+                if selective and _query_may_be_at_fault(status):
+                    # Short of what the whole exposition had (gateway.scrape.select), or
+                    # refused: read it whole now, and let the selection learn from the two.
+                    if status == 200:
+                        with contextlib.suppress(MetricsFormatError):
+                            reading, selected = read_engine_series(_text(payload), kind, previous)
+                    if reading is None or not self.selection.complete(target.id, selected):
+                        reading = None
+                        status, payload = await self._get(whole_url)
+            if status in METRICS_ABSENT:
+                self._failed(target.id, f"status_{status}")
                 return self._own_counts(target.id, publish)
-            if response.status != 200:
-                self._failed(target.id, f"status_{response.status}")
+            if status != 200:
+                self._failed(target.id, f"status_{status}")
                 return None
-            reading = read_engine(
-                payload.decode("utf-8", "replace"),
-                self.settings.engine_for(target.id),
-                self._counters.get(target.id),
-            )
+            if reading is None:
+                reading, series = read_engine_series(_text(payload), kind, previous)
+                if selective:
+                    self.selection.fell_short(target.id, reading.kind, selected, series)
+                else:
+                    self.selection.read_whole(target.id, reading.kind, series)
         except MetricsFormatError as exc:  # a GatewayError too: caught first
             log.debug("replica %s metrics unreadable: %s", target.id, exc.message)
             self._failed(target.id, "parse")
@@ -236,6 +265,14 @@ class MetricsScraper:
         if publish:
             self.flush()
         return load
+
+    async def _get(self, url: str) -> tuple[int, bytes]:
+        assert self._client is not None
+        response = await self._client.send("GET", url, self._headers)
+        try:
+            return response.status, await response.read()  # drained: the connection is reused
+        finally:
+            await response.aclose()
 
     def _own_counts(self, replica: ReplicaId, publish: bool) -> EngineLoad:
         """The engine serves no `/metrics`: publish an empty load marked `engine=False`, so
@@ -303,6 +340,7 @@ class MetricsScraper:
             self._counters.pop(replica, None)
             self._kinds.pop(replica, None)
             self._missing.discard(replica)
+            self.selection.forget(replica)
             if share is not None:
                 share.forget(replica)
             if self.metrics is not None:
@@ -320,6 +358,10 @@ class MetricsScraper:
             return
         before = share.owned
         taken = await share.round(sorted(self._known | {t.id for t in self._targets()}))
+        for replica in share.woken:  # other gateways began sending these requests
+            event = self._quiet.get(replica)
+            if event is not None:
+                event.set()
         for replica, (load, kind) in taken.items():
             if share.owns(replica):
                 continue  # claimed in this round: its own scrape follows
@@ -378,6 +420,11 @@ class MetricsScraper:
         event = self._quiet.get(replica)
         if event is not None:
             event.set()
+        share = self.share
+        if share is not None and not share.owns(replica):
+            load = self._loads.get(replica)
+            if load is not None and load.grace_s:  # its holder reads it only now and then
+                share.wake_holder(replica)
         if self._clock() - self._busy_at >= self.settings.idle_interval_s:
             self._share_wakeup.set()
         self._busy_at = self._clock()

@@ -26,6 +26,12 @@ when it runs, the writes and the reads (a change of members adds a second round 
 every key carries the hash tag `{scrape}`, so on a Redis Cluster that pipeline is one
 round trip to one node and the lease script finds all its keys in one slot.
 
+A quiet engine's holder reads it every `scrape.idle_interval_s`, so requests other
+gateways send it would show only then. A gateway that begins sending requests to an engine
+it does not hold, while that engine's shared load reads quiet, adds the engine to its
+holder's wake set in its next round; the holder pops its set every round (once per lease
+period while it is quiet itself) and reads those engines at once.
+
 When the store is unreachable (degraded, or a round fails), the gateway scrapes every
 engine itself, as a gateway without a shared store does, until a round succeeds again.
 """
@@ -87,6 +93,8 @@ LEASE_SLACK = 0.05  # of a lease period
 # it is judged by its holder's membership (renewed every round), so renewing every lease
 # every round (the script over every engine, each second) bought nothing but store work.
 LEASE_HOLD_TTLS = 10
+# Engines popped from this gateway's wake set per round (more wait for the next round).
+WAKES_PER_ROUND = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +187,10 @@ class ScrapeShare:
         # rounds, as a quiet engine's holder writes it once per scrape.idle_interval_s).
         self._seen: dict[ReplicaId, bytes] = {}
         self._gone: set[ReplicaId] = set()
+        # Engines others hold that this gateway began sending requests to while they read
+        # quiet (out in the next round), and those others asked this one to read (popped).
+        self._wakes_out: set[ReplicaId] = set()
+        self.woken: frozenset[ReplicaId] = frozenset()
         self.rounds = 0
         self.failures = 0
 
@@ -201,6 +213,12 @@ class ScrapeShare:
     def offer(self, replica: ReplicaId, load: EngineLoad, kind: EngineKind | None) -> None:
         """A load this gateway scraped: written to the store in the next round."""
         self._outbox[replica] = encode(load, kind, self._wall())
+
+    def wake_holder(self, replica: ReplicaId) -> None:
+        """This gateway began sending `replica` requests and another holds it: ask the
+        holder, in the next round, to read it now (see the module docstring)."""
+        if not self.owns(replica):
+            self._wakes_out.add(replica)
 
     def forget(self, replica: ReplicaId) -> None:
         self._outbox.pop(replica, None)
@@ -294,6 +312,15 @@ class ScrapeShare:
             pipe.pexpire(loads_key, 4 * ttl_ms)
         if gone:
             pipe.hdel(loads_key, *gone)
+        wakes, self._wakes_out = self._wakes_out, set()
+        for holder, asked in self._by_holder(wakes).items():
+            wake_key = self.keys.scrape_wakes(holder)
+            pipe.sadd(wake_key, *asked)
+            pipe.pexpire(wake_key, 4 * ttl_ms)
+        popped_at = None
+        if was_sharing:
+            popped_at = len(pipe)
+            pipe.spop(self.keys.scrape_wakes(self.me), WAKES_PER_ROUND)
         if others:
             pipe.hmget(loads_key, others)
         try:
@@ -317,14 +344,26 @@ class ScrapeShare:
                         self._claimed(engines, held)
         except _FAILURES as exc:
             self.failures += 1
+            self._wakes_out |= wakes
             self._stop_sharing(f"a scrape round failed: {exc!r}")
             return {}
+        popped = results[popped_at] if popped_at is not None else None
+        self.woken = frozenset(ReplicaId(r.decode()) for r in popped or ())
         self.rounds += 1
         if lease_round:
             if not was_sharing:
                 log.info("scraping shared through the store with %d gateway(s)", len(self._members))
             self._last_lease = self._clock()
         return self._taken_in(others, results[-1] if others else [])
+
+    def _by_holder(self, replicas: set[ReplicaId]) -> dict[str, list[ReplicaId]]:
+        """The engines grouped by the member that scrapes them (by rendezvous hashing, as
+        the leases go; during a handover the ask may miss, and costs a quiet read's wait)."""
+        out: dict[str, list[ReplicaId]] = {}
+        for replica in replicas:
+            if self._owned is not None and replica not in self._owned:
+                out.setdefault(preferred(replica, self._members), []).append(replica)
+        return out
 
     def _taken_in(
         self, replicas: Sequence[ReplicaId], raws: Sequence[bytes | None]

@@ -12,6 +12,7 @@ from typing import Any
 from gateway.sim.cluster import SimCluster
 from gateway.sim.faults import NO_FAULTS, FaultConfig
 from gateway.sim.profiles import PROFILES, HardwareProfile, get_profile
+from gateway.sim.server import ENGINE_KEEP_ALIVE_S
 from gateway.sim.tokenizer import FileTokenizer
 from gateway.types import Role
 
@@ -61,6 +62,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="LoRA adapter names served beside the model (vLLM's --lora-modules): listed "
         "in /v1/models with the model as parent, answered as the model is",
+    )
+    parser.add_argument(
+        "--timeout-keep-alive",
+        type=float,
+        default=ENGINE_KEEP_ALIVE_S,
+        metavar="SECONDS",
+        help="close a connection idle this long (default 5, vLLM's and SGLang's)",
     )
     parser.add_argument(
         "--time-scale",
@@ -207,6 +215,7 @@ def cluster_from_args(args: argparse.Namespace) -> SimCluster:
         bootstrap_timeout_s=args.bootstrap_timeout,
         tokenizer=FileTokenizer(args.tokenizer_file) if args.tokenizer_file else None,
         api_key=args.api_key,
+        keep_alive_s=args.timeout_keep_alive,
     )
 
 

@@ -9,7 +9,12 @@ from typing import Self
 from gateway.sim.faults import NO_FAULTS, FaultConfig
 from gateway.sim.metrics import Flavor
 from gateway.sim.profiles import HardwareProfile, get_profile
-from gateway.sim.server import DEFAULT_BOOTSTRAP_TIMEOUT_S, KVEventsOptions, SimEngine
+from gateway.sim.server import (
+    DEFAULT_BOOTSTRAP_TIMEOUT_S,
+    ENGINE_KEEP_ALIVE_S,
+    KVEventsOptions,
+    SimEngine,
+)
 from gateway.sim.tokenizer import Tokenizer
 from gateway.types import Role
 
@@ -42,6 +47,7 @@ class SimCluster:
         bootstrap_timeout_s: float = DEFAULT_BOOTSTRAP_TIMEOUT_S,
         tokenizer: Tokenizer | None = None,
         api_key: str | None = None,
+        keep_alive_s: float = ENGINE_KEEP_ALIVE_S,
         kv_events: KVEventsOptions | None = None,
         metrics_enabled: bool = True,
         low_priority_first: bool = False,
@@ -67,6 +73,7 @@ class SimCluster:
                 bootstrap_timeout_s=bootstrap_timeout_s,
                 tokenizer=tokenizer,
                 api_key=api_key,
+                keep_alive_s=keep_alive_s,
                 kv_events=kv_events,
                 metrics_enabled=metrics_enabled,
                 low_priority_first=low_priority_first,

@@ -215,8 +215,17 @@ class SimMetrics:
         if handle.finish_time is not None and handle.finish_reason != "abort":
             self._e2e.observe(handle.finish_time - handle.arrival)
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, names: list[str] | None = None) -> bytes:
+        """The exposition; with `names` (a `name[]` query), only those samples, as each
+        engine's prometheus-client setup answers it: vLLM (one API server) serves its
+        global registry, whose collectors are registered by name, so it selects them;
+        SGLang collects in multiprocess mode, a collector registered without names,
+        which a restricted registry leaves out: it answers with nothing."""
+        if names is None:
+            return generate_latest(self.registry)
+        if self.flavor == "sglang":
+            return b""
+        return generate_latest(self.registry.restricted_registry(names))
 
 
 class _StateCollector(Collector):

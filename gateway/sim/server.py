@@ -64,6 +64,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BOOTSTRAP_TIMEOUT_S = 30.0
 DEFAULT_REQUEST_LOG_SIZE = 10_000
+# vLLM (VLLM_HTTP_TIMEOUT_KEEP_ALIVE) and SGLang (its uvicorn.run) close a connection idle
+# this long: a client that calls less often opens a new connection each time.
+ENGINE_KEEP_ALIVE_S = 5.0
 
 
 @dataclass(slots=True)
@@ -122,8 +125,10 @@ class SimEngine:
         metrics_enabled: bool = True,
         low_priority_first: bool = False,
         lora_modules: tuple[str, ...] = (),
+        keep_alive_s: float = ENGINE_KEEP_ALIVE_S,
     ) -> None:
         self.index = index
+        self.keep_alive_s = keep_alive_s
         # vLLM's --lora-modules names: served (listed with the base model as `parent`) and
         # answered as the base model is (the simulator computes no adapter).
         self.lora_modules = tuple(lora_modules)
@@ -214,7 +219,7 @@ class SimEngine:
 
     # ---- lifecycle -------------------------------------------------------------------
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.server = await start_server(self.app, host, port)
+        self.server = await start_server(self.app, host, port, timeout_keep_alive=self.keep_alive_s)
         if self.faults.config.refuse:
             await self.set_faults(self.faults.config, force=True)
         if self.kv_events is not None:
@@ -585,7 +590,8 @@ class SimEngine:
         self.metrics_requests += 1
         if not self.metrics_enabled:
             return _error(404, "Not Found")
-        return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+        names = request.query_params.getlist("name[]")  # prometheus-client's selection
+        return Response(self.metrics.render(names or None), media_type=CONTENT_TYPE)
 
     def _publisher_config(self) -> dict[str, Any] | None:
         """The KV event publisher as vLLM 0.33 describes it (its `KVEventsConfig`)."""

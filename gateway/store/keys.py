@@ -75,6 +75,11 @@ class StoreKeys:
         when no gateway writes to it for a few lease TTLs."""
         return f"{self.prefix}:{SCRAPE_TAG}:loads"
 
+    def scrape_wakes(self, member: str) -> str:
+        """Set: engines other gateways began sending requests while their shared load read
+        quiet; `member`, their scraper, pops them each round and reads them at once."""
+        return f"{self.prefix}:{SCRAPE_TAG}:wake:{member}"
+
     def events(self) -> str:
         """Pub/sub channel: session moves, forgotten replicas, ejections (pushed at once)."""
         return f"{self.prefix}:events"

@@ -18,6 +18,11 @@ What is shared and how stale it can be (normal operation, `sync_interval_s` = T)
   system prompts, tool definitions, forked agents), at most about T late; a longer match
   is found by the instance that placed it, and later turns follow the session placement.
 
+While nothing is written here and a pull brings nothing new (ten syncs in a row), T
+becomes one second: an idle fleet's pulls find nothing. The first write that would wait for
+T (a TTL refresh, a prefix placement) wakes the sync, and a prefix placement written then
+is announced over pub/sub so that the other instances, quiet too, pull it at once.
+
 Request path: `lookup_session` answers from the local copy; on a local miss it spends one
 round trip (GETEX) bounded by `op_timeout_s`. Every other verb only updates local state and
 queues the write. When Redis is down, slow or restarting the store is *degraded*: requests
@@ -66,6 +71,10 @@ _PENDING_PREFIXES_MAX = 4096
 _SLOW_STRIKES = 3
 # Recently published (replica, last shared block) pairs, to skip repeats.
 _PUBLISHED_MEMORY = 8192
+# After this many syncs in a row that wrote nothing and pulled nothing new, the store is
+# quiet: it syncs once a second (at most), until a write or a pulled entry shows activity.
+_QUIET_SYNCS = 10
+_QUIET_SYNC_S = 1.0
 
 
 class RedisStore:
@@ -109,6 +118,9 @@ class RedisStore:
         self._slow_strikes = 0
         self._first_connect = True
         self._wake = asyncio.Event()
+        # Nothing written or pulled for _QUIET_SYNCS syncs: the sync runs at the quiet rate,
+        # and the first write that would otherwise wait for the next sync wakes it.
+        self._quiet = False
         # Requests waiting for the writes they queued to reach Redis (`flushed`).
         self._flush_waiters: list[asyncio.Future[None]] = []
         self._connected = asyncio.Event()
@@ -258,6 +270,8 @@ class RedisStore:
         self.local.local_assign(session, replica)
         if previous == replica:
             self.batch.touched.add(session)
+            if self._quiet:
+                self._wake.set()
             return
         # A first placement must not overwrite one another instance made meanwhile; a move
         # (bounded load, failover) is a decision and wins.
@@ -327,11 +341,23 @@ class RedisStore:
         if len(self._published) > _PUBLISHED_MEMORY:
             self._published.popitem(last=False)
         self.prefixes_out.append(replace(placement, prefix_hashes=hashes, at=self._wall()))
+        if self._quiet:
+            self._wake.set()
 
     def subscribe_prefixes(self, sink: PrefixSink) -> None:
         self.local.subscribe_prefixes(sink)
 
     # -- background -----------------------------------------------------------------------
+    @property
+    def quiet(self) -> bool:
+        """Syncing at the quiet rate: nothing written or pulled for a while."""
+        return self._quiet
+
+    def pull_soon(self) -> None:
+        """Another instance wrote what a pull brings: at the quiet rate, sync now."""
+        if self._quiet:
+            self._wake.set()
+
     def ttl_ms(self) -> int:
         return max(1, round(self.settings.session_ttl_s * 1000))
 
@@ -400,15 +426,23 @@ class RedisStore:
 
     async def _sync_loop(self) -> None:
         interval = self.settings.sync_interval_s
+        quiet_wait = max(interval, _QUIET_SYNC_S)
+        idle_syncs = 0
         while not self._closing:
+            # An idle fleet's pulls find nothing; ten a second were a gateway's largest store
+            # cost while idle. Other instances' placements, moves and ejections still arrive
+            # at once over pub/sub; only their prefix placements wait for a pull.
+            self._quiet = idle_syncs >= _QUIET_SYNCS
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), interval)
+                await asyncio.wait_for(self._wake.wait(), quiet_wait if self._quiet else interval)
             self._wake.clear()
             if self._closing:
                 return
             if self._degraded:
                 raise ConnectionError(self._reason or "degraded")
             started = time.perf_counter()
+            wrote = self.batch.pending() or bool(self.prefixes_out)
+            cursor = self.stream_cursor
             # Whoever waits now has its writes in the batch run_batch takes next.
             waiters, self._flush_waiters = self._flush_waiters, []
             try:
@@ -416,6 +450,7 @@ class RedisStore:
                     await run_batch(self, full=False)
             finally:
                 self._release_flush_waiters(waiters)
+            idle_syncs = 0 if wrote or self.stream_cursor != cursor else idle_syncs + 1
             self.metrics.sync_seconds.observe(time.perf_counter() - started)
 
     async def _listen(self) -> None:

@@ -57,6 +57,17 @@ class SyncBatch:
     readmitted: set[ReplicaId] = field(default_factory=set)
     linked: dict[str, str] = field(default_factory=dict)
 
+    def pending(self) -> bool:
+        """Whether anything waits to be written."""
+        return bool(
+            self.assigned
+            or self.touched
+            or self.forgotten
+            or self.ejected
+            or self.readmitted
+            or self.linked
+        )
+
     def take(self) -> SyncBatch:
         taken = SyncBatch(
             self.assigned, self.touched, self.forgotten, self.ejected, self.readmitted
@@ -94,6 +105,8 @@ def apply_event(store: RedisStore, event: dict[str, Any]) -> None:
         local.local_eject(Ejection(ReplicaId(event["r"]), float(event["u"]), event.get("m", "")))
     elif kind == "a":
         local.local_readmit(ReplicaId(event["r"]))
+    elif kind == "p":
+        store.pull_soon()  # prefix placements written after a quiet spell: pull them now
 
 
 def decode_prefix(fields: dict[bytes, bytes]) -> PrefixPlacement:
@@ -205,6 +218,9 @@ async def _flush(
     for replica in batch.readmitted:
         add(pipe.hdel(keys.ejections(), replica))
         add(pipe.publish(keys.events(), store.encode_event("a", r=replica)))
+    if prefixes and store.quiet:
+        # The others sync at the quiet rate too: say there is something to pull.
+        add(pipe.publish(keys.events(), store.encode_event("p")))
     for placement in prefixes:
         entry = encode_prefix(placement, store.instance_id)
         add(

@@ -25,8 +25,8 @@ from gateway.types import EngineLoad, ReplicaId, ReplicaState
 
 
 def test_a_quiet_load_stays_fresh_for_the_longer_wait_before_its_next_read() -> None:
-    assert ScrapeSettings().idle_interval_s == 5.0
-    assert ScrapeSettings().quiet_grace_s == 4.75
+    assert ScrapeSettings().idle_interval_s == 10.0
+    assert ScrapeSettings().quiet_grace_s == 9.75
     # One rate for every replica: no grace.
     assert ScrapeSettings(idle_interval_s=0.25).quiet_grace_s == 0.0
     assert ScrapeSettings(interval_s=1.0, idle_interval_s=0.5).quiet_grace_s == 0.0

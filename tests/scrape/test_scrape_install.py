@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
+import pytest
+
 from gateway.app import build_app
 from gateway.scrape import EngineKind
 from gateway.scrape.install import ScrapeHealth, scrape_settings
 from gateway.settings import load_settings
+from gateway.testing.servers import gateway, sim_engines
 from gateway.types import ReplicaId
+from gateway.upstream.h1_client import H1Client
 
 
 async def test_unreachable_metrics_eject_but_unreadable_ones_do_not() -> None:
@@ -52,3 +59,39 @@ async def test_engine_kinds_come_from_replicas_and_scrape_overrides() -> None:
     assert settings.engine_for("s") is EngineKind.TGI
     assert settings.engine_for("x") is EngineKind.AUTO
     await app.state.gateway.client.aclose()
+
+
+@pytest.mark.parametrize(("probe_every", "reconnects"), [(0.35, False), (0.9, True)])
+async def test_quiet_probes_keep_the_connection_the_quiet_reads_reuse(
+    probe_every: float, reconnects: bool
+) -> None:
+    """Engines close a connection idle for their keep-alive (5 s for vLLM and SGLang; 0.6 s
+    here). Quiet probes under it keep one open, and the quiet reads, less often than the
+    keep-alive, go over it: no new connection. Probes over it reconnect each time."""
+    async with (
+        sim_engines(1, "instant", keep_alive_s=0.6) as engines,
+        gateway(
+            engines,
+            health={"interval_s": 0.2, "idle_interval_s": probe_every},
+            scrape={"interval_s": 0.05, "idle_interval_s": 1.0, "stale_after_s": 0.5},
+        ) as gw,
+    ):
+        state = gw.state
+        scraper = state.extras["scrape"]
+        assert scraper._client is state.health.client  # one pool: probes and reads
+        client = state.health.client
+        assert isinstance(client, H1Client)
+        connects = 0
+        real_connect = client._connect
+
+        async def counting(*args: Any, **kwargs: Any) -> Any:
+            nonlocal connects
+            connects += 1
+            return await real_connect(*args, **kwargs)
+
+        client._connect = counting  # type: ignore[method-assign]
+        await asyncio.sleep(1.5)  # quiet: probes at probe_every, reads every second
+        connects, reads = 0, engines[0].metrics_requests
+        await asyncio.sleep(3.0)
+        assert engines[0].metrics_requests - reads >= 2
+        assert (connects >= 2) if reconnects else (connects == 0), connects

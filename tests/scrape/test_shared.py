@@ -231,3 +231,59 @@ async def test_membership_rounds_run_the_lease_script_only_when_something_change
     owners = [s.owned or frozenset() for s in (a, b, c)]
     assert all(owners) and sum(len(o) for o in owners) == len(REPLICAS)
     assert owners[0] | owners[1] | owners[2] == set(REPLICAS)
+
+
+async def test_a_quiet_engine_another_gateway_begins_using_is_read_by_its_holder_at_once(
+    client: Redis, key_prefix: str
+) -> None:
+    # Quiet engines are read every 10 s; the lease period (a quiet holder's round) is 0.2 s.
+    settings = ScrapeSettings(interval_s=0.05, idle_interval_s=10.0, lease_ttl_s=0.6)
+    async with SimCluster(4, get_profile("instant")) as sim:
+        targets = [ReplicaState(ReplicaId(f"e{i}"), url) for i, url in enumerate(sim.urls)]
+        flights: dict[str, dict[ReplicaId, int]] = {"a": {}, "b": {}}
+        a, b = (
+            MetricsScraper(
+                settings,
+                lambda: targets,
+                share=share(client, key_prefix, me, ttl=settings.lease_ttl_s),
+                in_flight=flights[me],
+            )
+            for me in ("a", "b")
+        )
+        for scraper in (a, b):
+            await scraper.start()
+        try:
+            assert a.share is not None and b.share is not None
+            for _ in range(300):  # every engine read, quiet, and split between the two
+                if (
+                    len(b.loads) == 4
+                    and all(load.grace_s for load in b.loads.values())
+                    and a.share.owned
+                    and b.share.owned is not None
+                    and set(a.share.owned).isdisjoint(b.share.owned)
+                ):
+                    break
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.5)  # the holders' first reads (busy, then quiet) are done
+            held = min(a.share.owned or ())
+            assert b.share.owned is not None and held not in b.share.owned
+            assert held in a._quiet  # its poller waits out the quiet interval
+            engine = sim.engines[int(held[1:])]
+            before = engine.metrics_requests
+            await asyncio.sleep(0.6)
+            assert engine.metrics_requests == before  # quiet: not read again for 10 s
+            # `b` begins sending the engine `a` holds a request: `a` reads it at once.
+            flights["b"][held] = 1
+            b.wake(held)
+            loop = asyncio.get_running_loop()
+            asked = loop.time()
+            while engine.metrics_requests == before:
+                assert loop.time() - asked < 2.0, "the holder did not read it"
+                await asyncio.sleep(0.02)
+            # An engine `b` holds itself is read by `b` (its own poller), no ask goes out.
+            own = min(b.share.owned or ())
+            b.wake(own)
+            assert not b.share._wakes_out
+        finally:
+            for scraper in (a, b):
+                await scraper.stop()

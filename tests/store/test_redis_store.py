@@ -208,3 +208,41 @@ async def test_slow_redis_costs_at_most_the_op_timeout(
         await sleeper
     finally:
         client.close()
+
+
+def syncs(store: RedisStore) -> float:
+    """How many syncs the store has run (its kvgate_store_sync_seconds count)."""
+    for family in store.metrics.sync_seconds.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_count"):
+                return sample.value
+    return 0.0
+
+
+async def test_an_idle_store_syncs_once_a_second_and_wakes_for_writes_and_shared_prefixes(
+    make_store: MakeStore, redis_server: RedisServer
+) -> None:
+    a = await make_store(redis_server, sync_interval_s=0.05)
+    b = await make_store(redis_server, sync_interval_s=0.05)
+    seen: list[PrefixPlacement] = []
+    b.subscribe_prefixes(seen.append)
+    # Ten syncs in a row with nothing written or pulled (half a second here): quiet.
+    await eventually(lambda: a.quiet and b.quiet, timeout=3.0)
+    before = syncs(b)
+    await asyncio.sleep(1.5)
+    assert syncs(b) - before <= 3  # 30 at the busy rate
+    # A write on one: its sync runs at once, and tells the others to pull.
+    started = time.monotonic()
+    a.publish_prefix(PrefixPlacement("m", R1, (1, 2, 3), block_tokens=16))
+    await eventually(lambda: bool(seen), timeout=3.0)
+    assert time.monotonic() - started < 0.5  # not the quiet second
+    assert not a.quiet  # the write brought back the busy rate
+    # A placement that only refreshes a TTL (a continued session) wakes a quiet store too.
+    await eventually(lambda: a.quiet, timeout=3.0)
+    s = SessionKey("kept")
+    await a.assign_session(s, R1)
+    await a.sync()
+    await eventually(lambda: a.quiet, timeout=3.0)
+    before = syncs(a)
+    await a.assign_session(s, R1)  # the same replica: a touch, which waits for a sync
+    await eventually(lambda: syncs(a) > before, timeout=0.5)
