@@ -1,9 +1,11 @@
 """CPU per `/metrics` scrape, whole exposition against selective reads (`name[]`).
 
-The engine is served in a subprocess (its CPU is not counted): prometheus-client's ASGI app
-under uvicorn over a registry holding every series vLLM 0.33 registers (names, kinds and
-label names recorded from its wheel in tests/fixtures/engines; prometheus-client's default
-histogram buckets), or `kvgate sim` (`--engine sim`). The gateway's scraper reads it in this
+The engine is served in a subprocess (its CPU is not counted), under uvicorn, with vLLM's two
+`/metrics` routes (the whole registry at `/metrics`, whatever the query, as
+prometheus-fastapi-instrumentator's handler answers; prometheus-client's ASGI app under it)
+over a registry holding every series vLLM 0.33 registers (names, kinds and label names
+recorded from its wheel in tests/fixtures/engines; prometheus-client's default histogram
+buckets), or `kvgate sim` (`--engine sim`). The gateway's scraper reads it in this
 process, `--scrapes` times per round, with `scrape.select_series` off and on in alternating
 rounds; it prints the gateway's CPU per scrape (user + system), the wall time of a scrape
 (which includes the engine rendering its answer) and the answer's size.
@@ -40,9 +42,13 @@ RECORDED = ROOT / "tests" / "fixtures" / "engines" / "vllm-0.33.0" / "metrics.js
 # The engine: every recorded series as a real prometheus-client metric, in the global
 # registry kind vLLM serves with one API server (collectors known by name).
 ENGINE = """
-import json, sys
+import json, re, sys
 import uvicorn
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_asgi_app
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge,
+                               Histogram, generate_latest, make_asgi_app)
+from starlette.applications import Starlette
+from starlette.responses import Response
+from starlette.routing import Mount, Route
 
 series, port = json.load(open(sys.argv[1]))["series"], int(sys.argv[2])
 registry = CollectorRegistry(auto_describe=True)
@@ -63,8 +69,14 @@ for s in series:
         child.inc(1000)
     else:
         child.observe(0.5)
-uvicorn.run(make_asgi_app(registry=registry), host="127.0.0.1", port=port,
-            log_level="warning", lifespan="off")
+
+async def whole(_request):
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+mount = Mount("/metrics", app=make_asgi_app(registry=registry))
+mount.path_regex = re.compile("^/metrics(?P<path>.*)$")
+app = Starlette(routes=[Route("/metrics", whole), mount])
+uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
 """
 
 
@@ -134,7 +146,7 @@ def main() -> int:
     try:
         whole = len(httpx.get(url + "/metrics").content)
         query = selective_query(read_samples_of(EngineKind.VLLM))
-        selected = len(httpx.get(url + "/metrics?" + query).content)
+        selected = len(httpx.get(url + "/metrics/?" + query).content)
         results: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
         for _ in range(a.rounds):
             for select in (False, True):

@@ -56,9 +56,10 @@ class ScrapeSettings(BaseModel):
     select_series: bool = Field(
         default=True,
         description="after a first whole read, ask each engine for only the series kvgate "
-        "reads (prometheus-client's name[] query, which vLLM and SGLang serve): a fraction "
-        "of the bytes to render, send and parse. An engine that answers it short (SGLang, "
-        "vLLM with several API servers: multiprocess collection) is read whole",
+        "reads (prometheus-client's name[] query at <path>/, where vLLM mounts that app): "
+        "a fraction of the bytes to render, send and parse. An engine that answers it short "
+        "(SGLang, vLLM with several API servers: multiprocess collection) or refuses it is "
+        "read whole",
     )
     engine: EngineKind = Field(
         default=EngineKind.AUTO, description="default dialect for every replica"

@@ -80,9 +80,9 @@ def _text(payload: bytes) -> str:
 
 def _query_may_be_at_fault(status: int) -> bool:
     """A selective read's answer that a whole read may not share: a 200 (that may lack
-    series) or a 4xx other than "no metrics here" (a server that refuses the query). A 5xx
-    or a 404 is the engine's state, and a whole read would only repeat it."""
-    return status == 200 or (400 <= status < 500 and status not in METRICS_ABSENT)
+    series), a 3xx or a 4xx (a server with no such path, that redirects it, or that refuses
+    the query). A 5xx is the engine's state, and a whole read would only repeat it."""
+    return status == 200 or 300 <= status < 500
 
 
 class MetricsScraper:
@@ -212,6 +212,9 @@ class MetricsScraper:
                     if status == 200:
                         with contextlib.suppress(MetricsFormatError):
                             reading, selected = read_engine_series(_text(payload), kind, previous)
+                    else:
+                        self.selection.refused(target.id)
+                        selective = False
                     if reading is None or not self.selection.complete(target.id, selected):
                         reading = None
                         status, payload = await self._get(whole_url)

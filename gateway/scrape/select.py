@@ -1,19 +1,25 @@
 """Ask an engine for only the series kvgate reads.
 
-vLLM's and SGLang's `/metrics` are prometheus-client's ASGI app, which answers
-`?name[]=a&name[]=b` with those samples only. A vLLM exposition runs to tens of kilobytes
-(some fifteen histograms of twenty-odd buckets, the HTTP and process series) of which the
-readers use a dozen lines: asking for those lines spares the engine's API server rendering
-the rest and the gateway reading it, on every scrape of every replica.
+prometheus-client's ASGI app answers `?name[]=a&name[]=b` with those samples only. A vLLM
+exposition runs to tens of kilobytes (some fifteen histograms of twenty-odd buckets, the
+HTTP and process series) of which the readers use a dozen lines: asking for those lines
+spares the engine's API server rendering the rest and the gateway reading it, on every
+scrape of every replica.
 
-Not every engine honours the query in full. prometheus-client leaves out of a restricted
-answer any collector registered without names, which is how multiprocess collection is
-registered (SGLang always, vLLM with `--api-server-count` above 1): those answer it with
-nothing. Other servers (TGI) ignore the query and send everything. So a replica is first
-read whole, which says which read samples it has; later reads are selective, and one that
-comes back without a sample the whole read had is read whole again at once. If the whole
-read has samples the selective one lacked, the replica is read whole from then on;
-otherwise the engine changed (a restart, a new version) and what it has is learnt anew.
+Where an engine serves it: vLLM (`vllm/entrypoints/serve/instrumentator/metrics.py`)
+registers two routes. `GET /metrics` is prometheus-fastapi-instrumentator's handler, which
+renders the whole registry and ignores the query; any other path under it (`/metrics/`) is
+prometheus-client's ASGI app, mounted behind a path pattern that avoids a redirect. So the
+selective read goes to the path with a trailing slash. SGLang mounts prometheus-client's app
+the same way, over a multiprocess collector: a collector registered without names, which a
+restricted registry leaves out, so it answers the query with nothing (as vLLM does with
+`--api-server-count` above 1). Servers that know no such path answer 404 (TGI).
+
+So a replica is first read whole, which says which read samples it has; later reads are
+selective. A selective answer that lacks a sample the whole read had is followed at once by
+a whole read: if that read has what the selective one lacked, the replica is read whole from
+then on; otherwise the engine changed (a restart, a new version) and what it has is learnt
+anew. A selective read refused (a 3xx or a 4xx) makes the replica read whole from then on.
 """
 
 from __future__ import annotations
@@ -48,7 +54,9 @@ class SeriesSelection:
         query = self._query.get(replica)
         if query is None:
             return base, False
-        return f"{base}{'&' if '?' in base else '?'}{query}", True
+        if "?" in base:  # a configured path with a query of its own: add to it
+            return f"{base}&{query}", True
+        return f"{base.rstrip('/')}/?{query}", True  # vLLM's prometheus-client route
 
     def read_whole(self, replica: ReplicaId, kind: EngineKind, series: frozenset[str]) -> None:
         """A whole read of `replica` in dialect `kind` had the read samples `series`."""
@@ -76,6 +84,13 @@ class SeriesSelection:
             )
             return
         self.read_whole(replica, kind, whole)
+
+    def refused(self, replica: ReplicaId) -> None:
+        """`replica` answered a selective read with a 3xx or 4xx: read it whole from now on."""
+        self._whole.add(replica)
+        self._query.pop(replica, None)
+        self._expected.pop(replica, None)
+        log.info("replica %s refuses a selective /metrics read; it is read whole", replica)
 
     def forget(self, replica: ReplicaId) -> None:
         """`replica` left the fleet (it may come back as another engine)."""

@@ -216,11 +216,11 @@ class SimMetrics:
             self._e2e.observe(handle.finish_time - handle.arrival)
 
     def render(self, names: list[str] | None = None) -> bytes:
-        """The exposition; with `names` (a `name[]` query), only those samples, as each
-        engine's prometheus-client setup answers it: vLLM (one API server) serves its
+        """The exposition; with `names` (a `name[]` query to prometheus-client's app), only
+        those samples, as each engine's registry answers it: vLLM's (one API server) is the
         global registry, whose collectors are registered by name, so it selects them;
-        SGLang collects in multiprocess mode, a collector registered without names,
-        which a restricted registry leaves out: it answers with nothing."""
+        SGLang collects in multiprocess mode, a collector registered without names, which a
+        restricted registry leaves out: it answers with nothing."""
         if names is None:
             return generate_latest(self.registry)
         if self.flavor == "sglang":

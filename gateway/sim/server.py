@@ -325,6 +325,7 @@ class SimEngine:
             Route("/kv_event_sources", self._kv_event_sources, methods=["GET"]),
             Route("/health", self._health, methods=["GET"]),
             Route("/metrics", self._metrics, methods=["GET"]),
+            Route("/metrics/", self._metrics, methods=["GET"]),
             Route("/admin/faults", self._faults, methods=["GET", "POST"]),
             Route("/reset_prefix_cache", self._reset_prefix_cache, methods=["POST"]),
             Route("/sim/state", self._state, methods=["GET"]),
@@ -590,7 +591,11 @@ class SimEngine:
         self.metrics_requests += 1
         if not self.metrics_enabled:
             return _error(404, "Not Found")
-        names = request.query_params.getlist("name[]")  # prometheus-client's selection
+        # A `name[]` selection is prometheus-client's ASGI app's: vLLM serves `/metrics`
+        # itself (prometheus-fastapi-instrumentator's handler: the whole registry, the query
+        # ignored) and mounts the app for the paths under it; SGLang mounts it for both.
+        selecting = self.metrics.flavor == "sglang" or request.url.path.endswith("/")
+        names = request.query_params.getlist("name[]") if selecting else []
         return Response(self.metrics.render(names or None), media_type=CONTENT_TYPE)
 
     def _publisher_config(self) -> dict[str, Any] | None:

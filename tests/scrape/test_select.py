@@ -1,11 +1,14 @@
 """Selective scrapes (`name[]`) against `/metrics` served as the engines serve it.
 
-The engines' `/metrics` is prometheus-client's ASGI app over a registry: vLLM's (one API
-server) is prometheus-client's global kind, whose collectors are known by name; SGLang's is
-a multiprocess collector, known by none. Both are built here from the real library with the
-series vLLM 0.33 and SGLang 0.5.23 register (tests/fixtures/engines), served by uvicorn on
-loopback, and read by the gateway's scraper. SGLang's runs in a subprocess: multiprocess
-values are chosen when prometheus-client is imported, by an environment variable.
+vLLM (`vllm/entrypoints/serve/instrumentator/metrics.py`) answers `GET /metrics` with
+prometheus-fastapi-instrumentator's handler (the whole registry; the query ignored) and
+mounts prometheus-client's ASGI app for the paths under it, behind a path pattern; its
+registry (one API server) is prometheus-client's global kind, whose collectors are known by
+name. SGLang mounts the same app the same way over a multiprocess collector, known by no
+name. Both are built here from the real library with the series vLLM 0.33 and SGLang 0.5.23
+register (tests/fixtures/engines), served by uvicorn on loopback, and read by the gateway's
+scraper. SGLang's runs in a subprocess: multiprocess values are chosen when prometheus-client
+is imported, by an environment variable.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -24,11 +28,19 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_asgi_app
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    make_asgi_app,
+)
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
 from gateway.scrape import MetricsScraper, ScrapeSettings
 from gateway.scrape.adapters import read_samples_of
@@ -66,16 +78,29 @@ def vllm_registry(running: int, waiting: int) -> CollectorRegistry:
     return registry
 
 
+def vllm_routes(registry: CollectorRegistry) -> Starlette:
+    """vLLM's two `/metrics` routes, in its order: the instrumentator's handler for the
+    path itself (what it does: the whole registry, whatever the query), then
+    prometheus-client's app for every path under it."""
+
+    async def instrumentator(_request: Request) -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    mount = Mount("/metrics", app=make_asgi_app(registry=registry))
+    mount.path_regex = re.compile("^/metrics(?P<path>.*)$")  # vLLM's redirect workaround
+    return Starlette(routes=[Route("/metrics", instrumentator), mount])
+
+
 class Recorded:
-    """prometheus-client's ASGI app, recording each request's query and body size."""
+    """An engine app, recording each request's path and query and its body size."""
 
     def __init__(self, app: ASGI) -> None:
         self.app = app
-        self.queries: list[str] = []
+        self.queries: list[str] = []  # "path?query"
         self.sizes: list[int] = []
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        self.queries.append(scope["query_string"].decode())
+        self.queries.append(f"{scope['path']}?{scope['query_string'].decode()}")
 
         async def counting(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.body":
@@ -87,7 +112,7 @@ class Recorded:
 
 @pytest.fixture
 async def vllm_engine() -> AsyncIterator[tuple[Recorded, RunningServer]]:
-    recorded = Recorded(make_asgi_app(registry=vllm_registry(running=3, waiting=2)))
+    recorded = Recorded(vllm_routes(vllm_registry(running=3, waiting=2)))
     server = await start_server(recorded, lifespan="off")
     try:
         yield recorded, server
@@ -176,15 +201,16 @@ async def test_vllm_is_read_whole_once_then_only_for_the_series_kvgate_reads(
     assert all(load is not None and (load.running, load.waiting) == (3, 2) for load in loads)
     assert loads[-1] is not None and loads[-1].kv_usage == 0.25
     # Whole reads until one is done (the poll loop's and the first here may overlap), then
-    # every read selective.
-    selective = selective_query(read_samples_of(EngineKind.VLLM))
+    # every read selective, at the path prometheus-client's app serves.
+    selective = "/metrics/?" + selective_query(read_samples_of(EngineKind.VLLM))
     first = recorded.queries.index(selective)
-    assert 1 <= first <= 2 and set(recorded.queries[:first]) == {""}
+    assert 1 <= first <= 2 and set(recorded.queries[:first]) == {"/metrics?"}
     assert set(recorded.queries[first:]) == {selective}
+    last = recorded.sizes[-1]
     whole = len(
         (await asyncio.to_thread(httpx.get, server.url + "/metrics")).content
     )  # the whole exposition, for scale
-    assert recorded.sizes[-1] * 10 < whole, (recorded.sizes, whole)
+    assert last * 10 < whole, (recorded.sizes, whole)
 
 
 async def test_the_answer_to_a_selective_read_is_what_the_readers_use(
@@ -194,7 +220,9 @@ async def test_the_answer_to_a_selective_read_is_what_the_readers_use(
     names = read_samples_of(EngineKind.VLLM)
     async with httpx.AsyncClient() as client:
         whole = (await client.get(server.url + "/metrics")).text
-        selected = (await client.get(server.url + "/metrics?" + selective_query(names))).text
+        ignored = (await client.get(server.url + "/metrics?" + selective_query(names))).text
+        selected = (await client.get(server.url + "/metrics/?" + selective_query(names))).text
+    assert ignored == whole  # the instrumentator's handler answers whole
     samples = {
         line.split("{")[0].split(" ")[0] for line in selected.splitlines() if line[:1] != "#"
     }
@@ -207,7 +235,7 @@ async def test_sglang_answers_a_selective_read_with_nothing_and_is_read_whole(
 ) -> None:
     names = read_samples_of(EngineKind.SGLANG)
     async with httpx.AsyncClient() as client:
-        selected = await client.get(sglang_engine + "/metrics?" + selective_query(names))
+        selected = await client.get(sglang_engine + "/metrics/?" + selective_query(names))
     # The premise, from prometheus-client itself: a multiprocess registry selects nothing.
     assert selected.status_code == 200 and selected.content == b""
     scraper, target = await scraper_for(sglang_engine)
@@ -230,7 +258,7 @@ async def test_with_select_series_off_every_read_is_whole(
             assert await scraper.scrape_once(target) is not None
     finally:
         await scraper.stop()
-    assert set(recorded.queries) == {""}
+    assert set(recorded.queries) == {"/metrics?"}
 
 
 @pytest.mark.parametrize(
@@ -259,7 +287,7 @@ def test_an_engine_that_changed_is_learnt_anew_and_one_that_answers_short_is_rea
     assert selection.url(r, "/metrics") == ("/metrics", False)  # first read: whole
     selection.read_whole(r, EngineKind.VLLM, frozenset({"vllm:a", "vllm:b"}))
     url, selective = selection.url(r, "/metrics")
-    assert selective and url.startswith("/metrics?name%5B%5D=vllm%3A")
+    assert selective and url.startswith("/metrics/?name%5B%5D=vllm%3A")
     assert selection.url(r, "/metrics?x=1")[0].startswith("/metrics?x=1&name%5B%5D=")
     assert selection.complete(r, frozenset({"vllm:a", "vllm:b"}))
     assert not selection.complete(r, frozenset({"vllm:a"}))
@@ -276,7 +304,13 @@ def test_an_engine_that_changed_is_learnt_anew_and_one_that_answers_short_is_rea
     assert selection.url(r, "/metrics")[1]
 
 
-async def test_a_server_that_refuses_the_query_is_read_whole_and_a_5xx_is_not_read_twice() -> None:
+@pytest.mark.parametrize("refusal", [404, 307, 400])
+async def test_a_server_that_refuses_the_query_is_read_whole_and_a_5xx_is_not_read_twice(
+    refusal: int,
+) -> None:
+    """404: a server with no route under `/metrics` (TGI); 307: one that redirects it to
+    `/metrics` (Starlette's default for a route without the slash); 400: one that refuses
+    the query."""
     text = "vllm:num_requests_running 1.0\nvllm:num_requests_waiting 4.0\n"
     seen: list[str] = []
     failing = False
@@ -285,25 +319,35 @@ async def test_a_server_that_refuses_the_query_is_read_whole_and_a_5xx_is_not_re
         seen.append(request.url.query)
         if failing:
             return Response(status_code=503)
-        if request.url.query:
-            return Response("no queries here", status_code=400)
+        if request.url.query or request.url.path.endswith("/"):
+            return Response("no", status_code=refusal)
         return Response(text)
 
-    server = await start_server(Starlette(routes=[Route("/metrics", metrics)]))
+    routes = [Route("/metrics", metrics)]
+    if refusal == 400:
+        routes.append(Route("/metrics/", metrics))
+    app = Starlette(routes=routes)
+    app.router.redirect_slashes = refusal == 307
+    server = await start_server(app)
     scraper, target = await scraper_for(server.url, polled=False)
     try:
         for _ in range(3):
             load = await scraper.scrape_once(target)
             assert load is not None and (load.running, load.waiting) == (1, 4)
-        assert len([q for q in seen if q]) == 1  # refused once, then read whole
+        # Whole, then the refused selective read (it reaches this handler only for the
+        # 400) and a whole one at once, then whole.
+        assert len([q for q in seen if q]) == (1 if refusal == 400 else 0)
+        assert len(seen) == (4 if refusal == 400 else 3)
         assert scraper.selection.url(target.id, "/m") == ("/m", False)
-        # A new engine under the id, read selectively, that fails: one read per scrape.
-        scraper.selection.forget(target.id)
-        scraper.selection.read_whole(target.id, EngineKind.VLLM, frozenset({"x"}))
-        failing = True
-        seen.clear()
-        assert await scraper.scrape_once(target) is None
-        assert len(seen) == 1 and seen[0]
+        if refusal == 400:
+            # A new engine under the id, read selectively, that fails with a 5xx: one read
+            # per scrape, not a whole read after it.
+            scraper.selection.forget(target.id)
+            scraper.selection.read_whole(target.id, EngineKind.VLLM, frozenset({"x"}))
+            failing = True
+            seen.clear()
+            assert await scraper.scrape_once(target) is None
+            assert len(seen) == 1 and seen[0]
     finally:
         await scraper.stop()
         await server.stop()
