@@ -260,3 +260,44 @@ async def test_malformed_expositions_are_parse_failures_without_a_traceback(
         await scraper.stop()
     assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
     assert [reason for _, reason in health.failed] == ["parse", "parse", "parse"]
+
+
+async def test_the_same_answer_again_is_not_parsed_again(
+    served: tuple[Exposition, RunningServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gateway.scrape.scraper as scraper_module
+
+    parsed: list[str] = []
+    real = scraper_module.read_engine_series
+
+    def counting(text: str, *args: object) -> object:
+        parsed.append(text)
+        return real(text, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(scraper_module, "read_engine_series", counting)
+    expo, server = served
+    target = ReplicaState(ReplicaId("a"), server.url)
+    scraper = MetricsScraper(ScrapeSettings(select_series=False), list)
+    await scraper.start()
+
+    async def read() -> tuple[float, float, float | None, float | None]:
+        load = await scraper.scrape_once(target)
+        assert load is not None
+        return load.waiting, load.running, load.kv_usage, load.prefix_hit_rate
+
+    counters = (
+        'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 100.0\n'
+        'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 40.0\n'
+    )
+    expo.text = VLLM + counters
+    try:
+        first = await read()
+        assert await read() == first and len(parsed) == 1  # a quiet engine: same bytes
+        expo.text = VLLM.replace('model_name="m"} 2.0', 'model_name="m"} 5.0') + counters
+        changed = await read()
+        assert changed[1] == 5 and len(parsed) == 2
+        assert await read() == changed and len(parsed) == 2
+        scraper._counters.pop(target.id)  # the prefix-cache rate starts afresh: parse
+        assert await read() == changed and len(parsed) == 3
+    finally:
+        await scraper.stop()
