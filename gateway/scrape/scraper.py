@@ -8,12 +8,18 @@ A quiet replica (nothing running or waiting at its last scrape, nothing in fligh
 gateway) is read every `idle_interval_s` instead: at four scrapes a second, an idle fleet's
 GETs are nearly all of a gateway's idle CPU. Its load says it stays fresh that much longer
 (`EngineLoad.grace_s`), and the gateway's next request to it (`wake`) scrapes it at once
-and restores the busy rate, so routing under traffic sees what it saw before. Load that
-other clients put on a quiet replica shows within `idle_interval_s`.
+and restores the busy rate, so routing under traffic sees what it saw before. Another
+gateway of the store that begins using it has its holder read it at once (the wake sets of
+gateway.scrape.shared); load that clients of no kvgate put on it shows within
+`idle_interval_s`.
 
-Scrapes go out on the gateway's own `h1` upstream client (a pool of its own, so a scrape
-never queues behind proxied requests): a general-purpose client costs several times more CPU
-per GET, and with four scrapes a second per replica that cost grows with the cluster.
+Scrapes go out on an `h1` client that proxied requests do not use (so a scrape never
+queues behind them): a general-purpose client costs several times more CPU per GET, and
+with four scrapes a second per replica that cost grows with the cluster. A gateway hands
+the scraper its health probes' client when that is an `h1` one (gateway.scrape.install):
+the engines close a connection idle for 5 s, and the quiet probes (every 4 s) keep one
+open that the quiet reads reuse. Reads ask for only the series read (gateway.scrape.select),
+and an answer the same as the last one is not parsed again.
 """
 
 from __future__ import annotations
