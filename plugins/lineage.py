@@ -6,8 +6,8 @@ conversation's lineage inferred from the prompt (gateway.lineage). Per request:
 
 * **Sticky.** A session placed before (the store's placement, else this policy's own table
   of live sessions) stays on its replica while that replica is a candidate (healthy,
-  serves the model) and the prefill queued there, in seconds, is within
-  ``stay_queue_ratio x the cluster's mean + stay_queue_s``: the uncached prompt tokens
+  serves the model) and the prefill queued there, in seconds, exceeds the cluster's mean
+  by at most ``stay_queue_s``: the uncached prompt tokens
   this gateway sent there with no first token yet, plus what the engine reports waiting
   beyond those (each the mean request's uncached prefill), over the replica's prefill
   speed measured from its answers (``view.prefill``). Requests decoding there do not
@@ -104,7 +104,7 @@ _MIN_REQUEST_TOKENS = 256.0
 # Fields deleted in issue 45 and what took their place. The config rejects unknown keys
 # anyway; naming these says what to do instead of only that the key is unknown.
 REMOVED_FIELDS = {
-    "load_factor": "the sticky bound is in seconds now: stay_queue_ratio and stay_queue_s",
+    "load_factor": "the sticky bound is in seconds now: stay_queue_s over the mean",
     "slack_requests": "the sticky bound is in seconds now: stay_queue_s",
     "band_owed_s": "the owed-prefill band was removed (it lost hit on every shape but forks)",
     "churn_weight": "the cache-churn weight was removed (off by default, never kept on)",
@@ -131,14 +131,8 @@ class LineageConfig(PolicyConfig):
         ge=0,
         description="seconds: a sticky replica keeps its sessions while the prefill queued "
         "there (uncached prompt tokens sent with no first token yet, plus what its engine "
-        "reports waiting beyond those, over its measured prefill speed) is at most "
-        "stay_queue_ratio x the cluster's mean queued seconds plus this",
-    )
-    stay_queue_ratio: float = Field(
-        default=1.5,
-        ge=1.0,
-        description="ratio: how far above the cluster's mean queued prefill (in seconds) a "
-        "sticky replica may go, besides stay_queue_s, before its sessions move",
+        "reports waiting beyond those, over its measured prefill speed) exceeds the "
+        "cluster's mean queued prefill, in seconds, by at most this",
     )
     cache_weight: float = Field(
         default=16.0,
@@ -385,7 +379,7 @@ class Lineage:
 
     def _over_queue(self, replica: ReplicaId, view: ClusterView) -> bool:
         """The prefill queued on `replica`, in seconds at its measured speed, is past the
-        sticky bound: stay_queue_ratio x the cluster's mean queued seconds + stay_queue_s.
+        sticky bound: the cluster's mean queued seconds + stay_queue_s.
         O(1): per-replica and cluster totals kept at dispatch and first byte, no walk over
         the replicas. Before any prefill speed is measured nothing is over the bound."""
         prefill = view.prefill
@@ -405,7 +399,7 @@ class Lineage:
         if beyond > 0:
             tokens += beyond * prefill.mean_request_tokens()
         mean_s = (self._pending_total + self._beyond_tokens) / (len(view.replicas) * mean_speed)
-        return tokens / speed > cfg.stay_queue_ratio * mean_s + cfg.stay_queue_s
+        return tokens / speed > mean_s + cfg.stay_queue_s
 
     def _place(
         self,

@@ -70,7 +70,7 @@ def test_a_conversation_stays_where_it_was_served() -> None:
 
 
 def test_a_move_over_the_load_bound_is_remembered() -> None:
-    p, v = policy(stay_queue_s=0.0, stay_queue_ratio=1.0)
+    p, v = policy(stay_queue_s=0.0)
     v = metered(v)
     home = serve(p, turn("s", (1, 2, 3), 0), v)
     backlog = turn("backlog", tuple(range(50_000, 50_100)), 0)
@@ -279,7 +279,7 @@ def test_forks_and_the_resume_follow_a_deep_history_past_the_hot_threshold() -> 
 def test_forks_leave_a_replica_over_the_load_bound() -> None:
     # The same burst, but the history's replica has far more in flight than the bound
     # allows: the band spreads the later ones (the first three come before it is hot).
-    p, v = policy(8, stay_queue_s=0.0, stay_queue_ratio=1.0)
+    p, v = policy(8, stay_queue_s=0.0)
     v = metered(v)
     _warm(p, v, sessions=8, turns=2, grow=1)
     history = tuple(range(1, 41))
@@ -353,7 +353,7 @@ def test_the_control_before_any_continued_turn_the_band_spreads_them() -> None:
 
 
 def test_a_deep_history_over_the_load_bound_does_not_pull() -> None:
-    p, v = policy(8, stay_queue_s=0.0, stay_queue_ratio=1.0)
+    p, v = policy(8, stay_queue_s=0.0)
     v = metered(v)
     home, _, _ = _forks_and_resume(p, v, turns=4)
     fork = turn("late", (*PREAMBLE, 1, *range(100, 120), 7100), 0)

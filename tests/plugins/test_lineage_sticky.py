@@ -70,8 +70,8 @@ def next_turn(p: Lineage, v: ClusterView) -> str:
 
 
 def test_many_short_requests_queued_keep_the_session() -> None:
-    # 120 requests in flight there, one block each: 6 s of prefill, under 1.5 x the mean
-    # (1.5 s) + 8 s. A bound in requests (the old one: 1.5 x the mean load + 24 mean
+    # 120 requests in flight there, one block each: 6 s of prefill, under the mean (1.5 s)
+    # + 8 s. A bound in requests (the old one: 1.5 x the mean load + 24 mean
     # requests, 256 tokens per request in flight) moves it.
     p, v, home = setup()
     busy = dataclasses.replace(v, in_flight={home: 120})
@@ -80,8 +80,8 @@ def test_many_short_requests_queued_keep_the_session() -> None:
 
 
 def test_one_long_prefill_queued_moves_the_session() -> None:
-    # One request of 200K uncached tokens: 20 s at 10,000 tokens/s, past 1.5 x the mean
-    # (5 s) + 8 s.
+    # One request of 200K uncached tokens: 20 s at 10,000 tokens/s, past the mean (5 s)
+    # + 8 s.
     p, v, home = setup()
     queue(p, home, requests=1, blocks=400)
     choice = p.choose(turn("s", (1, 2, 3, 4), 1), v)
@@ -97,7 +97,7 @@ def test_the_bound_is_in_seconds_at_the_replica_s_own_speed() -> None:
 
 def test_a_cluster_busy_everywhere_raises_the_bound() -> None:
     # 20 s queued on the session's replica and 15 s on each other: the mean is 16.25 s, the
-    # bound 32.4 s: moving would queue as long elsewhere. Alone, the 20 s move it.
+    # bound 24.25 s: moving would queue as long elsewhere. Alone, the 20 s move it.
     p, v, home = setup()
     queue(p, home, requests=1, blocks=400)
     for i in range(4):
