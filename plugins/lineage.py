@@ -16,19 +16,19 @@ conversation's lineage inferred from the prompt (gateway.lineage). Per request:
   then stays where it moved.
 * **Placed.** A new session, or one that must move, goes to the replica of least cost
 
-      cost_r = (load_r + cache_weight * uncached_r) / weight_r
+      cost_r = (load_r + cache_weight * uncached_r + session_weight * unit * live_r) / weight_r
 
   in prefill tokens: ``load_r`` is the prefill this gateway sent to r that has not
   produced a first byte yet, plus ``inflight_tokens`` per request in flight and
   ``queue_weight * unit`` per request the engine reports waiting; ``uncached_r`` is the
-  prompt minus what r's prefix index holds of it; ``unit`` is the running mean of
-  uncached prefill per request. Ties of cost go to the replica with fewer live sessions
-  (each will send more turns). Live sessions used to be weighed in the cost
-  (``session_weight``, ``cold_session_weight``): in `kvgate simulate` counting them in
-  full gave a higher mean TTFT on 8 of 10 trace windows without shared preambles, and
-  neither weight, at 0 or halved or doubled, moved the issue-45 shapes beyond their seeds'
-  spread; hot preambles spread by the band below. A session moved by the bound ranks its
-  old replica last, or that replica's cache would win it straight back.
+  prompt minus what r's prefix index holds of it; ``live_r`` counts r's live sessions
+  (each will send more turns); ``unit`` is the running mean of uncached prefill per
+  request. A new session that opens with no hot prefix does not weigh live sessions: the
+  load there now decides and they only break ties (in `kvgate simulate`, counting them in
+  full gave a higher mean TTFT on 8 of 10 trace windows without shared preambles; the
+  small weight that stood here, ``cold_session_weight``, at 0, halved or doubled moved no
+  issue-45 shape beyond its seeds' spread). A session moved by the bound ranks its old
+  replica last, or that replica's cache would win it straight back.
 * **Hot preambles spread.** A high ``cache_weight`` makes a fork of one conversation
   follow its cache (the cluster saves that prefill), but would also pile every new session
   of an agent kind onto the replica that first cached the kind's preamble. So the policy
@@ -108,8 +108,8 @@ REMOVED_FIELDS = {
     "slack_requests": "the sticky bound is in seconds now: stay_queue_s",
     "band_owed_s": "the owed-prefill band was removed (it lost hit on every shape but forks)",
     "churn_weight": "the cache-churn weight was removed (off by default, never kept on)",
-    "session_weight": "live sessions now only break ties of cost",
-    "cold_session_weight": "live sessions now only break ties of cost",
+    "cold_session_weight": "a new session with no hot prefix goes by the load now; live "
+    "sessions only break ties there",
     "initial_request_tokens": "a constant now (2048)",
     "min_request_tokens": "a constant now (256)",
     "ewma_alpha": "a constant now (0.05)",
@@ -133,6 +133,14 @@ class LineageConfig(PolicyConfig):
         "there (uncached prompt tokens sent with no first token yet, plus what its engine "
         "reports waiting beyond those, over its measured prefill speed) exceeds the "
         "cluster's mean queued prefill, in seconds, by at most this",
+    )
+    session_weight: float = Field(
+        default=1.0,
+        ge=0,
+        description="ratio: future load of one live session, in mean per-request uncached "
+        "prefills, when placing a new session from a hot prefix or one the bound moved "
+        "(a new session with no hot prefix goes by the load now; live sessions only break "
+        "ties there)",
     )
     cache_weight: float = Field(
         default=16.0,
@@ -436,6 +444,9 @@ class Lineage:
         in_band = self._band(request, view, matched) if not moved else None
         if in_band is not None and self._deep(request, view, unit, matched, precise):
             in_band = None  # one conversation's history, not a preamble: follow it
+        # Live sessions weigh as future load in the band and for a moved session; a new
+        # session with no hot prefix goes by the load now, its ties to fewer sessions.
+        per_session = 0.0 if in_band is None and not moved else cfg.session_weight * unit
         # A session moved by the bound goes by load; one from a hot preamble by the band.
         held: dict[int, int] = {}
         for i, r in enumerate(replicas):
@@ -449,6 +460,7 @@ class Lineage:
                 + cfg.inflight_tokens * inflight(rid, 0)
                 + qw * queued(rid, 0.0)
                 + cw * (prompt - cached)
+                + per_session * counts(rid, 0)
             ) / (r.weight if r.weight > 0 else 1.0)
             if in_band is not None and rid not in in_band:
                 cost += 1e18  # outside the band: only as a failover
