@@ -8,10 +8,10 @@ conversation's lineage inferred from the prompt (gateway.lineage). Per request:
   of live sessions) stays on its replica while that replica is a candidate (healthy,
   serves the model) and the prefill queued there, in seconds, exceeds the cluster's mean
   by at most ``stay_queue_s``: the uncached prompt tokens
-  this gateway sent there with no first token yet, plus what the engine reports waiting
-  beyond those (each the mean request's uncached prefill), over the replica's prefill
-  speed measured from its answers (``view.prefill``). Requests decoding there do not
-  count: they delay no first token much. Until a speed is measured nothing moves a
+  this gateway sent there with no first token yet over the replica's prefill speed
+  measured from its answers (``view.prefill``). Requests decoding there do not count,
+  nor does the engine's own queue (other gateways' work): counted, it moved a fifth of
+  the sticky sessions of bench_decision's views, and one gateway cannot show it helps. Until a speed is measured nothing moves a
   session but health. Only the bound or health moves it, and the move is remembered: it
   then stays where it moved.
 * **Placed.** A new session, or one that must move, goes to the replica of least cost
@@ -82,6 +82,7 @@ from gateway.types import (
     CacheEvidence,
     Choice,
     ClusterView,
+    PrefillSignals,
     ReplicaId,
     ReplicaState,
     RouteRequest,
@@ -130,8 +131,8 @@ class LineageConfig(PolicyConfig):
         default=8.0,
         ge=0,
         description="seconds: a sticky replica keeps its sessions while the prefill queued "
-        "there (uncached prompt tokens sent with no first token yet, plus what its engine "
-        "reports waiting beyond those, over its measured prefill speed) exceeds the "
+        "there (uncached prompt tokens this gateway sent with no first token yet, "
+        "over its measured prefill speed) exceeds the "
         "cluster's mean queued prefill, in seconds, by at most this",
     )
     session_weight: float = Field(
@@ -212,10 +213,10 @@ class Lineage:
         self._ring = HashRing((), config.vnodes)
         self._now = 0.0
         self._view_key: tuple[ReplicaState, ...] | None = None
+        self._view_prefill: PrefillSignals | None = None
         self._queued: dict[ReplicaId, float] = {}
-        self._queued_total = 0.0
-        self._beyond_tokens = 0.0
         self._mean_speed: float | None = None
+        self._speeds: dict[ReplicaId, float] = {}  # measured prefill tokens/s, per view
         self._capacity_seen: dict[ReplicaId, int] = {}
         self._block_tokens = 512  # of the requests' prefix hashes, learnt from them
         # New sessions per branch point (the last cached hash they opened with), LRU-bounded.
@@ -389,25 +390,23 @@ class Lineage:
         """The prefill queued on `replica`, in seconds at its measured speed, is past the
         sticky bound: the cluster's mean queued seconds + stay_queue_s.
         O(1): per-replica and cluster totals kept at dispatch and first byte, no walk over
-        the replicas. Before any prefill speed is measured nothing is over the bound."""
+        the replicas. Before any prefill speed is measured nothing is over the bound.
+
+        The speeds are the ones read when the view came (`_refresh`): the meter's mean is
+        recomputed, a walk over the replicas, after every first token, and a replica with
+        too few samples of its own answers with that mean."""
         prefill = view.prefill
         if prefill is None:
             return False
         mean_speed = self._mean_speed
         if not mean_speed:  # none was measured when this view came: perhaps one is now
             mean_speed = self._mean_speed = prefill.mean_speed()
-        speed = prefill.speed(replica)
-        if not mean_speed or not speed:
-            return False
-        cfg = self.config
-        # What the engine reports waiting beyond the requests this gateway has queued
-        # there is other gateways' work (or work this gateway no longer tracks).
-        beyond = self._queued.get(replica, 0.0) - prefill.queued_requests(replica)
-        tokens = self._pending.get(replica, 0.0)
-        if beyond > 0:
-            tokens += beyond * prefill.mean_request_tokens()
-        mean_s = (self._pending_total + self._beyond_tokens) / (len(view.replicas) * mean_speed)
-        return tokens / speed > mean_s + cfg.stay_queue_s
+            if not mean_speed:
+                return False
+            self._speeds = {}
+        speed = self._speeds.get(replica) or mean_speed
+        mean_s = self._pending_total / (len(view.replicas) * mean_speed)
+        return self._pending.get(replica, 0.0) / speed > mean_s + self.config.stay_queue_s
 
     def _place(
         self,
@@ -573,9 +572,9 @@ class Lineage:
     def _refresh(self, view: ClusterView) -> None:
         """Per-view data (scraped queues, KV capacities), rebuilt when the view changes."""
         self._evidence = view.cache_evidence
-        if view.replicas is self._view_key:
+        if view.replicas is self._view_key and view.prefill is self._view_prefill:
             return
-        self._view_key = view.replicas
+        self._view_key, self._view_prefill = view.replicas, view.prefill
         queued: dict[ReplicaId, float] = {}
         for r in view.replicas:
             load = view.load_of(r)
@@ -588,16 +587,11 @@ class Lineage:
                 self._capacity_seen[r.id] = capacity
                 self.index.set_capacity(r.id, capacity, self._block_tokens)
         self._queued = queued
-        self._queued_total = sum(queued.values())
-        # The cluster's side of the sticky bound: waiting requests beyond this gateway's,
-        # at the mean request's uncached prefill, counted once per view (not per decision).
-        beyond = 0.0
         prefill = view.prefill
         # The meter recomputes its mean after every sample (a walk over the replicas):
         # read once per view, not on every sticky decision.
         self._mean_speed = prefill.mean_speed() if prefill is not None else None
-        if prefill is not None and queued:
-            per_request = prefill.mean_request_tokens()
-            for rid, waiting in queued.items():
-                beyond += max(0.0, waiting - prefill.queued_requests(rid)) * per_request
-        self._beyond_tokens = beyond
+        self._speeds = {}
+        if prefill is not None and self._mean_speed:
+            speed = prefill.speed
+            self._speeds = {r.id: s for r in view.replicas if (s := speed(r.id))}
