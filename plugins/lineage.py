@@ -7,13 +7,13 @@ conversation's lineage inferred from the prompt (gateway.lineage). Per request:
 * **Sticky.** A session placed before (the store's placement, else this policy's own table
   of live sessions) stays on its replica while that replica is a candidate (healthy,
   serves the model) and the prefill queued there, in seconds, exceeds the cluster's mean
-  by at most ``stay_queue_s``: the uncached prompt tokens
-  this gateway sent there with no first token yet over the replica's prefill speed
-  measured from its answers (``view.prefill``). Requests decoding there do not count,
-  nor does the engine's own queue (other gateways' work): counted, it moved a fifth of
-  the sticky sessions of bench_decision's views, and one gateway cannot show it helps. Until a speed is measured nothing moves a
-  session but health. Only the bound or health moves it, and the move is remembered: it
-  then stays where it moved.
+  by at most ``stay_queue_s``: the uncached prompt tokens this gateway sent there with no
+  first token yet, over the replica's prefill speed measured from its answers
+  (``view.prefill``). Requests decoding there do not count, nor does the engine's own
+  queue (other gateways' work): counted, it moved a fifth of the sticky sessions of
+  bench_decision's views, and one gateway cannot show that it helps. Until a speed is
+  measured only health moves a session. The move is remembered: it then stays where it
+  moved.
 * **Placed.** A new session, or one that must move, goes to the replica of least cost
 
       cost_r = (load_r + cache_weight * uncached_r + session_weight * unit * live_r) / weight_r
@@ -131,9 +131,8 @@ class LineageConfig(PolicyConfig):
         default=8.0,
         ge=0,
         description="seconds: a sticky replica keeps its sessions while the prefill queued "
-        "there (uncached prompt tokens this gateway sent with no first token yet, "
-        "over its measured prefill speed) exceeds the "
-        "cluster's mean queued prefill, in seconds, by at most this",
+        "there (uncached prompt tokens this gateway sent with no first token yet, over its "
+        "measured prefill speed) exceeds the cluster's mean by at most this",
     )
     session_weight: float = Field(
         default=1.0,
