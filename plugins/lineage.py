@@ -9,10 +9,10 @@ conversation's lineage inferred from the prompt (gateway.lineage). Per request:
   serves the model) and the prefill queued there, in seconds, exceeds the cluster's mean
   by at most ``stay_queue_s``: the uncached prompt tokens this gateway sent there with no
   first token yet, over the replica's prefill speed measured from its answers
-  (``view.prefill``). Requests decoding there do not count, nor does the engine's own
-  queue (other gateways' work): counted, it moved a fifth of the sticky sessions of
-  bench_decision's views, and one gateway cannot show that it helps. Until a speed is
-  measured only health moves a session. The move is remembered: it then stays where it
+  (``view.prefill``), plus the requests the engine reports waiting beyond this gateway's
+  (other gateways' or other clients' work; a saturated engine sheds its sessions), each
+  the mean request's uncached prefill. Requests decoding there do not count. Until a
+  speed is measured only health moves a session. The move is remembered: it then stays where it
   moved.
 * **Placed.** A new session, or one that must move, goes to the replica of least cost
 
@@ -131,8 +131,9 @@ class LineageConfig(PolicyConfig):
         default=8.0,
         ge=0,
         description="seconds: a sticky replica keeps its sessions while the prefill queued "
-        "there (uncached prompt tokens this gateway sent with no first token yet, over its "
-        "measured prefill speed) exceeds the cluster's mean by at most this",
+        "there (uncached prompt tokens this gateway sent with no first token yet, plus the "
+        "engine's waiting requests beyond those at a mean request each, over its measured "
+        "prefill speed) exceeds the cluster's mean by at most this",
     )
     session_weight: float = Field(
         default=1.0,
@@ -215,6 +216,7 @@ class Lineage:
         self._view_prefill: PrefillSignals | None = None
         self._queued: dict[ReplicaId, float] = {}
         self._mean_speed: float | None = None
+        self._beyond_tokens = 0.0  # engines' waiting beyond this gateway's, in tokens
         self._speeds: dict[ReplicaId, float] = {}  # measured prefill tokens/s, per view
         self._capacity_seen: dict[ReplicaId, int] = {}
         self._block_tokens = 512  # of the requests' prefix hashes, learnt from them
@@ -404,8 +406,16 @@ class Lineage:
                 return False
             self._speeds = {}
         speed = self._speeds.get(replica) or mean_speed
-        mean_s = self._pending_total / (len(view.replicas) * mean_speed)
-        return self._pending.get(replica, 0.0) / speed > mean_s + self.config.stay_queue_s
+        # What the engine reports waiting beyond the requests this gateway has queued
+        # there is other gateways' work (or other clients'): each a mean request (the
+        # policy's running mean, floored: the meter's starts at 0 and an engine swamped
+        # at start-up must still shed its sessions).
+        tokens = self._pending.get(replica, 0.0)
+        beyond = self._queued.get(replica, 0.0) - prefill.queued_requests(replica)
+        if beyond > 0:
+            tokens += beyond * self.unit_tokens
+        mean_s = (self._pending_total + self._beyond_tokens) / (len(view.replicas) * mean_speed)
+        return tokens / speed > mean_s + self.config.stay_queue_s
 
     def _place(
         self,
@@ -594,3 +604,10 @@ class Lineage:
         if prefill is not None and self._mean_speed:
             speed = prefill.speed
             self._speeds = {r.id: s for r in view.replicas if (s := speed(r.id))}
+        # The cluster's side of the engines' queues beyond this gateway's, per view.
+        beyond = 0.0
+        if prefill is not None and queued:
+            per_request = self.unit_tokens
+            for rid, waiting in queued.items():
+                beyond += max(0.0, waiting - prefill.queued_requests(rid)) * per_request
+        self._beyond_tokens = beyond
