@@ -21,11 +21,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gateway.policy import PolicyContext, TracksPrefill
+from gateway.prefill_meter import PrefillMeter
 from gateway.routing import RoutingSettings, build_router
 from gateway.types import ClusterView, EngineLoad, ReplicaId, ReplicaState, RouteRequest, SessionKey
 
 BLOCK_TOKENS = 16
 MAX_PREFIX_BLOCKS = 1024
+METER_SPEED = 14000.0  # prefill tokens/s the metered views' replicas answer at
 
 
 def make_replicas(n: int, capacity_tokens: int) -> tuple[ReplicaState, ...]:
@@ -39,7 +41,12 @@ def make_replicas(n: int, capacity_tokens: int) -> tuple[ReplicaState, ...]:
     )
 
 
-def make_view(states: tuple[ReplicaState, ...], rng: random.Random, now: float) -> ClusterView:
+def make_view(
+    states: tuple[ReplicaState, ...],
+    rng: random.Random,
+    now: float,
+    meter: PrefillMeter | None = None,
+) -> ClusterView:
     loaded = tuple(
         ReplicaState(
             r.id,
@@ -55,7 +62,7 @@ def make_view(states: tuple[ReplicaState, ...], rng: random.Random, now: float) 
         for r in states
     )
     inflight = {r.id: rng.randint(0, 6) for r in states}
-    return ClusterView(loaded, now=now, stale_after=2.0, in_flight=inflight)
+    return ClusterView(loaded, now=now, stale_after=2.0, in_flight=inflight, prefill=meter)
 
 
 class Workload:
@@ -102,13 +109,18 @@ def run(
     capacity_tokens: int,
     warm_blocks: int = 0,
     block_tokens: int = BLOCK_TOKENS,
+    metered: bool = False,
 ) -> dict[str, float]:
+    """`metered`: the views carry a prefill meter fed as the proxy feeds it (each request's
+    first token after its prompt at METER_SPEED), so a policy that reads queued prefill
+    in seconds runs that path."""
     rng = random.Random(7)
+    meter = PrefillMeter() if metered else None
     states = make_replicas(replicas, capacity_tokens)
     router = build_router(RoutingSettings(policy=policy), PolicyContext(replicas=states))
     work = Workload(rng, prompt_blocks, block_tokens)
     now = 100.0
-    view = make_view(states, rng, now)
+    view = make_view(states, rng, now, meter)
     placed = router.placed  # type: ignore[attr-defined]
     prefill = router if isinstance(router, TracksPrefill) else None
     # Warm the index up to `warm_blocks` with fresh prompts placed round the cluster
@@ -128,7 +140,7 @@ def run(
     for i in range(decisions):
         if i % 50 == 0:
             now += 0.25
-            view = make_view(states, rng, now)
+            view = make_view(states, rng, now, meter)
         req = work.next()
         t0 = time.perf_counter_ns()
         target = router.choose(req, view).first
@@ -140,6 +152,9 @@ def run(
         if prefill is not None:
             prefill.prefilled(req)
         t2 = time.perf_counter_ns()
+        if meter is not None:
+            meter.dispatched(req.request_id, target, req.prompt_tokens, now)
+            meter.first_token(req.request_id, now + req.prompt_tokens / METER_SPEED)
         choose_us.append((t1 - t0) / 1000.0)
         placed_us.append((t2 - t1) / 1000.0)
     q = statistics.quantiles(choose_us, n=100)
@@ -173,12 +188,24 @@ def main() -> None:
     rows.append(("prefix_affinity (1M blocks)", 64, big))
     # The default policy with the default 256-token blocks: 100K-token prompts (400
     # blocks), 512 replicas whose indexes hold ~1M blocks in all, filled before timing.
+    # Its views carry a prefill meter: the sticky bound is in seconds of queued prefill.
     for n in (8, 64, 512):
         rows.append(
-            ("lineage", n, run("lineage", n, args.decisions, 400, 500_000, block_tokens=256))
+            (
+                "lineage",
+                n,
+                run("lineage", n, args.decisions, 400, 500_000, block_tokens=256, metered=True),
+            )
         )
     lineage_big = run(
-        "lineage", 512, args.decisions, 400, 2048 * 256, warm_blocks=1_000_000, block_tokens=256
+        "lineage",
+        512,
+        args.decisions,
+        400,
+        2048 * 256,
+        warm_blocks=1_000_000,
+        block_tokens=256,
+        metered=True,
     )
     rows.append(("lineage (1M blocks)", 512, lineage_big))
     # `cost` (seconds to the first token; its views carry no prefill meter here, so every

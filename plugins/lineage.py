@@ -6,8 +6,14 @@ conversation's lineage inferred from the prompt (gateway.lineage). Per request:
 
 * **Sticky.** A session placed before (the store's placement, else this policy's own table
   of live sessions) stays on its replica while that replica is a candidate (healthy,
-  serves the model) and its load is within ``load_factor x mean load + slack``. Only the
-  bound or health moves it, and the move is remembered: it then stays where it moved.
+  serves the model) and the prefill queued there, in seconds, exceeds the cluster's mean
+  by at most ``stay_queue_s``: the uncached prompt tokens this gateway sent there with no
+  first token yet, over the replica's prefill speed measured from its answers
+  (``view.prefill``), plus the requests the engine reports waiting beyond this gateway's
+  (other gateways' or other clients' work; a saturated engine sheds its sessions), each
+  the mean request's uncached prefill. Requests decoding there do not count. Until a
+  speed is measured only health moves a session. The move is remembered: it then stays where it
+  moved.
 * **Placed.** A new session, or one that must move, goes to the replica of least cost
 
       cost_r = (load_r + cache_weight * uncached_r + session_weight * unit * live_r) / weight_r
@@ -17,12 +23,12 @@ conversation's lineage inferred from the prompt (gateway.lineage). Per request:
   ``queue_weight * unit`` per request the engine reports waiting; ``uncached_r`` is the
   prompt minus what r's prefix index holds of it; ``live_r`` counts r's live sessions
   (each will send more turns); ``unit`` is the running mean of uncached prefill per
-  request. A new session that opens with no hot prefix weighs live sessions by
-  ``cold_session_weight`` instead, small: the load there now decides, live sessions only
-  break ties (in `kvgate simulate`, counting them in full gave a higher mean TTFT on 8 of
-  10 trace windows without shared preambles, and the same on agent traffic, whose new
-  sessions come by the band). A session moved by the bound ranks its old replica last, or
-  that replica's cache would win it straight back.
+  request. A new session that opens with no hot prefix does not weigh live sessions: the
+  load there now decides and they only break ties (in `kvgate simulate`, counting them in
+  full gave a higher mean TTFT on 8 of 10 trace windows without shared preambles; the
+  small weight that stood here, ``cold_session_weight``, at 0, halved or doubled moved no
+  issue-45 shape beyond its seeds' spread). A session moved by the bound ranks its old
+  replica last, or that replica's cache would win it straight back.
 * **Hot preambles spread.** A high ``cache_weight`` makes a fork of one conversation
   follow its cache (the cluster saves that prefill), but would also pile every new session
   of an agent kind onto the replica that first cached the kind's preamble. So the policy
@@ -45,16 +51,6 @@ conversation's lineage inferred from the prompt (gateway.lineage). Per request:
   recomputed). Until a continued turn has been seen nothing is measured and the band
   decides alone.
 
-**Owed prefill (optional, ``band_owed_s``; issue 45).** With it set, the band is the
-replicas whose *owed prefill* (plugins.owed_prefill: what their still-active sessions'
-next turns will send, each session's own measured continued-turn prefill, in seconds at
-the replica's measured prefill speed) is within ``band_owed_s`` of the lowest, and the
-deep-prefix test above counts that owed prefill as queued on both sides: a preamble held
-by the replica earlier sessions went to pulls a new session there only while that
-replica owes less beyond the least-owing one than the preamble it saves. A replica
-carrying heavy main agents is avoided; one carrying many finished chats is not. Until a
-continued turn and a prefill speed are measured the count score decides.
-
 With KV cache events (gateway.kvevents), ``view.cache_evidence`` says what each replica
 really holds of the prompt: ``uncached_r`` then comes from it for every replica it knows
 (the prefix index answers for the others), and a sticky session whose replica evicted it
@@ -66,8 +62,9 @@ flight through another gateway, or evicted everywhere): the prefix index answers
 Unknown or stale engine load is not held against a replica (the gateway's own counts
 still are), so this policy ranks saturated replicas itself (`handles_saturation`).
 
-Cost: the sticky path is O(1) plus one C-level sum over the in-flight counts and a ring
-walk of RANK_DEPTH for the failover order; a placement is O(n) in the candidates.
+Cost: the sticky path is O(1) (per-replica and cluster totals of queued prefill kept at
+dispatch and first byte, the cluster's mean speed read once per view) plus a ring walk of
+RANK_DEPTH for the failover order; a placement is O(n) in the candidates.
 """
 
 from __future__ import annotations
@@ -75,9 +72,9 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from gateway.policy import RANK_DEPTH, PolicyConfig, PolicyContext
 from gateway.ring import DEFAULT_VNODES, HashRing, RingNode
@@ -85,44 +82,66 @@ from gateway.types import (
     CacheEvidence,
     Choice,
     ClusterView,
+    PrefillSignals,
     ReplicaId,
     ReplicaState,
     RouteRequest,
 )
-from plugins.cache_churn import ChurnMeter
 from plugins.live_sessions import LiveSessions
 from plugins.load_model import TieBreaker, mix
-from plugins.owed_prefill import OwedPrefill
 from plugins.prefix_index import DEFAULT_CAPACITY_TOKENS, PrefixIndex
 
 # Memory of the requests-per-session counts, per request: the last few thousand weigh.
 _COUNT_MEMORY = 1.0 - 1.0 / 4096
+# The running means of uncached prefill (per request, per continued turn): their weight
+# per sample, the value before any, and the floor of the per-request one. Constants, not
+# settings: in `kvgate simulate` (docs/routing.md, issue 45, third) halving or doubling
+# each moved no shape beyond its seeds' spread; no smoothing at all (1) cost 0.7-2.4
+# points of hit.
+_UNIT_ALPHA = 0.05
+_INITIAL_REQUEST_TOKENS = 2048.0
+_MIN_REQUEST_TOKENS = 256.0
+
+# Fields deleted in issue 45 and what took their place. The config rejects unknown keys
+# anyway; naming these says what to do instead of only that the key is unknown.
+REMOVED_FIELDS = {
+    "load_factor": "the sticky bound is in seconds now: stay_queue_s over the mean",
+    "slack_requests": "the sticky bound is in seconds now: stay_queue_s",
+    "band_owed_s": "the owed-prefill band was removed (it lost hit on every shape but forks)",
+    "churn_weight": "the cache-churn weight was removed (off by default, never kept on)",
+    "cold_session_weight": "a new session with no hot prefix goes by the load now; live "
+    "sessions only break ties there",
+    "initial_request_tokens": "a constant now (2048)",
+    "min_request_tokens": "a constant now (256)",
+    "ewma_alpha": "a constant now (0.05)",
+}
 
 
 class LineageConfig(PolicyConfig):
-    load_factor: float = Field(
-        default=1.5,
-        ge=1.0,
-        description="a sticky replica keeps its sessions while its load "
-        "is at most this times the mean (plus the slack)",
-    )
-    slack_requests: float = Field(
-        default=24.0,
+    @model_validator(mode="before")
+    @classmethod
+    def _removed(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            gone = [f"{k} ({REMOVED_FIELDS[k]})" for k in data if k in REMOVED_FIELDS]
+            if gone:
+                raise ValueError("lineage: removed setting(s): " + "; ".join(gone))
+        return data
+
+    stay_queue_s: float = Field(
+        default=8.0,
         ge=0,
-        description="load above the bound a sticky replica may carry, in "
-        "mean per-request prefills (at light load a bound of the mean alone moves sessions)",
+        description="seconds: a sticky replica keeps its sessions while the prefill queued "
+        "there (uncached prompt tokens this gateway sent with no first token yet, plus the "
+        "engine's waiting requests beyond those at a mean request each, over its measured "
+        "prefill speed) exceeds the cluster's mean by at most this",
     )
     session_weight: float = Field(
         default=1.0,
         ge=0,
-        description="future load of one live session, in mean per-request "
-        "prefills, when placing a new session from a hot prefix or one the bound moved",
-    )
-    cold_session_weight: float = Field(
-        default=0.05,
-        ge=0,
-        description="the same for a new session that opens with no hot prefix: "
-        "small, so the load there now decides and live sessions only break ties",
+        description="ratio: future load of one live session, in mean per-request uncached "
+        "prefills, when placing a new session from a hot prefix or one the bound moved "
+        "(a new session with no hot prefix goes by the load now; live sessions only break "
+        "ties there)",
     )
     cache_weight: float = Field(
         default=16.0,
@@ -136,14 +155,6 @@ class LineageConfig(PolicyConfig):
         description="a new session that opens with a hot prefix goes only "
         "to replicas whose load score (live sessions over their mean plus those sessions' "
         "latest prompt tokens over theirs) is within 2 x this of the lowest",
-    )
-    band_owed_s: float | None = Field(
-        default=None,
-        ge=0,
-        description="seconds: when set, the band of a new session from a hot prefix is "
-        "the replicas whose owed prefill (what their active sessions' next turns will send, "
-        "plugins.owed_prefill, at each replica's measured prefill speed) is within this of "
-        "the lowest, instead of the session-count score (None: the count score)",
     )
     hot_after: int = Field(
         default=3,
@@ -163,9 +174,6 @@ class LineageConfig(PolicyConfig):
         default=900.0, gt=0, description="a session not seen this long no longer counts as live"
     )
     max_sessions: int = Field(default=1 << 18, ge=1, description="live sessions remembered")
-    initial_request_tokens: int = Field(default=2048, ge=1, description="unit before any request")
-    min_request_tokens: int = Field(default=256, ge=1, description="floor of the unit")
-    ewma_alpha: float = Field(default=0.05, gt=0, le=1, description="smoothing of the unit")
     default_capacity_tokens: int = Field(
         default=DEFAULT_CAPACITY_TOKENS, ge=1, description="KV capacity when not scraped"
     )
@@ -177,14 +185,6 @@ class LineageConfig(PolicyConfig):
         "(a copy elsewhere would take a second replica's cache)",
     )
     vnodes: int = Field(default=DEFAULT_VNODES, ge=1, description="failover ring vnodes")
-    churn_weight: float = Field(
-        default=0.0,
-        ge=0,
-        description="weight of a replica's recent KV writes (uncached "
-        "prefill sent there, plugins.cache_churn) when placing a new session that opens "
-        "with no hot prefix: where the cache churns less, its prefix lives longer (0: off; "
-        "2 gained 2 points at small KV, but makes placement depend on timing)",
-    )
     evicted_fraction: float = Field(
         default=0.5,
         ge=0,
@@ -205,23 +205,24 @@ class Lineage:
         self.config = config
         self.index = PrefixIndex(config.default_capacity_tokens, config.index_capacity_factor)
         self.sessions = LiveSessions(config.session_idle_s, config.max_sessions)
-        self.owed = OwedPrefill(config.session_idle_s, config.max_sessions)
         self._tie = TieBreaker()
-        self._unit = float(config.initial_request_tokens)
+        self._unit = _INITIAL_REQUEST_TOKENS
         self._pending: dict[ReplicaId, float] = {}
         self._pending_total = 0.0
         self._open: dict[str, tuple[ReplicaId, float]] = {}
         self._ring = HashRing((), config.vnodes)
         self._now = 0.0
         self._view_key: tuple[ReplicaState, ...] | None = None
+        self._view_prefill: PrefillSignals | None = None
         self._queued: dict[ReplicaId, float] = {}
-        self._queued_total = 0.0
+        self._mean_speed: float | None = None
+        self._beyond_tokens = 0.0  # engines' waiting beyond this gateway's, in tokens
+        self._speeds: dict[ReplicaId, float] = {}  # measured prefill tokens/s, per view
         self._capacity_seen: dict[ReplicaId, int] = {}
         self._block_tokens = 512  # of the requests' prefix hashes, learnt from them
         # New sessions per branch point (the last cached hash they opened with), LRU-bounded.
         self._branches: OrderedDict[int, int] = OrderedDict()
         self._evidence: CacheEvidence | None = None
-        self.churn = ChurnMeter(config.default_capacity_tokens)
         # Measured from placements: decayed counts of requests and of new sessions (their
         # ratio, requests per session) and the mean uncached prefill of a continued turn.
         self._requests = 0.0
@@ -236,21 +237,12 @@ class Lineage:
         for gone in set(self._ring.members) - live:
             self.index.forget(gone)
             self.sessions.forget(gone)
-            self.owed.forget(gone)
-            self.churn.forget(gone)
             self._capacity_seen.pop(gone, None)
         self._ring = HashRing((RingNode(r.id, r.weight) for r in replicas), self.config.vnodes)
         for r in replicas:
             if r.kv_capacity_tokens:
                 self.index.set_capacity(r.id, r.kv_capacity_tokens, self._block_tokens)
                 self._capacity_seen.setdefault(r.id, r.kv_capacity_tokens)
-        self._fit_churn()
-
-    def _fit_churn(self) -> None:
-        """The churn horizon is the cluster's KV capacity (scraped, else configured)."""
-        default = self.config.default_capacity_tokens
-        seen = self._capacity_seen.get
-        self.churn.set_horizon(sum(seen(m, default) for m in self._ring.members))
 
     def cached_tokens(self, request: RouteRequest, replica: ReplicaId) -> int:
         """Leading prompt tokens `replica` likely holds (admission and PD ask this)."""
@@ -271,9 +263,7 @@ class Lineage:
         self._open[request.request_id] = (replica, tokens)
         self._pending[replica] = self._pending.get(replica, 0.0) + tokens
         self._pending_total += tokens
-        self._unit += self.config.ewma_alpha * (tokens - self._unit)
-        if self.config.churn_weight:  # nothing reads the meter when it is off
-            self.churn.write(replica, tokens)
+        self._unit += _UNIT_ALPHA * (tokens - self._unit)
 
     def prefilled(self, request: RouteRequest) -> None:
         """The prefill is over (first byte, failure or end); idempotent."""
@@ -288,9 +278,7 @@ class Lineage:
     def placed(self, request: RouteRequest, replica: ReplicaId) -> None:
         hashes = request.prefix_hashes
         home = self.sessions.replica_of(request.session_key, self._now)
-        turn = self._count_request(request, replica, home)
-        if self.config.band_owed_s is not None:  # nothing reads the table when it is off
-            self.owed.place(request.session_key, replica, self._now, turn)
+        self._count_request(request, replica, home)
         if hashes:
             self._block_tokens = request.block_tokens or 1
             if self.config.session_band is not None and home is None:
@@ -300,17 +288,16 @@ class Lineage:
 
     def _count_request(
         self, request: RouteRequest, replica: ReplicaId, home: ReplicaId | None
-    ) -> float | None:
-        """Requests per session and a continued turn's uncached prefill (see `_owed`);
-        returns that turn's uncached prefill when it continued a session where it lives."""
+    ) -> None:
+        """Requests per session and a continued turn's uncached prefill (see `_owed`)."""
         keep = _COUNT_MEMORY
         self._requests = self._requests * keep + 1.0
         if home is None:
             self._new_sessions = self._new_sessions * keep + 1.0
-            return None
+            return
         self._new_sessions *= keep
         if home != replica or not request.prefix_hashes:
-            return None
+            return
         bt = request.block_tokens or 1
         turn = float(
             max(0, request.prompt_tokens - self.index.matched(replica, request.prefix_hashes) * bt)
@@ -318,8 +305,7 @@ class Lineage:
         if self._turn_tokens is None:
             self._turn_tokens = turn
         else:
-            self._turn_tokens += self.config.ewma_alpha * (turn - self._turn_tokens)
-        return turn
+            self._turn_tokens += _UNIT_ALPHA * (turn - self._turn_tokens)
 
     def _owed(self) -> float | None:
         """Tokens a new session is expected to send after its first request (its further
@@ -344,7 +330,7 @@ class Lineage:
 
     @property
     def unit_tokens(self) -> float:
-        return max(float(self.config.min_request_tokens), self._unit)
+        return max(_MIN_REQUEST_TOKENS, self._unit)
 
     # -- decision ----------------------------------------------------------------------
 
@@ -363,7 +349,7 @@ class Lineage:
                 return self._place(request, view, unit, "failover")
             if self._evicted(request, sticky):
                 return self._place(request, view, unit, "evicted")
-            if self._load(sticky, view, unit) <= self._bound(view, unit):
+            if not self._over_queue(sticky, view):
                 return Choice(self._failover_order(sticky, key, view), "sticky", self.name)
             return self._place(request, view, unit, "bounded_load", avoid=sticky)
         return self._place(request, view, unit, "")
@@ -401,15 +387,35 @@ class Lineage:
             + cfg.queue_weight * unit * self._queued.get(replica, 0.0)
         )
 
-    def _bound(self, view: ClusterView, unit: float) -> float:
-        cfg = self.config
-        n = len(view.replicas)
-        total = (
-            self._pending_total
-            + cfg.inflight_tokens * sum(view.in_flight.values())
-            + cfg.queue_weight * unit * self._queued_total
-        )
-        return cfg.load_factor * total / n + cfg.slack_requests * unit
+    def _over_queue(self, replica: ReplicaId, view: ClusterView) -> bool:
+        """The prefill queued on `replica`, in seconds at its measured speed, is past the
+        sticky bound: the cluster's mean queued seconds + stay_queue_s.
+        O(1): per-replica and cluster totals kept at dispatch and first byte, no walk over
+        the replicas. Before any prefill speed is measured nothing is over the bound.
+
+        The speeds are the ones read when the view came (`_refresh`): the meter's mean is
+        recomputed, a walk over the replicas, after every first token, and a replica with
+        too few samples of its own answers with that mean."""
+        prefill = view.prefill
+        if prefill is None:
+            return False
+        mean_speed = self._mean_speed
+        if not mean_speed:  # none was measured when this view came: perhaps one is now
+            mean_speed = self._mean_speed = prefill.mean_speed()
+            if not mean_speed:
+                return False
+            self._speeds = {}
+        speed = self._speeds.get(replica) or mean_speed
+        # What the engine reports waiting beyond the requests this gateway has queued
+        # there is other gateways' work (or other clients'): each a mean request (the
+        # policy's running mean, floored: the meter's starts at 0 and an engine swamped
+        # at start-up must still shed its sessions).
+        tokens = self._pending.get(replica, 0.0)
+        beyond = self._queued.get(replica, 0.0) - prefill.queued_requests(replica)
+        if beyond > 0:
+            tokens += beyond * self.unit_tokens
+        mean_s = (self._pending_total + self._beyond_tokens) / (len(view.replicas) * mean_speed)
+        return tokens / speed > mean_s + self.config.stay_queue_s
 
     def _place(
         self,
@@ -441,17 +447,15 @@ class Lineage:
         cw = cfg.cache_weight
         sh = self._tie.session_hash(request.session_key)
         rh = self._tie.replica_hash
-        keys: list[tuple[float, int, int]] = []
+        # Live sessions (each will send more turns) break ties of cost, then the hash.
+        keys: list[tuple[float, int, int, int]] = []
         in_band = self._band(request, view, matched) if not moved else None
         if in_band is not None and self._deep(request, view, unit, matched, precise):
             in_band = None  # one conversation's history, not a preamble: follow it
-        cold = in_band is None and not moved
-        per_session = (cfg.cold_session_weight if cold else cfg.session_weight) * unit
+        # Live sessions weigh as future load in the band and for a moved session; a new
+        # session with no hot prefix goes by the load now, its ties to fewer sessions.
+        per_session = 0.0 if in_band is None and not moved else cfg.session_weight * unit
         # A session moved by the bound goes by load; one from a hot preamble by the band.
-        churn = cfg.churn_weight if cold else 0.0
-        if churn:
-            churn *= self.churn.factor()
-        written = self.churn.scaled.get
         held: dict[int, int] = {}
         for i, r in enumerate(replicas):
             rid = r.id
@@ -466,21 +470,19 @@ class Lineage:
                 + cw * (prompt - cached)
                 + per_session * counts(rid, 0)
             ) / (r.weight if r.weight > 0 else 1.0)
-            if churn:
-                cost += churn * written(rid, 0.0)
             if in_band is not None and rid not in in_band:
                 cost += 1e18  # outside the band: only as a failover
             if cached:
                 held[i] = cached
-            keys.append((cost, mix(sh, rh(rid)), i))
+            keys.append((cost, counts(rid, 0), mix(sh, rh(rid)), i))
         best = heapq.nsmallest(RANK_DEPTH, keys) if len(keys) > RANK_DEPTH else sorted(keys)
-        ranked = tuple(replicas[i].id for _, _, i in best)
+        ranked = tuple(replicas[key[3]].id for key in best)
         if avoid is not None and avoid in ranked:
             ranked = (*(r for r in ranked if r != avoid), avoid)
         if moved:
             reason = moved
         else:
-            reason = "prefix" if held.get(best[0][2], 0) else "least_cost"
+            reason = "prefix" if held.get(best[0][3], 0) else "least_cost"
         return Choice(ranked, reason, self.name)
 
     def _deep(
@@ -512,16 +514,9 @@ class Lineage:
         if best - common <= owed:
             return False
         holder = replicas[cached.index(best)].id
-        load = self._load(holder, view, unit)
-        if load > self._bound(view, unit):
+        if self._over_queue(holder, view):
             return False
-        owes = self._owed_tokens(view)
-        if owes is not None:
-            # What the replicas' active sessions will send next counts as queued too:
-            # a preamble held by the replica its earlier sessions went to must not pull
-            # every new session there while that replica owes more than the preamble.
-            least = min(self._load(r.id, view, unit) + owes[i] for i, r in enumerate(replicas))
-            return load + owes[cached.index(best)] - least <= best - common
+        load = self._load(holder, view, unit)
         # Tokens for tokens: waiting behind the holder's queue beyond the least loaded
         # replica's must cost less than recomputing the prefix it saves.
         least = min(self._load(r.id, view, unit) for r in replicas)
@@ -544,10 +539,6 @@ class Lineage:
         if self._branches.get(request.prefix_hashes[depth - 1], 0) < cfg.hot_after:
             return None
         replicas = view.replicas
-        if cfg.band_owed_s is not None:
-            owed = self._owed_band(view, cfg.band_owed_s)
-            if owed is not None:
-                return owed
         counts, tokens = self.sessions.counts.get, self.sessions.tokens.get
         n = len(replicas)
         live = [counts(r.id, 0) for r in replicas]
@@ -559,34 +550,6 @@ class Lineage:
         score = [c / mean_live + m / mean_mass for c, m in zip(live, mass, strict=True)]
         cap = min(score) + max(2.0 / mean_live, 2.0 * cfg.session_band)
         return frozenset(r.id for r, x in zip(replicas, score, strict=True) if x <= cap)
-
-    def _owed_tokens(self, view: ClusterView) -> list[float] | None:
-        """Per replica of the view, the prefill its active sessions owe, in tokens at the
-        cluster's mean prefill speed (a slower replica owes more); None when the rule is
-        off, or before a continued turn or a prefill speed is measured."""
-        if self.config.band_owed_s is None:
-            return None
-        table, prefill = self.owed, view.prefill
-        if not table.measured or prefill is None:
-            return None
-        mean_speed = prefill.mean_speed()
-        if not mean_speed:
-            return None
-        table.expire(view.now)
-        owed, speed = table.owed.get, prefill.speed
-        return [owed(r.id, 0.0) * mean_speed / (speed(r.id) or mean_speed) for r in view.replicas]
-
-    def _owed_band(self, view: ClusterView, width_s: float) -> frozenset[ReplicaId] | None:
-        """The replicas whose owed prefill, in seconds at their measured speed, is within
-        `width_s` of the lowest; None before a continued turn or a speed is measured (the
-        count score decides then)."""
-        tokens = self._owed_tokens(view)
-        if tokens is None or view.prefill is None:
-            return None
-        mean_speed = view.prefill.mean_speed() or 1.0
-        seconds = [t / mean_speed for t in tokens]
-        cap = min(seconds) + width_s
-        return frozenset(r.id for r, x in zip(view.replicas, seconds, strict=True) if x <= cap)
 
     def _failover_order(
         self, first: ReplicaId, key: str, view: ClusterView
@@ -618,11 +581,10 @@ class Lineage:
     def _refresh(self, view: ClusterView) -> None:
         """Per-view data (scraped queues, KV capacities), rebuilt when the view changes."""
         self._evidence = view.cache_evidence
-        if view.replicas is self._view_key:
+        if view.replicas is self._view_key and view.prefill is self._view_prefill:
             return
-        self._view_key = view.replicas
+        self._view_key, self._view_prefill = view.replicas, view.prefill
         queued: dict[ReplicaId, float] = {}
-        refit = False
         for r in view.replicas:
             load = view.load_of(r)
             if load is not None and load.waiting:
@@ -633,8 +595,19 @@ class Lineage:
             if capacity and self._capacity_seen.get(r.id) != capacity:
                 self._capacity_seen[r.id] = capacity
                 self.index.set_capacity(r.id, capacity, self._block_tokens)
-                refit = True
-        if refit:
-            self._fit_churn()
         self._queued = queued
-        self._queued_total = sum(queued.values())
+        prefill = view.prefill
+        # The meter recomputes its mean after every sample (a walk over the replicas):
+        # read once per view, not on every sticky decision.
+        self._mean_speed = prefill.mean_speed() if prefill is not None else None
+        self._speeds = {}
+        if prefill is not None and self._mean_speed:
+            speed = prefill.speed
+            self._speeds = {r.id: s for r in view.replicas if (s := speed(r.id))}
+        # The cluster's side of the engines' queues beyond this gateway's, per view.
+        beyond = 0.0
+        if prefill is not None and queued:
+            per_request = self.unit_tokens
+            for rid, waiting in queued.items():
+                beyond += max(0.0, waiting - prefill.queued_requests(rid)) * per_request
+        self._beyond_tokens = beyond

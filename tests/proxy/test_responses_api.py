@@ -130,6 +130,10 @@ async def test_a_continuation_stays_even_when_its_replica_is_saturated(
 ) -> None:
     """A saturated replica sheds its ordinary sessions; a continuation cannot move (no other
     replica has its answer), so it is pinned there."""
+    # Other conversations first: the gateway measures the replicas' prefill speed from
+    # their first tokens, and the sticky bound is in seconds of queued prefill at it.
+    for k in range(9):
+        await _turn(client, f"warm-up conversation {k} " * 8, None, False)
     first, replica = await _turn(client, "a conversation under load", None, False)
     cluster = gw.state.cluster
     busy = cluster.members[replica].id
