@@ -419,6 +419,13 @@ class MetricsScraper:
                 await self._share_round()
             except Exception:  # outermost boundary of this task: keep sharing, but say so
                 log.exception("shared scrape round failed unexpectedly")
+            # redis-py may turn a cancellation that lands inside a pipeline into a connection
+            # error, which the round takes as a store failure: the task stays marked as
+            # cancelling, and the next `asyncio.timeout` above would swallow its own expiry as
+            # that cancel's and loop on, so `stop` would wait for it forever.
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise asyncio.CancelledError
 
     def share_period(self) -> float:
         """Seconds to the next shared round: `interval_s`, or one lease period while all is

@@ -287,3 +287,31 @@ async def test_a_quiet_engine_another_gateway_begins_using_is_read_by_its_holder
         finally:
             for scraper in (a, b):
                 await scraper.stop()
+
+
+async def test_stop_ends_the_shared_loop_when_a_round_swallowed_the_cancel(
+    client: Redis, key_prefix: str
+) -> None:
+    """redis-py can turn a cancellation inside a pipeline into a connection error, which a
+    round takes as a store failure. The loop must still end: before, the next round's
+    `asyncio.timeout` took its own expiry for that cancel and the loop ran on, and `stop`
+    waited for it forever (seen under load in the suite)."""
+    settings = ScrapeSettings(interval_s=0.05, idle_interval_s=0.5, lease_ttl_s=0.6)
+    scraper = MetricsScraper(
+        settings, list, share=share(client, key_prefix, "a", ttl=0.6), in_flight={}
+    )
+    await scraper.start()
+    entered = asyncio.Event()
+
+    async def swallowing_round() -> None:
+        entered.set()
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            return  # as a pipeline that turned the cancel into an error the round handled
+
+    scraper._share_round = swallowing_round  # type: ignore[method-assign]
+    scraper._share_wakeup.set()
+    await asyncio.wait_for(entered.wait(), 2)
+    async with asyncio.timeout(3):
+        await scraper.stop()
