@@ -285,6 +285,7 @@ class ScrapeShare:
         """One pipeline: the leases (every third of the TTL), this gateway's fresh loads
         out, the loads of the engines others hold in. Answers those loads (new ones only);
         on any store failure, stops sharing (every engine scraped here) and answers none."""
+        self.woken = frozenset()  # this round's asks only, also when it fails
         redis = self._redis()
         if redis is None:
             self._stop_sharing("the store is degraded")
