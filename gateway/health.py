@@ -20,7 +20,8 @@ State machine per replica (a circuit breaker):
   engine answers it at once even while it works on an over-long request; one that does not
   is ejected (never the last in service). At most one canary per replica is in flight.
 * EJECTED: no traffic for `cooldown_s` (an outlier: its ejection time); after that the
-  next probe success -> HALF_OPEN.
+  next probe success -> HALF_OPEN. A connect ejection (passive) ends at the first probe
+  success instead: the probe just connected.
   Without active probing, the cooldown's end alone moves it to HALF_OPEN.
 * HALF_OPEN: takes traffic on trial. One failure -> EJECTED again;
   `success_threshold` successes (probes or proxied answers, never scrapes) -> HEALTHY.
@@ -85,6 +86,7 @@ class _Tracker:
     successes: int = 0
     ejected_until: float = 0.0
     outlier: bool = False  # the current ejection is an outlier ejection
+    reason: str = ""  # why the current ejection (PROBE, CONNECT, STALLED, an outlier's)
     outlier_times: int = 0  # grows the next outlier ejection (decays while healthy)
     healthy_since: float = 0.0
 
@@ -186,6 +188,7 @@ class HealthMonitor:
             self.settings.cooldown_s if seconds is None else seconds
         )
         tracker.outlier = seconds is not None
+        tracker.reason = reason
         self.ejections[(replica, reason)] += 1
         self._set(replica, tracker, Health.EJECTED, evidence)
 
@@ -198,7 +201,12 @@ class HealthMonitor:
                 tracker.passive_failures = 0
             return
         if tracker.state is Health.EJECTED:
-            if probe and self.clock() >= tracker.ejected_until:
+            # A probe that connects and passes contradicts the evidence of a connect
+            # ejection at once (as Envoy's successful_active_health_check_uneject_host):
+            # under a stalled event loop or a burst of refused connects a healthy replica
+            # was taken out, and with it out a dead last one could no longer be.
+            lifted = tracker.reason == CONNECT
+            if probe and (lifted or self.clock() >= tracker.ejected_until):
                 self._set(replica, tracker, Health.HALF_OPEN)
                 tracker.successes = 1
             return

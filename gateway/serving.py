@@ -213,13 +213,21 @@ class RunningServer:
             await asyncio.wait_for(asyncio.shield(self._task), timeout)
         except TimeoutError:
             self._server.force_exit = True
-            for conn in list(self._server.server_state.connections):
-                transport = getattr(conn, "transport", None)
-                if transport is not None:
-                    transport.close()
+            self._close_connections()
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        # uvicorn asks the connections open when its shutdown begins to close; one accepted
+        # just then (its connection_made ran after that ask) is only waited for, and outlived
+        # the server: a stopped engine kept answering probes on a client's pooled connection.
+        # A process that exits closes every socket; so does a stopped server.
+        self._close_connections()
+
+    def _close_connections(self) -> None:
+        for conn in list(self._server.server_state.connections):
+            transport = getattr(conn, "transport", None)
+            if transport is not None:
+                transport.close()
 
     async def __aenter__(self) -> Self:
         return self

@@ -62,6 +62,22 @@ def test_half_open_failure_re_ejects_at_once() -> None:
     assert m.state(R) is Health.EJECTED
 
 
+def test_a_probe_that_passes_lifts_a_connect_ejection_at_once_but_not_a_probe_ejection() -> None:
+    clock = FakeClock()
+    m = monitor(clock, failure_threshold=1)
+    r1 = ReplicaId("r1")
+    m.cluster.set_members([ReplicaState(R, "http://127.0.0.1:9"), ReplicaState(r1, "http://x:9")])
+    m.passive_failure(R, UpstreamConnectError("connecting timed out"))
+    assert m.state(R) is Health.EJECTED
+    m.record_success(R)  # a proxied answer is no probe
+    assert m.state(R) is Health.EJECTED
+    m.record_success(R, probe=True)  # well within the cooldown
+    assert m.state(R) is Health.HALF_OPEN and m.cluster.is_healthy(R)
+    m.record_failure(r1)  # its probe failed: out for the whole cooldown, probes or not
+    m.record_success(r1, probe=True)
+    assert m.state(r1) is Health.EJECTED
+
+
 def test_passive_detection_can_be_disabled() -> None:
     refused = UpstreamConnectError("refused")
     m = monitor(FakeClock(), failure_threshold=1, passive=False)

@@ -231,3 +231,23 @@ async def test_a_busy_port_raises_and_leaks_no_socket() -> None:
             await start_server(_app([]), port=running.port)
         await running.resume_listening()  # already listening: nothing to do
         assert running.listening
+
+
+async def test_a_connection_that_missed_the_shutdown_is_closed_when_the_server_stops() -> None:
+    """A connection accepted as uvicorn's shutdown began is not asked to close; it must not
+    outlive the stopped server (a dead engine kept answering on a client's pooled one)."""
+    server = await start_server(_app([]))
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    try:
+        writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        await writer.drain()
+        assert b"200" in await reader.readuntil(b"\r\n")
+        [conn] = server._server.server_state.connections
+        conn.shutdown = lambda: None  # type: ignore[method-assign]  # as if accepted too late
+        await server.stop()
+        async with asyncio.timeout(2):
+            while await reader.read(65536):
+                pass  # the rest of the answer, then the end of the stream
+        assert reader.at_eof()
+    finally:
+        writer.close()

@@ -37,7 +37,7 @@ from typing import Protocol
 import xxhash
 from prometheus_client import CollectorRegistry
 
-from gateway.errors import GatewayError, UpstreamTimeout
+from gateway.errors import GatewayError, UpstreamConnectError, UpstreamError, UpstreamTimeout
 from gateway.scrape.adapters import (
     CounterState,
     EngineReading,
@@ -246,8 +246,13 @@ class MetricsScraper:
         except (TimeoutError, UpstreamTimeout):
             self._failed(target.id, "timeout")
             return None
-        except GatewayError:
+        except UpstreamConnectError:
             self._failed(target.id, "connect")
+            return None
+        except GatewayError:
+            # Cut off mid-answer, over-long, malformed: the engine was reached, so it is no
+            # connect failure (those alone count toward ejection, as for proxied requests).
+            self._failed(target.id, "error")
             return None
         now = self._clock()
         quiet = self._is_quiet(target.id, reading.waiting, reading.running)
@@ -303,6 +308,9 @@ class MetricsScraper:
         response = await self._client.send("GET", url, self._headers)
         try:
             return response.status, await response.read()  # drained: the connection is reused
+        except UpstreamConnectError as exc:
+            # Dropped after the status line: the engine was reached (see `scrape_once`).
+            raise UpstreamError(exc.message) from exc
         finally:
             await response.aclose()
 

@@ -185,6 +185,30 @@ async def test_connection_refused_is_a_connect_failure() -> None:
         await scraper.stop()
 
 
+async def test_an_answer_cut_off_midway_is_an_error_not_a_connect_failure() -> None:
+    """The engine was reached: only connect failures count toward ejection."""
+
+    async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\nvllm:num_requests")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(cut, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    health = HealthLog()
+    replica = ReplicaState(ReplicaId("cut"), f"http://127.0.0.1:{port}")
+    scraper = MetricsScraper(ScrapeSettings(timeout_s=0.5), lambda: [replica], health=health)
+    await scraper.start()
+    try:
+        assert await scraper.scrape_once(replica) is None
+        assert health.failed == [("cut", "error")]
+    finally:
+        await scraper.stop()
+        server.close()
+        await server.wait_closed()
+
+
 async def test_membership_changes_start_and_stop_pollers(
     served: tuple[Exposition, RunningServer],
 ) -> None:
