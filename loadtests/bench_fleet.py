@@ -410,10 +410,12 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 p.kill()
         redis_p.kill()
-    p50, p99 = decision(a.replicas, a.decisions)
-    rows["decision_us_p50_p99"] = [round(p50, 1), round(p99, 1)]
-    rows["bytes_per_conversation"] = round(conversation_bytes(a.conversations), 1)
-    rows["conversations"] = a.conversations
+    if a.decisions > 1:  # 0 skips the phase (an idle profile needs none of the others)
+        p50, p99 = decision(a.replicas, a.decisions)
+        rows["decision_us_p50_p99"] = [round(p50, 1), round(p99, 1)]
+    if a.conversations:
+        rows["bytes_per_conversation"] = round(conversation_bytes(a.conversations), 1)
+        rows["conversations"] = a.conversations
     print(json.dumps(rows, indent=1))
     return 0
 
