@@ -5,7 +5,13 @@ trace and one agent seed; this runs `kvgate simulate` (the same engine model, 8 
 minute, at the arrival speeds bench_lineage.py replays them at.
 
     python loadtests/bench_windows.py [--starts 500,1000,...] [--agent-seeds 1,2,3,4]
-        [--policies lineage,cache_aware] [--sessions]
+        [--shape-seeds 1,2,3] [--policies lineage,cache_aware] [--sessions]
+        [--config-a JSON] [--config-b JSON]
+
+`--shape-seeds` adds the issue-45 shapes (`kvgate trace generate --shape` forks, samples
+and rag, as bench_lineage.py generates them) for those seeds; `--config-a/-b` give either
+policy its settings as JSON, so one policy can be compared with itself under another
+setting (`--policies lineage,lineage --config-b '{"cache_weight": 8}'`).
 
 Per window and policy: mean and p99 TTFT (simulated seconds) and token-weighted hit rate;
 then the first policy's over the second's per window and their geometric mean per trace.
@@ -18,6 +24,7 @@ windows are hard, and judge with bench_lineage.py.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from dataclasses import dataclass
@@ -28,6 +35,8 @@ from bench_lineage import (
     AGENT_SESSIONS,
     BLOCKS,
     MAX_OUTPUT_TOKENS,
+    SHAPE_DURATION_S,
+    SHAPE_SESSIONS,
     TRACE,
     TRACE_DEFAULTS,
     Defaults,
@@ -36,6 +45,7 @@ from bench_lineage import (
 from gateway.sim.profiles import get_profile
 from gateway.trace.format import Trace, read_trace
 from gateway.trace.generate import AgentTraceOptions, generate_agent_trace
+from gateway.trace.shapes import SHAPES, ShapeOptions, generate_shape
 from gateway.trace.simulate import SimulationOptions, simulate
 
 
@@ -63,11 +73,21 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
-def run(trace: Trace, policy: str, speedup: float, args: argparse.Namespace) -> Figures:
+def _config(text: str) -> dict[str, object]:
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("a policy config is a JSON object")
+    return value
+
+
+def run(
+    trace: Trace, policy: str, config: dict[str, object], speedup: float, args: argparse.Namespace
+) -> Figures:
     profile = get_profile("h200-sparse").scaled(num_gpu_blocks=args.blocks)
     options = SimulationOptions(
         replicas=args.replicas,
         policy=policy,
+        policy_config=config,
         profile=profile,
         speedup=speedup,
         max_output_tokens=MAX_OUTPUT_TOKENS,
@@ -90,6 +110,13 @@ def windows(args: argparse.Namespace) -> list[tuple[str, str, Trace, float]]:
         opts = AgentTraceOptions(seed=seed, sessions=AGENT_SESSIONS, duration_s=AGENT_DURATION_S)
         agent = generate_agent_trace(opts).window(0, args.agent_requests)
         out.append(("agent", f"seed {seed}", agent, AGENT_SPEEDUP))
+    for shape in SHAPES:
+        for seed in args.shape_seeds:
+            opts = ShapeOptions(
+                shape=shape, seed=seed, sessions=SHAPE_SESSIONS, duration_s=SHAPE_DURATION_S
+            )
+            trace = generate_shape(opts).window(0, args.shape_requests)
+            out.append((shape, f"seed {seed}", trace, AGENT_SPEEDUP))
     return out
 
 
@@ -108,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replicas", type=int, default=8)
     ap.add_argument("--blocks", type=int, default=BLOCKS, help="KV blocks (16 tokens) per engine")
     ap.add_argument("--sessions", action="store_true", help="route with session ids")
+    ap.add_argument("--shape-seeds", type=_ints, default=[], help="issue-45 shapes, these seeds")
+    ap.add_argument("--shape-requests", type=int, default=TRACE_DEFAULTS["rag"].requests)
+    ap.add_argument("--config-a", type=_config, default={}, help="first policy's settings")
+    ap.add_argument("--config-b", type=_config, default={}, help="second policy's settings")
     args = ap.parse_args(argv)
     policies = args.policies.split(",")
     if len(policies) != 2:
@@ -123,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     ratios: dict[str, list[tuple[float, float, float]]] = {}
     for kind, label, trace, speedup in windows(args):
-        fa, fb = run(trace, a, speedup, args), run(trace, b, speedup, args)
+        fa = run(trace, a, args.config_a, speedup, args)
+        fb = run(trace, b, args.config_b, speedup, args)
         r = (fa.mean / fb.mean, fa.p99 / fb.p99, fa.hit / fb.hit if fb.hit else math.nan)
         ratios.setdefault(kind, []).append(r)
         print(

@@ -230,6 +230,25 @@ def test_windows_benchmark_simulates_both_policies_on_every_window(tmp_path: Pat
     assert wrong.returncode == 2 and "--policies takes two names" in wrong.stderr
 
 
+def test_bench_windows_runs_the_shapes_and_compares_a_policy_with_itself() -> None:
+    args = ["--starts", "", "--agent-seeds", "", "--shape-seeds", "1", "--shape-requests", "40"]
+    args += ["--blocks", "4000", "--policies", "lineage,lineage"]
+    done = _script("bench_windows.py", *args, "--config-b", '{"cache_weight": 1.0}', timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    rows = [x.split() for x in lines if x.startswith(("forks ", "samples ", "rag "))]
+    assert [(r[0], r[2]) for r in rows] == [("forks", "1"), ("samples", "1"), ("rag", "1")]
+    for shape in ("forks", "samples", "rag"):
+        assert any(
+            x.startswith(f"{shape}: lineage over lineage, geometric mean of 1") for x in lines
+        )
+    # The second policy is built with the settings given: an invalid one stops the run.
+    bad = _script("bench_windows.py", *args, "--config-b", '{"cache_weight": -1}', timeout=120)
+    assert bad.returncode != 0 and "cache_weight" in bad.stderr
+    wrong = _script("bench_windows.py", "--config-a", "[1]")
+    assert wrong.returncode == 2 and "a policy config is a JSON object" in wrong.stderr
+
+
 async def test_bypass_sends_unshared_prompts_to_the_chosen_engines_only() -> None:
     bypass = _module("bypass")
     async with SimCluster(3, "h200-sparse", time_scale=20.0) as sim:
