@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -397,3 +398,23 @@ def test_lineage_tails_splits_a_forks_run_by_kind_and_measures_the_queue_met(
     ahead = sum(trace.records[i].input_tokens for i in range(0, last_e0, 2))
     assert tails.queued_ahead(reqs, last_e0, "e0") == ahead
     assert tails.queued_ahead(reqs, last_e0, "e1") == 0
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="needs valgrind (Debian: valgrind)")
+def test_instruction_counts_kvgate_under_callgrind_and_reports_a_missing_router(
+    tmp_path: Path,
+) -> None:
+    done = _script(
+        "bench_instructions.py",
+        *("--targets", "kvgate,vllm", "--router-bin", str(tmp_path), "--modes", "plain"),
+        *("--requests", "5", "--warmup", "2", "--rounds", "2", "--idle-s", "0.3"),
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = next(line.split() for line in done.stdout.splitlines() if line.startswith("kvgate"))
+    # name mode median (min..max) ratio: a request through kvgate runs a few hundred
+    # thousand instructions at least (parsing, routing, relaying), and the first target's
+    # ratio to itself is 1.
+    assert row[1] == "plain" and int(row[2].replace(",", "")) > 100_000
+    assert row[-1] == "x1.000"
+    assert "vllm     skipped: not installed" in done.stdout
