@@ -23,12 +23,19 @@ conversation's lineage inferred from the prompt (gateway.lineage). Per request:
   ``queue_weight * unit`` per request the engine reports waiting; ``uncached_r`` is the
   prompt minus what r's prefix index holds of it; ``live_r`` counts r's live sessions
   (each will send more turns); ``unit`` is the running mean of uncached prefill per
-  request. A new session that opens with no hot prefix does not weigh live sessions: the
-  load there now decides and they only break ties (in `kvgate simulate`, counting them in
-  full gave a higher mean TTFT on 8 of 10 trace windows without shared preambles; the
-  small weight that stood here, ``cold_session_weight``, at 0, halved or doubled moved no
-  issue-45 shape beyond its seeds' spread). A session moved by the bound ranks its old
-  replica last, or that replica's cache would win it straight back.
+  request. For a new session with no hot prefix a recomputed token weighs what it costs
+  on r (plugins/kv_pressure.py): its own prefill and the cluster's lost work over n
+  replicas, ``1 + 1/n``, while r's KV keeps what returning sessions need, rising to
+  ``cache_weight`` as the prefill r took in over a few gaps between a session's requests
+  approaches the KV its cache has, its capacity less what running requests hold (then a
+  copy evicts what others come back for); without that
+  a replica holding popular documents took every new session opening with them, 2x the
+  mean prefill (issue 45, the rag shape). Such a session does not weigh live sessions
+  either: the load there now decides and they only break ties (in `kvgate simulate`,
+  counting them in full gave a higher mean TTFT on 8 of 10 trace windows without shared
+  preambles; the small weight that stood here, ``cold_session_weight``, at 0, halved or
+  doubled moved no issue-45 shape beyond its seeds' spread). A session moved by the bound
+  ranks its old replica last, or that replica's cache would win it straight back.
 * **Hot preambles spread.** A high ``cache_weight`` makes a fork of one conversation
   follow its cache (the cluster saves that prefill), but would also pile every new session
   of an agent kind onto the replica that first cached the kind's preamble. So the policy
@@ -48,8 +55,9 @@ conversation's lineage inferred from the prompt (gateway.lineage). Per request:
   continued turn did not find cached). Deeper than that, the request follows the prefix
   to its replica, unless that replica's load is over the sticky bound or exceeds the
   least loaded replica's by more than that prefix (tokens queued against tokens
-  recomputed). Until a continued turn has been seen nothing is measured and the band
-  decides alone.
+  recomputed; each live session there counts as the prefill its further turns will
+  bring, or one agent kind's sessions all follow its preamble to one replica). Until a
+  continued turn has been seen nothing is measured and the band decides alone.
 
 With KV cache events (gateway.kvevents), ``view.cache_evidence`` says what each replica
 really holds of the prompt: ``uncached_r`` then comes from it for every replica it knows
@@ -87,6 +95,7 @@ from gateway.types import (
     ReplicaState,
     RouteRequest,
 )
+from plugins.kv_pressure import KvPressure, token_weight
 from plugins.live_sessions import LiveSessions
 from plugins.load_model import TieBreaker, mix
 from plugins.prefix_index import DEFAULT_CAPACITY_TOKENS, PrefixIndex
@@ -146,8 +155,10 @@ class LineageConfig(PolicyConfig):
     cache_weight: float = Field(
         default=16.0,
         ge=0,
-        description="weight of a new session's uncached prompt against "
-        "load: above 1, a prefix recomputed elsewhere counts also as the cluster's lost work",
+        description="weight of an uncached prompt token against one queued when "
+        "placing, where the prefix is hot or deep, for a moved session, and on a replica whose "
+        "KV is under full pressure (a new session with no hot prefix weighs 1 + 1/n there "
+        "while the replica's KV keeps what its sessions come back for, rising to this)",
     )
     session_band: float | None = Field(
         default=0.2,
@@ -215,6 +226,7 @@ class Lineage:
         self._view_key: tuple[ReplicaState, ...] | None = None
         self._view_prefill: PrefillSignals | None = None
         self._queued: dict[ReplicaId, float] = {}
+        self._pinned: dict[ReplicaId, float] = {}  # KV share running requests hold, per view
         self._mean_speed: float | None = None
         self._beyond_tokens = 0.0  # engines' waiting beyond this gateway's, in tokens
         self._speeds: dict[ReplicaId, float] = {}  # measured prefill tokens/s, per view
@@ -228,6 +240,7 @@ class Lineage:
         self._requests = 0.0
         self._new_sessions = 0.0
         self._turn_tokens: float | None = None
+        self._pressure = KvPressure()
         self.membership_changed(context.replicas)
 
     # -- abilities ---------------------------------------------------------------------
@@ -238,6 +251,7 @@ class Lineage:
             self.index.forget(gone)
             self.sessions.forget(gone)
             self._capacity_seen.pop(gone, None)
+            self._pressure.forget(gone)
         self._ring = HashRing((RingNode(r.id, r.weight) for r in replicas), self.config.vnodes)
         for r in replicas:
             if r.kv_capacity_tokens:
@@ -264,6 +278,7 @@ class Lineage:
         self._pending[replica] = self._pending.get(replica, 0.0) + tokens
         self._pending_total += tokens
         self._unit += _UNIT_ALPHA * (tokens - self._unit)
+        self._pressure.sent(replica, tokens, self._now)
 
     def prefilled(self, request: RouteRequest) -> None:
         """The prefill is over (first byte, failure or end); idempotent."""
@@ -277,7 +292,10 @@ class Lineage:
 
     def placed(self, request: RouteRequest, replica: ReplicaId) -> None:
         hashes = request.prefix_hashes
+        last = self.sessions.last_seen(request.session_key, self._now)
         home = self.sessions.replica_of(request.session_key, self._now)
+        if last is not None:
+            self._pressure.gap(self._now - last)
         self._count_request(request, replica, home)
         if hashes:
             self._block_tokens = request.block_tokens or 1
@@ -450,8 +468,17 @@ class Lineage:
         # Live sessions (each will send more turns) break ties of cost, then the hash.
         keys: list[tuple[float, int, int, int]] = []
         in_band = self._band(request, view, matched) if not moved else None
-        if in_band is not None and self._deep(request, view, unit, matched, precise):
+        hot = in_band is not None
+        if hot and self._deep(request, view, unit, matched, precise):
             in_band = None  # one conversation's history, not a preamble: follow it
+        # A new session from a prefix that is not hot weighs a token it would recompute on
+        # r by what that costs there (kv_pressure): 1 + 1/n while r's KV keeps what its
+        # sessions come back for, up to cache_weight once it does not. Everywhere else
+        # (a hot or deep prefix, a moved session) the prefix's pull stays cache_weight.
+        pressure = self._pressure if not moved and not hot and self._pressure.mean_gap_s else None
+        capacity, default_capacity = self._capacity_seen.get, cfg.default_capacity_tokens
+        pinned = self._pinned.get
+        n, now = len(replicas), self._now
         # Live sessions weigh as future load in the band and for a moved session; a new
         # session with no hot prefix goes by the load now, its ties to fewer sessions.
         per_session = 0.0 if in_band is None and not moved else cfg.session_weight * unit
@@ -463,11 +490,18 @@ class Lineage:
                 cached = min(prompt, precise[rid])
             else:
                 cached = min(prompt, matched.get(i, 0) * bt)
+            weight = cw
+            if pressure is not None and prompt > cached:
+                # What running requests hold (the engine's KV usage: vLLM and SGLang count
+                # cached blocks no request holds as free) is not there for the cache.
+                free = (capacity(rid) or default_capacity) * (1.0 - pinned(rid, 0.0))
+                level = pressure.of(rid, free, now)
+                weight = token_weight(level, n, cw)
             cost = (
                 pending(rid, 0.0)
                 + cfg.inflight_tokens * inflight(rid, 0)
                 + qw * queued(rid, 0.0)
-                + cw * (prompt - cached)
+                + weight * (prompt - cached)
                 + per_session * counts(rid, 0)
             ) / (r.weight if r.weight > 0 else 1.0)
             if in_band is not None and rid not in in_band:
@@ -516,10 +550,15 @@ class Lineage:
         holder = replicas[cached.index(best)].id
         if self._over_queue(holder, view):
             return False
-        load = self._load(holder, view, unit)
         # Tokens for tokens: waiting behind the holder's queue beyond the least loaded
-        # replica's must cost less than recomputing the prefix it saves.
-        least = min(self._load(r.id, view, unit) for r in replicas)
+        # replica's must cost less than recomputing the prefix it saves. Live sessions
+        # count as the work their further turns will bring (`owed`, at least what the band
+        # counts): without them one agent kind's sessions all followed its 28K-token
+        # preamble to one replica, 15 of its 17 (issue 45, fifth).
+        per_session = max(owed, self.config.session_weight * unit)
+        counts = self.sessions.counts.get
+        load = self._load(holder, view, unit) + per_session * counts(holder, 0)
+        least = min(self._load(r.id, view, unit) + per_session * counts(r.id, 0) for r in replicas)
         return load - least <= best - common
 
     def _band(
@@ -585,17 +624,21 @@ class Lineage:
             return
         self._view_key, self._view_prefill = view.replicas, view.prefill
         queued: dict[ReplicaId, float] = {}
+        pinned: dict[ReplicaId, float] = {}
         for r in view.replicas:
             load = view.load_of(r)
-            if load is not None and load.waiting:
-                queued[r.id] = load.waiting
+            if load is not None:
+                if load.waiting:
+                    queued[r.id] = load.waiting
+                if load.kv_usage:
+                    pinned[r.id] = load.kv_usage
             capacity = (r.load.kv_capacity_tokens if r.load is not None else None) or (
                 r.kv_capacity_tokens
             )
             if capacity and self._capacity_seen.get(r.id) != capacity:
                 self._capacity_seen[r.id] = capacity
                 self.index.set_capacity(r.id, capacity, self._block_tokens)
-        self._queued = queued
+        self._queued, self._pinned = queued, pinned
         prefill = view.prefill
         # The meter recomputes its mean after every sample (a walk over the replicas):
         # read once per view, not on every sticky decision.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from policy_views import replicas, request, rid, view
+from policy_views import load, replicas, request, rid, view
 
 from gateway.policy import RANK_DEPTH, PolicyContext
 from gateway.ring import HashRing, RingNode
@@ -374,17 +374,20 @@ def test_a_preamble_every_replica_holds_does_not_pull_new_sessions_together() ->
     assert len(set(homes)) >= 3, homes
 
 
-def _resume_after_forks_with_backlog(backlog_blocks: int) -> bool:
+def _resume_after_forks_with_backlog(backlog_blocks: int, live: int = 0) -> bool:
     """Forks of a 40-block history (20K tokens) make its branch point hot; then the
-    history's replica gets `backlog_blocks` of prefill queued (under the load bound).
-    Does the parent's resume still go there?"""
+    history's replica gets `backlog_blocks` of prefill queued (under the load bound) and
+    `live` other conversations. Does the parent's resume still go there?"""
     p, v = policy(8)
     _warm(p, v, sessions=8, turns=2, grow=1)
     history = tuple(range(1, 41))
     home = serve(p, turn("parent", history, 0), v)
     for k in range(3):
         serve(p, turn(f"child{k}", (*history, 500 + k), 0), v)
-    p.dispatched(turn("backlog", tuple(range(60_000, 60_000 + backlog_blocks)), 0), home)
+    if backlog_blocks:
+        p.dispatched(turn("backlog", tuple(range(60_000, 60_000 + backlog_blocks)), 0), home)
+    for s in range(live):
+        p.placed(turn(f"live{s}", (70_000 + s,), 0), home)
     assert not p._over_queue(home, metered(v))
     return p.choose(turn("resume", (*history, 600), 0), v).first == home
 
@@ -415,3 +418,68 @@ def test_a_sticky_ranking_walks_the_ring_clockwise_from_the_session() -> None:
         walk = [r for r in ring.walk("s") if r != home and r in v.by_id]
         assert ranked == ((home, *walk)[:RANK_DEPTH])
         assert len(ranked) == min(RANK_DEPTH, len(shown))
+
+
+def _second_rag_session_home(
+    capacity_tokens: int, gap_s: float, kv_usage: float = 0.1
+) -> tuple[ReplicaId, ReplicaId]:
+    """Session a opens with 10 blocks of documents on its replica, which then gets 20K
+    tokens of prefill queued; every other replica prefilled 5K tokens of other prompts; a
+    comes back after `gap_s`. A new session opening with the same documents: where does
+    it go, and where were they?"""
+    states = replicas(8, kv_capacity_tokens=capacity_tokens)
+    p = Lineage(LineageConfig(), PolicyContext(states))
+    v = view(states, default_load=load(kv=kv_usage))
+    docs = tuple(range(3000, 3010))
+    home = serve(p, turn("a", (*docs, 1), 0), v)
+    p.dispatched(turn("backlog", tuple(range(60_000, 60_040)), 0), home)
+    for i, r in enumerate(states):
+        if r.id != home:
+            filler = turn(f"filler{i}", tuple(range(80_000 + 100 * i, 80_010 + 100 * i)), 0)
+            p.dispatched(filler, r.id)
+            p.prefilled(filler)
+    later = dataclasses.replace(v, now=v.now + gap_s)
+    assert serve(p, turn("a", (*docs, 1, 2), 1), later) == home
+    chosen = p.choose(turn("b", (*docs, 9), 0), later)
+    assert chosen.first is not None
+    return chosen.first, home
+
+
+def test_a_new_session_leaves_a_queue_for_documents_cheap_to_recompute() -> None:
+    # KV far from full everywhere (at most 26K tokens taken in over 4M), recomputing 5K tokens of
+    # documents elsewhere costs each token once plus 1/8 of the cluster's lost work: 6K,
+    # less than waiting behind 20K queued.
+    chosen, home = _second_rag_session_home(4_000_000, gap_s=30.0)
+    assert chosen != home
+
+
+def test_under_kv_pressure_a_new_session_follows_its_documents() -> None:
+    # The control: every replica took in more than its KV holds, so a copy elsewhere
+    # evicts what others come back for and a recomputed token weighs cache_weight (16).
+    chosen, home = _second_rag_session_home(4_000, gap_s=30.0)
+    assert chosen == home
+
+
+def test_kv_that_running_requests_hold_is_not_room_for_the_cache() -> None:
+    # The same large KV, but running requests hold all but 0.1% of it on every replica
+    # (the engines' KV usage): the 5K tokens each replica took in fill what is left.
+    chosen, home = _second_rag_session_home(4_000_000, gap_s=30.0, kv_usage=0.999)
+    assert chosen == home
+
+
+def test_before_a_gap_is_measured_a_new_session_follows_its_documents() -> None:
+    # The other control: a session that came back at once measures no gap, so the
+    # policy knows nothing of how long prefixes must live and keeps the full weight.
+    chosen, home = _second_rag_session_home(4_000_000, gap_s=0.0)
+    assert chosen == home
+
+
+def test_a_deep_history_does_not_pull_onto_a_replica_crowded_with_live_sessions() -> None:
+    # 100 live sessions there will send at least 100 mean prefills (over 25K tokens),
+    # more than the 20K-token history saves: one agent kind no longer piles onto it.
+    assert not _resume_after_forks_with_backlog(0, live=100)
+
+
+def test_a_deep_history_pulls_when_its_replica_carries_few_sessions() -> None:
+    # The control: the same burst with no extra sessions there.
+    assert _resume_after_forks_with_backlog(0)
