@@ -552,10 +552,12 @@ class Lineage:
             return False
         # Tokens for tokens: waiting behind the holder's queue beyond the least loaded
         # replica's must cost less than recomputing the prefix it saves. Live sessions
-        # count as the work their further turns will bring (`owed`, at least what the band
-        # counts): without them one agent kind's sessions all followed its 28K-token
-        # preamble to one replica, 15 of its 17 (issue 45, fifth).
-        per_session = max(owed, self.config.session_weight * unit)
+        # count as the work their further turns will bring (`owed`): without them one
+        # agent kind's sessions all followed its 28K-token preamble to one replica, 13-15
+        # of its 17 (issue 45, fifth). Not a floor of a mean prefill each: where sessions
+        # send little after their first request, a conversation's own four forks then
+        # outweighed its 3K-token history and its resume left it.
+        per_session = owed
         counts = self.sessions.counts.get
         load = self._load(holder, view, unit) + per_session * counts(holder, 0)
         least = min(self._load(r.id, view, unit) + per_session * counts(r.id, 0) for r in replicas)

@@ -377,7 +377,8 @@ def test_a_preamble_every_replica_holds_does_not_pull_new_sessions_together() ->
 def _resume_after_forks_with_backlog(backlog_blocks: int, live: int = 0) -> bool:
     """Forks of a 40-block history (20K tokens) make its branch point hot; then the
     history's replica gets `backlog_blocks` of prefill queued (under the load bound) and
-    `live` other conversations. Does the parent's resume still go there?"""
+    `live` other conversations of three turns (four blocks more each turn). Does the
+    parent's resume still go there?"""
     p, v = policy(8)
     _warm(p, v, sessions=8, turns=2, grow=1)
     history = tuple(range(1, 41))
@@ -387,7 +388,9 @@ def _resume_after_forks_with_backlog(backlog_blocks: int, live: int = 0) -> bool
     if backlog_blocks:
         p.dispatched(turn("backlog", tuple(range(60_000, 60_000 + backlog_blocks)), 0), home)
     for s in range(live):
-        p.placed(turn(f"live{s}", (70_000 + s,), 0), home)
+        for n in range(3):
+            grown = tuple(range(80_000 + 100 * s, 80_000 + 100 * s + 4 * n))
+            p.placed(turn(f"live{s}", (70_000 + s, *grown), n), home)
     assert not p._over_queue(home, metered(v))
     return p.choose(turn("resume", (*history, 600), 0), v).first == home
 
@@ -475,9 +478,10 @@ def test_before_a_gap_is_measured_a_new_session_follows_its_documents() -> None:
 
 
 def test_a_deep_history_does_not_pull_onto_a_replica_crowded_with_live_sessions() -> None:
-    # 100 live sessions there will send at least 100 mean prefills (over 25K tokens),
-    # more than the 20K-token history saves: one agent kind no longer piles onto it.
-    assert not _resume_after_forks_with_backlog(0, live=100)
+    # 20 conversations there, each measured to send about two more turns of four blocks:
+    # far more work than the 20K-token history saves, so the band spreads the resume
+    # (one agent kind no longer piles onto the replica holding its preamble).
+    assert not _resume_after_forks_with_backlog(0, live=20)
 
 
 def test_a_deep_history_pulls_when_its_replica_carries_few_sessions() -> None:
