@@ -28,9 +28,9 @@ conversation's lineage inferred from the prompt (gateway.lineage). Per request:
   replicas, ``1 + 1/n``, while r's KV keeps what returning sessions need, rising to
   ``cache_weight`` as the prefill r took in over a few gaps between a session's requests
   approaches the KV its cache has, its capacity less what running requests hold (then a
-  copy evicts what others come back for); without that
-  a replica holding popular documents took every new session opening with them, 2x the
-  mean prefill (issue 45, the rag shape). Such a session does not weigh live sessions
+  copy evicts what others come back for); without that a replica holding popular
+  documents took every new session opening with them, 2x the mean prefill (issue 45, the
+  rag shape). Such a session does not weigh live sessions
   either: the load there now decides and they only break ties (in `kvgate simulate`,
   counting them in full gave a higher mean TTFT on 8 of 10 trace windows without shared
   preambles; the small weight that stood here, ``cold_session_weight``, at 0, halved or
