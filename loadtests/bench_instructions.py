@@ -11,7 +11,7 @@ second, so only the request path is left. Those timers run by the wall clock, wh
 callgrind slows 50-fold, and some change pace with traffic (a quiet replica is probed less
 often), so an idle window does not match a busy one well: by default kvgate's scrape,
 probe and console-sample intervals are slowed to 30 s or more (`--default-timers` keeps
-them): rounds then spread 0.3-3% instead of 5-10% (docs/scale.md).
+them): rounds then spread 0.3-4% instead of 6-17% (docs/scale.md).
 
     python loadtests/bench_instructions.py                        # kvgate, plain and stream
     python loadtests/bench_instructions.py --baseline ../before   # + another checkout (base)
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import json
 import shutil
 import statistics
 import subprocess
@@ -43,7 +42,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from bench_overhead import MODEL, Proc, agent_messages, free_port, wait_ready
+from bench_overhead import MODEL, Proc, chat_body, free_port, wait_ready
 from bench_routers import answers_chat
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,14 +113,7 @@ def requests(url: str, n: int, stream: bool, context_tokens: int) -> None:
     """`n` chat completions, one after another on one keep-alive connection."""
     host, port = url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=600)
-    body = json.dumps(
-        {
-            "model": MODEL,
-            "messages": agent_messages(context_tokens),
-            "max_tokens": 8,
-            "stream": stream,
-        }
-    ).encode()
+    body = chat_body(context_tokens, stream)
     try:
         for i in range(n):
             headers = {"content-type": "application/json", "x-session-id": f"c0-{i % 8}"}

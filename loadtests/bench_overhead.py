@@ -99,6 +99,18 @@ def agent_messages(context_tokens: int) -> list[dict[str, Any]]:
     return messages
 
 
+def chat_body(context_tokens: int, stream: bool) -> bytes:
+    """The benchmark's request: the agent conversation of `agent_messages`, 8 tokens out."""
+    return json.dumps(
+        {
+            "model": MODEL,
+            "messages": agent_messages(context_tokens),
+            "max_tokens": 8,
+            "stream": stream,
+        }
+    ).encode()
+
+
 async def _loadgen(
     url: str,
     concurrency: int,
@@ -110,14 +122,7 @@ async def _loadgen(
 ) -> dict[str, Any]:
     import aiohttp
 
-    body = json.dumps(
-        {
-            "model": MODEL,
-            "messages": agent_messages(context_tokens),
-            "max_tokens": 8,
-            "stream": stream,
-        }
-    ).encode()
+    body = chat_body(context_tokens, stream)
     headers = {"content-type": "application/json"}
     if api_key:
         headers["authorization"] = f"Bearer {api_key}"

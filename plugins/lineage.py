@@ -292,9 +292,10 @@ class Lineage:
 
     def placed(self, request: RouteRequest, replica: ReplicaId) -> None:
         hashes = request.prefix_hashes
-        last = self.sessions.last_seen(request.session_key, self._now)
-        home = self.sessions.replica_of(request.session_key, self._now)
-        if last is not None:
+        seen = self.sessions.seen(request.session_key, self._now)
+        home = None
+        if seen is not None:
+            home, last = seen
             self._pressure.gap(self._now - last)
         self._count_request(request, replica, home)
         if hashes:
@@ -492,8 +493,8 @@ class Lineage:
                 cached = min(prompt, matched.get(i, 0) * bt)
             weight = cw
             if pressure is not None and prompt > cached:
-                # What running requests hold (the engine's KV usage: vLLM and SGLang count
-                # cached blocks no request holds as free) is not there for the cache.
+                # What running requests hold (the engine's KV usage; vLLM's counts cached
+                # blocks no request holds as free) is not there for the cache.
                 free = (capacity(rid) or default_capacity) * (1.0 - pinned(rid, 0.0))
                 level = pressure.of(rid, free, now)
                 weight = token_weight(level, n, cw)

@@ -32,6 +32,13 @@ class LiveSessions:
             return None
         return entry[0]
 
+    def seen(self, key: SessionKey, now: float) -> tuple[ReplicaId, float] | None:
+        """The live session `key`'s replica and when it was last served, or None."""
+        entry = self._seen.get(key)
+        if entry is None or now - entry[1] > self.idle_s:
+            return None
+        return entry[0], entry[1]
+
     def last_seen(self, key: SessionKey, now: float) -> float | None:
         """When the live session `key` was last served, or None."""
         entry = self._seen.get(key)

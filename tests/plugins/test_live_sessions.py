@@ -42,3 +42,11 @@ def test_a_replica_that_leaves_takes_its_sessions() -> None:
     t.forget(A)
     assert A not in t.tokens and t.replica_of(SessionKey("s"), 1.0) is None
     assert t.tokens[B] == 10
+
+
+def test_seen_gives_the_replica_and_last_time_of_a_live_session_only() -> None:
+    t = LiveSessions(idle_s=10.0, max_sessions=100)
+    t.place(SessionKey("s"), A, 2.0, 100)
+    assert t.seen(SessionKey("s"), 5.0) == (A, 2.0)
+    assert t.seen(SessionKey("s"), 12.5) is None  # idle past idle_s
+    assert t.seen(SessionKey("never"), 5.0) is None
