@@ -73,6 +73,8 @@ FEATURE_INSTALLERS: tuple[Installer, ...] = (
     Installer("facts", "gateway.facts.install:install", requires=("scrape",)),
     # Endpoint discovery follows the facts' endpoints.
     Installer("kvevents", "gateway.kvevents.install:install", requires=("facts",)),
+    # Its wait goes before the KV events' tokenization wait (it wraps their pre-route hook).
+    Installer("same_prompt", "gateway.same_prompt:install", requires=("kvevents",)),
     # It detects the final router's abilities (e.g. a prefix index) once, after every
     # router layer; the priority direction comes from the facts, else the scraper.
     Installer(

@@ -35,6 +35,10 @@ request path pays nothing for a feature that is not configured:
 * `state.dispatch_observers: list[DispatchObserver]` -- called with (request, replica, body)
   each time an attempt is sent to a replica, before its response arrives (KV cache events
   count the prompt as about to be cached there). Quick, never raising, never blocking.
+* `state.prefill_observers: list[PrefillObserver]` -- called with the request once its
+  prefill is over: at its first response byte, or at its end when none came (failure,
+  disconnect); may be called more than once for one request (idempotent). Quick, never
+  raising (gateway.same_prompt lets the copies of a prompt go).
 * `state.pre_route: PreRoute | None` -- called with (request, body) just before the
   routing decision; returns None (route now) or an awaitable the proxy awaits first (KV
   cache events tokenize a prompt they do not know yet, bounded by their budget). Must be
@@ -133,6 +137,7 @@ class InboundRewrite:
 
 DispatchObserver = Callable[[RouteRequest, ReplicaId, Mapping[str, Any]], None]
 PreRoute = Callable[[RouteRequest, Mapping[str, Any]], Awaitable[None] | None]
+PrefillObserver = Callable[[RouteRequest], None]
 
 
 class PayloadShaper(Protocol):

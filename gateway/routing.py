@@ -95,6 +95,13 @@ class RoutingSettings(BaseModel):
         default_factory=SaturationLimits, description="limits of the not_saturated filter"
     )
     policies: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    same_prompt_wait_s: float = Field(
+        default=10.0,
+        ge=0.0,
+        description="a request repeating a prompt of its conversation that is still in "
+        "prefill waits for that copy's first token, at most the copy's expected prefill "
+        "time and at most this long; 0 sends every copy at once (gateway.same_prompt)",
+    )
 
 
 class ComposedRouter:

@@ -20,6 +20,7 @@ from gateway.hooks import (
     LocalPlacements,
     OutcomeObserver,
     PayloadShaper,
+    PrefillObserver,
     PreRoute,
     RequestMeter,
     RequestTracer,
@@ -58,6 +59,7 @@ class GatewayState:
     # Closes what a feature left in the scope, once per request (gateway.hooks.RequestMeter).
     meters: list[RequestMeter] = field(default_factory=list)
     dispatch_observers: list[DispatchObserver] = field(default_factory=list)
+    prefill_observers: list[PrefillObserver] = field(default_factory=list)
     # Body rewrites features ask of inbound (gateway.hooks.InboundRewrite), in order.
     inbound_rewrites: list[InboundRewrite] = field(default_factory=list)
     admission: AdmissionGate | None = None

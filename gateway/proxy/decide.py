@@ -142,7 +142,16 @@ class FirstByte:
     prefill signal at the first byte or, without one, at the end (a call). The signal names
     the request as identity left it (`ex.request`: sticky replica, class)."""
 
-    __slots__ = ("_clock", "_ex", "_meter", "_notify", "_request", "_tracker", "pending")
+    __slots__ = (
+        "_clock",
+        "_ex",
+        "_meter",
+        "_notify",
+        "_observers",
+        "_request",
+        "_tracker",
+        "pending",
+    )
 
     def __init__(self, state: GatewayState, ex: Exchange, request: RouteRequest) -> None:
         self._ex = ex
@@ -153,8 +162,11 @@ class FirstByte:
             gate.first_byte if gate is not None else None
         )
         self._tracker = state.router_prefill
-        # False when neither admission nor the router listens.
-        self.pending = self._notify is not None or self._tracker is not None
+        self._observers = state.prefill_observers
+        # False when neither admission, the router nor a prefill observer listens.
+        self.pending = (
+            self._notify is not None or self._tracker is not None or bool(self._observers)
+        )
 
     def token(self) -> None:
         """The first token is back: a prefill-speed sample, then the signals."""
@@ -172,6 +184,8 @@ class FirstByte:
                 self._notify(request, ex.leg.replica if ex.leg is not None else None)
             if self._tracker is not None:
                 self._tracker.prefilled(request)
+            for observe in self._observers:
+                observe(request)
 
 
 async def _traced_wait(
