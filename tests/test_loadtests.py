@@ -418,3 +418,33 @@ def test_instruction_counts_kvgate_under_callgrind_and_reports_a_missing_router(
     assert row[1] == "plain" and int(row[2].replace(",", "")) > 100_000
     assert row[-1] == "x1.000"
     assert "vllm     skipped: not installed" in done.stdout
+
+
+def test_bounds_of_the_generated_shapes_and_a_run_placed_on_them(tmp_path: Path) -> None:
+    first = _script("bench_bounds.py", "--traces", "samples")
+    assert first.returncode == 0, first.stderr
+    requests = int(first.stdout.split("samples: ", 1)[1].split()[0])
+    # A samples run that put every request on one engine: its placement loses nothing.
+    run = {
+        "router": "kvgate",
+        "cell": "samples / growing / without header",
+        "repeat": 0,
+        "figures": {"hit": 0.9},
+        "replicas": ["e0"] * requests,
+    }
+    runs = tmp_path / "runs.json"
+    runs.write_bytes(orjson.dumps({"runs": [run]}))
+    done = _script("bench_bounds.py", "--traces", "forks,samples", "--runs", str(runs))
+    assert done.returncode == 0, done.stderr
+    bounds: dict[str, float] = {}
+    name = ""
+    for line in done.stdout.splitlines():
+        if line.startswith(("forks:", "samples:")):
+            name = line.split(":")[0]
+        elif line.strip().startswith("infinite"):
+            bounds[name] = float(line.split()[1].rstrip("%"))
+    assert set(bounds) == {"forks", "samples"} and all(0 < b < 100 for b in bounds.values())
+    placed = [x.split() for x in done.stdout.splitlines() if x.startswith("kvgate #1")]
+    assert len(placed) == 1 and float(placed[0][4].rstrip("%")) == bounds["samples"]
+    wrong = _script("bench_bounds.py", "--traces", "nosuch")
+    assert wrong.returncode == 2 and "unknown trace" in wrong.stderr
