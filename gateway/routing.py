@@ -36,6 +36,7 @@ from gateway.policy import (
     resolve_policy_class,
     weighs_saturation,
 )
+from gateway.same_prompt import DEFAULT_SAME_PROMPT_WAIT_S
 from gateway.types import Choice, ClusterView, EngineLoad, ReplicaId, ReplicaState, RouteRequest
 
 # A drop filter may look at the request's model only: its result is cached per model.
@@ -96,7 +97,7 @@ class RoutingSettings(BaseModel):
     )
     policies: dict[str, dict[str, Any]] = Field(default_factory=dict)
     same_prompt_wait_s: float = Field(
-        default=10.0,
+        default=DEFAULT_SAME_PROMPT_WAIT_S,
         ge=0.0,
         description="a request repeating a prompt of its conversation that is still in "
         "prefill waits for that copy's first token, at most the copy's expected prefill "

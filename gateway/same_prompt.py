@@ -39,11 +39,28 @@ if TYPE_CHECKING:
     from gateway.hooks import PreRoute
     from gateway.state import GatewayState
 
+DEFAULT_SAME_PROMPT_WAIT_S = 10.0
 SLACK = 1.5  # the first copy's expected prefill, times this ...
 SLACK_S = 0.25  # ... plus this: a first token a little late still beats n prefills
 MAX_LEADS = 10_000  # prompts in prefill tracked at once (the oldest forgotten first)
 
-_Key = tuple[str, str, int, int]
+PromptKey = tuple[str, str, int, int]
+
+
+def prompt_key(request: RouteRequest) -> PromptKey | None:
+    """What makes two requests copies of one prompt (None: no prompt hashes to compare)."""
+    hashes = request.prefix_hashes
+    if not hashes:
+        return None
+    return (request.endpoint, request.session_key, request.prompt_tokens, hashes[-1])
+
+
+def wait_bound(meter: PrefillMeter, replica: ReplicaId, max_wait_s: float) -> float:
+    """Seconds the copies may wait for a first copy just sent to `replica` (the meter has
+    counted it): its expected prefill there, with slack, and at most `max_wait_s`."""
+    speed = meter.speed(replica)
+    expected = meter.queued_tokens(replica) / speed if speed else max_wait_s
+    return min(max_wait_s, SLACK * expected + SLACK_S)
 
 
 @dataclass(slots=True)
@@ -87,20 +104,13 @@ class SamePromptHold:
         self.max_wait_s = max_wait_s
         self._metrics = metrics
         self._clock = clock
-        self._leads: OrderedDict[_Key, _Lead] = OrderedDict()
-        self._of_request: dict[str, _Key] = {}
-
-    @staticmethod
-    def _key(request: RouteRequest) -> _Key | None:
-        hashes = request.prefix_hashes
-        if not hashes:
-            return None
-        return (request.endpoint, request.session_key, request.prompt_tokens, hashes[-1])
+        self._leads: OrderedDict[PromptKey, _Lead] = OrderedDict()
+        self._of_request: dict[str, PromptKey] = {}
 
     def before_route(
         self, request: RouteRequest, body: Mapping[str, Any]
     ) -> Awaitable[None] | None:
-        key = self._key(request)
+        key = prompt_key(request)
         if key is None:
             return None
         lead = self._leads.get(key)
@@ -133,17 +143,14 @@ class SamePromptHold:
         self, request: RouteRequest, replica: ReplicaId, body: Mapping[str, Any]
     ) -> None:
         """The first copy of a prompt not in prefill yet leads; a retry keeps its lead."""
-        key = self._key(request)
+        key = prompt_key(request)
         if key is None:
             return
         lead = self._leads.get(key)
         if lead is not None and lead.request_id != request.request_id:
             return  # another copy leads (this one waited, or was sent past its budget)
-        meter = self._meter
-        speed = meter.speed(replica)
         # The meter heard of this request first: its queue includes the request.
-        expected = meter.queued_tokens(replica) / speed if speed else self.max_wait_s
-        deadline = self._clock() + min(self.max_wait_s, SLACK * expected + SLACK_S)
+        deadline = self._clock() + wait_bound(self._meter, replica, self.max_wait_s)
         if lead is None:
             self._leads[key] = _Lead(request.request_id, deadline)
             self._of_request[request.request_id] = key

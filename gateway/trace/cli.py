@@ -12,6 +12,7 @@ import asyncio
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +212,14 @@ def _add_simulate(sub: Any) -> None:
         action="store_true",
         help="engines run vLLM's priority scheduling and get the gateway's `priority` "
         "(shortest uncached prefill first, the `engine_priority:` defaults)",
+    )
+    p.add_argument(
+        "--same-prompt-wait-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="copies of a prompt in prefill wait for its first token, at most this long "
+        "(routing.same_prompt_wait_s; default 10, 0 sends them at once)",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     _add_window(p)
@@ -413,6 +422,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             sessions=not args.no_session_ids,
             engine_priority=EnginePrioritySettings() if args.engine_priority else None,
         )
+        if args.same_prompt_wait_s is not None:
+            if args.same_prompt_wait_s < 0:
+                raise ValueError("--same-prompt-wait-s must be at least 0")
+            options = replace(options, same_prompt_wait_s=args.same_prompt_wait_s)
         result = simulate(trace, options)
     except (GatewayError, OSError, ValueError, orjson.JSONDecodeError) as exc:
         return _fail(exc)

@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gateway.admission.config import EnginePrioritySettings
+from gateway.same_prompt import DEFAULT_SAME_PROMPT_WAIT_S, PromptKey, prompt_key, wait_bound
 from gateway.sim.engine import EngineModel, RequestHandle, RequestRejected, SimRequest
 from gateway.sim.profiles import HardwareProfile, get_profile
 from gateway.trace.format import Rechunker, Trace
@@ -46,6 +47,9 @@ class SimulationOptions:
     # Engines run vLLM's priority scheduling and are sent the gateway's `priority`
     # (gateway.admission.engine_order), as replicas flagged `priority_scheduling` are.
     engine_priority: EnginePrioritySettings | None = None
+    # `routing.same_prompt_wait_s`: a copy of a prompt in prefill waits for its first token
+    # (gateway.same_prompt), as in the proxy; 0 sends every copy at once.
+    same_prompt_wait_s: float = DEFAULT_SAME_PROMPT_WAIT_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +146,13 @@ def simulate(trace: Trace, options: SimulationOptions | None = None) -> Simulati
 
     # pending[handle] = (trace index, arrival, replica, route request)
     pending: dict[RequestHandle, tuple[int, float, ReplicaId, RouteRequest]] = {}
+    # Copies of a prompt in prefill (gateway.same_prompt): the first copy's handle and the
+    # time the others stop waiting for it; the trace indices waiting; their requests.
+    leads: dict[PromptKey, tuple[RequestHandle, float]] = {}
+    lead_of: dict[RequestHandle, PromptKey] = {}
+    held: dict[PromptKey, list[int]] = {}
+    waiting: dict[int, RouteRequest] = {}
+    sent: set[int] = set()
     results: list[RequestResult] = []
     events: list[tuple[float, int, int, str]] = []
     for i, rec in enumerate(records):
@@ -158,10 +169,21 @@ def simulate(trace: Trace, options: SimulationOptions | None = None) -> Simulati
         else:
             busy[rid] = False
 
+    def release(h: RequestHandle) -> None:
+        """A first copy's prefill is over: its waiting copies arrive now."""
+        key = lead_of.pop(h, None)
+        if key is None:
+            return
+        leads.pop(key, None)
+        for i in held.pop(key, ()):
+            heapq.heappush(events, (now, _ARRIVAL, i, ""))
+
     def collect(rid: ReplicaId) -> None:
         for h in engines[rid].take_updates():
             if h not in pending:
                 continue
+            if h.first_token_time is not None or h.finished:
+                release(h)
             if h.first_token_time is not None:
                 driver.prefilled(
                     pending[h][3], h.first_token_time
@@ -181,10 +203,25 @@ def simulate(trace: Trace, options: SimulationOptions | None = None) -> Simulati
             collect(rid)
             start_step(rid)
             continue
+        if index in sent:
+            continue  # a copy released by its first copy, then by its own deadline
         rec = records[index]
-        request = driver.resolve(
-            route_request_for(rec, index, trace.block_tokens, o.model, sessions=o.sessions)
-        )
+        arrival = (rec.arrival_s - origin) / o.speedup
+        request = waiting.pop(index, None)
+        released = request is not None
+        if request is None:
+            request = driver.resolve(
+                route_request_for(rec, index, trace.block_tokens, o.model, sessions=o.sessions)
+            )
+        key = prompt_key(request) if o.same_prompt_wait_s > 0 else None
+        lead = leads.get(key) if key is not None else None
+        if lead is not None and not released and now < lead[1]:
+            assert key is not None
+            waiting[index] = request
+            held.setdefault(key, []).append(index)
+            heapq.heappush(events, (lead[1], _ARRIVAL, index, ""))
+            continue
+        sent.add(index)
         view = ClusterView(
             replicas=tuple(replace(s, load=_load(engines[s.id], now)) for s in states),
             now=now,
@@ -211,7 +248,7 @@ def simulate(trace: Trace, options: SimulationOptions | None = None) -> Simulati
             results.append(
                 RequestResult(
                     index,
-                    now,
+                    arrival,
                     now,
                     None,
                     prompt_tokens=rec.input_tokens,
@@ -221,7 +258,12 @@ def simulate(trace: Trace, options: SimulationOptions | None = None) -> Simulati
             )
             driver.finished(request, rid, False, 0.0)
             continue
-        pending[handle] = (index, now, rid, request)
+        pending[handle] = (index, arrival, rid, request)
+        if key is not None and (lead is None or now >= lead[1]):
+            if lead is not None:
+                lead_of.pop(lead[0], None)
+            leads[key] = (handle, now + wait_bound(driver.meter, rid, o.same_prompt_wait_s))
+            lead_of[handle] = key
         in_flight[rid] += 1
         if not busy[rid]:
             start_step(rid)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import orjson
@@ -200,3 +201,25 @@ def test_engine_priority_serves_a_cached_turn_before_queued_new_contexts() -> No
     assert fcfs[3] > 4.0  # behind both new contexts
     assert 2.0 < ordered[3] < 3.0  # behind the running one only
     assert ordered[2] > fcfs[2]  # the second new context waited for the turn
+
+
+def test_copies_of_a_prompt_in_prefill_wait_for_the_first_one() -> None:
+    # One conversation sends its 6,016-token prompt four times at once (n > 1 as separate
+    # requests). Sent together, the first takes a whole step (4,096 tokens); the others,
+    # admitted beside its last 1,920, find those 4,096 cached and compute the rest each.
+    blocks = 94
+    hashes = tuple(range(blocks))
+    recs = tuple(TraceRecord(0.0, blocks * BT, 4, hashes, BT, session_id="s") for _ in range(4))
+    trace = Trace(TraceHeader(block_tokens=BT), recs)
+    opts = SimulationOptions(replicas=2, policy="lineage", profile="domestic")
+    held = simulate(trace, opts).report
+    together = simulate(trace, replace(opts, same_prompt_wait_s=0.0)).report
+    cached = sorted(r.cached_tokens or 0 for r in held.results)
+    # Once: the three copies find all of it cached but the last token's block.
+    assert cached[0] == 0 and all(c >= blocks * BT - 16 for c in cached[1:]), cached
+    assert held.hit_rate is not None and together.hit_rate is not None
+    assert held.hit_rate > together.hit_rate + 0.15, (held.hit_rate, together.hit_rate)
+    # Their first tokens come after the first copy's, and sooner than computed together.
+    first = min(r.ttft_s or 0.0 for r in held.results)
+    assert all((r.ttft_s or 0.0) >= first for r in held.results)
+    assert held.ttft_s.mean < together.ttft_s.mean
