@@ -61,6 +61,9 @@ def settings(engines: Sequence[SimEngine], budget_ms: float, **tokenizer: Any) -
             "tokenizer": {"kind": "sim", "route_budget_ms": budget_ms, **tokenizer},
         },
         "session": {"block_tokens": BLOCK_TOKENS},
+        # Copies of a prompt in prefill would add a pre-route hook of their own
+        # (gateway.same_prompt): off, so the hook seen here is the KV events' alone.
+        "routing": {"same_prompt_wait_s": 0},
     }
 
 
@@ -330,7 +333,11 @@ async def test_no_replica_synced_means_no_wait() -> None:
 async def test_without_kv_events_the_request_path_has_no_hook() -> None:
     async with (
         sim_engines(1, "tiny", kv_events=KVEventsOptions()) as engines,
-        gateway(engines, kv_events={"enabled": False, "tokenizer": {"kind": "sim"}}) as gw,
+        gateway(
+            engines,
+            kv_events={"enabled": False, "tokenizer": {"kind": "sim"}},
+            routing={"same_prompt_wait_s": 0},  # its own hook (gateway.same_prompt)
+        ) as gw,
         openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client,
     ):
         assert gw.state.pre_route is None
