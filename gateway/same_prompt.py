@@ -66,7 +66,7 @@ def wait_bound(meter: PrefillMeter, replica: ReplicaId, max_wait_s: float) -> fl
 @dataclass(slots=True)
 class _Lead:
     request_id: str
-    deadline: float  # loop time after which the others stop waiting for it
+    deadline: float  # clock time after which the others stop waiting for it
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
 
 
@@ -147,10 +147,16 @@ class SamePromptHold:
         if key is None:
             return
         lead = self._leads.get(key)
+        now = self._clock()
         if lead is not None and lead.request_id != request.request_id:
-            return  # another copy leads (this one waited, or was sent past its budget)
+            if now < lead.deadline:
+                return  # another copy leads (this one waited, or was sent past its budget)
+            # That copy's prefill should be over and no first byte said so: this one leads.
+            del self._leads[key]
+            self._release(lead)
+            lead = None
         # The meter heard of this request first: its queue includes the request.
-        deadline = self._clock() + wait_bound(self._meter, replica, self.max_wait_s)
+        deadline = now + wait_bound(self._meter, replica, self.max_wait_s)
         if lead is None:
             self._leads[key] = _Lead(request.request_id, deadline)
             self._of_request[request.request_id] = key

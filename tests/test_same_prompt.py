@@ -70,6 +70,17 @@ async def test_the_wait_is_bounded_by_the_first_copy_s_expected_prefill() -> Non
     waits.close()  # not awaited: only whether it would wait
     clock.now += 0.02
     assert hold.before_route(req("b"), {}) is None  # past the expected prefill: go
+    # A first copy whose first byte never came in time gives the lead to the next one.
+    clock.now += 1.0
+    hold.dispatched(req("b"), "r0", {})
+    assert hold.leads == 1
+    waits = hold.before_route(req("c"), {})
+    assert asyncio.iscoroutine(waits)
+    waits.close()
+    hold.prefilled(req("a"))  # the old lead's late first byte lets nothing go
+    assert hold.leads == 1
+    hold.prefilled(req("b"))
+    assert hold.leads == 0
     # With no speed measured, the setting bounds it.
     hold = SamePromptHold(PrefillMeter(), max_wait_s=0.05)
     hold.dispatched(req("a"), "r1", {})
