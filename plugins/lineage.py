@@ -16,10 +16,10 @@ conversation's lineage inferred from the prompt (gateway.lineage). Per request:
   moved.
 * **Placed.** A new session, or one that must move, goes to the replica of least cost
 
-      cost_r = (load_r + cache_weight * uncached_r + session_weight * unit * live_r) / weight_r
+      cost_r = (load_r + cache_weight * uncached_r + unit * live_r) / weight_r
 
   in prefill tokens: ``load_r`` is the prefill this gateway sent to r that has not
-  produced a first byte yet, plus ``inflight_tokens`` per request in flight and
+  produced a first byte yet, plus 256 tokens per request in flight and
   ``queue_weight * unit`` per request the engine reports waiting; ``uncached_r`` is the
   prompt minus what r's prefix index holds of it; ``live_r`` counts r's live sessions
   (each will send more turns); ``unit`` is the running mean of uncached prefill per
@@ -110,6 +110,14 @@ _COUNT_MEMORY = 1.0 - 1.0 / 4096
 _UNIT_ALPHA = 0.05
 _INITIAL_REQUEST_TOKENS = 2048.0
 _MIN_REQUEST_TOKENS = 256.0
+# A request in flight weighs this many prompt tokens besides its prefill (its decode
+# steps); a live session, one mean per-request uncached prefill (the turn it will send).
+# Constants, not settings: in `kvgate simulate` halving or doubling either moved no shape
+# beyond its seeds' spread, at full and at half prefill speed and on the Mooncake windows
+# (docs/routing.md, issue 45, seventh); at 0 each cost something somewhere (samples' mean
+# without the first, agent's without the second), so they stay, at their old defaults.
+_INFLIGHT_TOKENS = 256.0
+_SESSION_WEIGHT = 1.0
 
 # Fields deleted in issue 45 and what took their place. The config rejects unknown keys
 # anyway; naming these says what to do instead of only that the key is unknown.
@@ -123,6 +131,8 @@ REMOVED_FIELDS = {
     "initial_request_tokens": "a constant now (2048)",
     "min_request_tokens": "a constant now (256)",
     "ewma_alpha": "a constant now (0.05)",
+    "session_weight": "a constant now (1 mean prefill per live session)",
+    "inflight_tokens": "a constant now (256 tokens per request in flight)",
 }
 
 
@@ -144,14 +154,6 @@ class LineageConfig(PolicyConfig):
         "engine's waiting requests beyond those at a mean request each, over its measured "
         "prefill speed) exceeds the cluster's mean by at most this",
     )
-    session_weight: float = Field(
-        default=1.0,
-        ge=0,
-        description="ratio: future load of one live session, in mean per-request uncached "
-        "prefills, when placing a new session from a hot prefix or one the bound moved "
-        "(a new session with no hot prefix goes by the load now; live sessions only break "
-        "ties there)",
-    )
     cache_weight: float = Field(
         default=16.0,
         ge=0,
@@ -172,9 +174,6 @@ class LineageConfig(PolicyConfig):
         ge=1,
         description="new sessions branching where the prompt's cached prefix "
         "ends that make that prefix hot (a shared preamble, not one conversation's fork)",
-    )
-    inflight_tokens: float = Field(
-        default=256.0, ge=0, description="load of one in-flight request besides its prefill"
     )
     queue_weight: float = Field(
         default=1.0,
@@ -402,7 +401,7 @@ class Lineage:
         cfg = self.config
         return (
             self._pending.get(replica, 0.0)
-            + cfg.inflight_tokens * view.in_flight.get(replica, 0)
+            + _INFLIGHT_TOKENS * view.in_flight.get(replica, 0)
             + cfg.queue_weight * unit * self._queued.get(replica, 0.0)
         )
 
@@ -482,7 +481,7 @@ class Lineage:
         n, now = len(replicas), self._now
         # Live sessions weigh as future load in the band and for a moved session; a new
         # session with no hot prefix goes by the load now, its ties to fewer sessions.
-        per_session = 0.0 if in_band is None and not moved else cfg.session_weight * unit
+        per_session = 0.0 if in_band is None and not moved else _SESSION_WEIGHT * unit
         # A session moved by the bound goes by load; one from a hot preamble by the band.
         held: dict[int, int] = {}
         for i, r in enumerate(replicas):
@@ -500,7 +499,7 @@ class Lineage:
                 weight = token_weight(level, n, cw)
             cost = (
                 pending(rid, 0.0)
-                + cfg.inflight_tokens * inflight(rid, 0)
+                + _INFLIGHT_TOKENS * inflight(rid, 0)
                 + qw * queued(rid, 0.0)
                 + weight * (prompt - cached)
                 + per_session * counts(rid, 0)
