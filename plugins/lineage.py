@@ -11,9 +11,13 @@ conversation's lineage inferred from the prompt (gateway.lineage). Per request:
   first token yet, over the replica's prefill speed measured from its answers
   (``view.prefill``), plus the requests the engine reports waiting beyond this gateway's
   (other gateways' or other clients' work; a saturated engine sheds its sessions), each
-  the mean request's uncached prefill. Requests decoding there do not count. Until a
-  speed is measured only health moves a session. The move is remembered: it then stays where it
-  moved.
+  the mean request's uncached prefill. Requests decoding there do not count. Past that
+  bound it still stays while the excess is at most what moving costs: its cached prefix
+  recomputed elsewhere, in seconds at the cluster's mean speed (a 100K-token history is
+  7 s on a replica of 14K tokens/s, 14 s at half that: under heavy load a fixed bound
+  moved long conversations to replicas as busy once their recompute was queued). Until a
+  speed is measured only health moves a session. The move is remembered: it then stays
+  where it moved.
 * **Placed.** A new session, or one that must move, goes to the replica of least cost
 
       cost_r = (load_r + cache_weight * uncached_r + unit * live_r) / weight_r
@@ -78,6 +82,7 @@ RANK_DEPTH for the failover order; a placement is O(n) in the candidates.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
@@ -152,7 +157,8 @@ class LineageConfig(PolicyConfig):
         description="seconds: a sticky replica keeps its sessions while the prefill queued "
         "there (uncached prompt tokens this gateway sent with no first token yet, plus the "
         "engine's waiting requests beyond those at a mean request each, over its measured "
-        "prefill speed) exceeds the cluster's mean by at most this",
+        "prefill speed) exceeds the cluster's mean by at most this, or by at most the time "
+        "its cached prefix would take to recompute elsewhere at the cluster's mean speed",
     )
     cache_weight: float = Field(
         default=16.0,
@@ -367,7 +373,8 @@ class Lineage:
                 return self._place(request, view, unit, "failover")
             if self._evicted(request, sticky):
                 return self._place(request, view, unit, "evicted")
-            if not self._over_queue(sticky, view):
+            excess = self._excess_s(sticky, view)
+            if excess <= self.config.stay_queue_s or excess <= self._recompute_s(request, sticky):
                 return Choice(self._failover_order(sticky, key, view), "sticky", self.name)
             return self._place(request, view, unit, "bounded_load", avoid=sticky)
         return self._place(request, view, unit, "")
@@ -406,22 +413,33 @@ class Lineage:
         )
 
     def _over_queue(self, replica: ReplicaId, view: ClusterView) -> bool:
-        """The prefill queued on `replica`, in seconds at its measured speed, is past the
-        sticky bound: the cluster's mean queued seconds + stay_queue_s.
+        """The prefill queued on `replica` is past the sticky bound (`_excess_s`)."""
+        return self._excess_s(replica, view) > self.config.stay_queue_s
+
+    def _recompute_s(self, request: RouteRequest, replica: ReplicaId) -> float:
+        """Seconds another replica would take to recompute the prefix `replica` holds of
+        this prompt, at the cluster's mean speed (only asked past the sticky bound: it
+        walks the prompt's blocks)."""
+        speed = self._mean_speed
+        return self.cached_tokens(request, replica) / speed if speed else math.inf
+
+    def _excess_s(self, replica: ReplicaId, view: ClusterView) -> float:
+        """The prefill queued on `replica`, in seconds at its measured speed, less the
+        cluster's mean queued seconds (-inf before any prefill speed is measured).
         O(1): per-replica and cluster totals kept at dispatch and first byte, no walk over
-        the replicas. Before any prefill speed is measured nothing is over the bound.
+        the replicas.
 
         The speeds are the ones read when the view came (`_refresh`): the meter's mean is
         recomputed, a walk over the replicas, after every first token, and a replica with
         too few samples of its own answers with that mean."""
         prefill = view.prefill
         if prefill is None:
-            return False
+            return -math.inf
         mean_speed = self._mean_speed
         if not mean_speed:  # none was measured when this view came: perhaps one is now
             mean_speed = self._mean_speed = prefill.mean_speed()
             if not mean_speed:
-                return False
+                return -math.inf
             self._speeds = {}
         speed = self._speeds.get(replica) or mean_speed
         # What the engine reports waiting beyond the requests this gateway has queued
@@ -433,7 +451,7 @@ class Lineage:
         if beyond > 0:
             tokens += beyond * self.unit_tokens
         mean_s = (self._pending_total + self._beyond_tokens) / (len(view.replicas) * mean_speed)
-        return tokens / speed > mean_s + self.config.stay_queue_s
+        return tokens / speed - mean_s
 
     def _place(
         self,

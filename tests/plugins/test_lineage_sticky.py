@@ -137,3 +137,37 @@ def test_a_removed_setting_is_refused_by_name(field: str) -> None:
 def test_an_unknown_setting_is_still_refused() -> None:
     with pytest.raises(ValidationError, match="extra"):
         LineageConfig(no_such_knob=1.0)  # type: ignore[call-arg]
+
+
+def long_session(history_blocks: int) -> tuple[Lineage, ClusterView, ReplicaId]:
+    """Four replicas at 10,000 tokens/s and one conversation of `history_blocks` blocks
+    served once."""
+    states = replicas(4)
+    v = dataclasses.replace(view(states), prefill=measured_meter({i: 10_000.0 for i in range(4)}))
+    p = Lineage(LineageConfig(), PolicyContext(states))
+    first = turn("s", tuple(range(1, history_blocks + 1)), 0)
+    home = p.choose(first, v).first
+    assert home is not None
+    p.dispatched(first, home)
+    p.placed(first, home)
+    p.finished(first, home, True, 0.1)
+    return p, v, home
+
+
+def next_long_turn(p: Lineage, v: ClusterView, history_blocks: int) -> str:
+    return p.choose(turn("s", tuple(range(1, history_blocks + 2)), 1), v).reason
+
+
+def test_past_the_bound_a_session_stays_while_moving_costs_more_than_it_saves() -> None:
+    # 400 blocks queued there: 20.5 s, the mean 5.1 s, 15.4 s over it (past the 8 s bound).
+    # A 350-block history (179K tokens) would take 17.9 s to recompute elsewhere: it stays.
+    p, v, home = long_session(350)
+    queue(p, home, requests=1, blocks=400)
+    assert next_long_turn(p, v, 350) == "sticky"
+    # A 100-block history (5.1 s to recompute) moves with the same queue.
+    short, short_view, short_home = long_session(100)
+    queue(short, short_home, requests=1, blocks=400)
+    assert next_long_turn(short, short_view, 100) == "bounded_load"
+    # Twice the queue (41 s, 30.7 s over the mean) moves the long one too.
+    queue(p, home, requests=1, blocks=400)
+    assert next_long_turn(p, v, 350) == "bounded_load"
