@@ -39,17 +39,19 @@ def setup(
     speeds: dict[int, float] | None = None,
     loads: dict[int, EngineLoad | None] | None = None,
     inflight: dict[int, int] | None = None,
+    history: int = 3,
     **config: object,
 ) -> tuple[Lineage, ClusterView, ReplicaId]:
     """Four replicas prefilling at 10,000 tokens/s unless `speeds` says otherwise, and one
-    conversation served once; returns the policy, the view and the conversation's replica."""
+    conversation of `history` blocks served once; returns the policy, the view and the
+    conversation's replica."""
     states = replicas(4)
     rates = {i: 10_000.0 for i in range(4)} | (speeds or {})
     v = dataclasses.replace(
         view(states, loads=loads, inflight=inflight), prefill=measured_meter(rates)
     )
     p = Lineage(LineageConfig(**config), PolicyContext(states))  # type: ignore[arg-type]
-    first = turn("s", (1, 2, 3), 0)
+    first = turn("s", tuple(range(1, history + 1)), 0)
     home = p.choose(first, v).first
     assert home is not None
     p.dispatched(first, home)
@@ -65,8 +67,9 @@ def queue(p: Lineage, replica: ReplicaId, requests: int, blocks: int) -> None:
         p.dispatched(turn(f"q{start}", tuple(range(start, start + blocks)), 0), replica)
 
 
-def next_turn(p: Lineage, v: ClusterView) -> str:
-    return p.choose(turn("s", (1, 2, 3, 4), 1), v).reason
+def next_turn(p: Lineage, v: ClusterView, history: int = 3) -> str:
+    """The reason for the conversation's next turn: its history and one block more."""
+    return p.choose(turn("s", tuple(range(1, history + 2)), 1), v).reason
 
 
 def test_many_short_requests_queued_keep_the_session() -> None:
@@ -139,35 +142,16 @@ def test_an_unknown_setting_is_still_refused() -> None:
         LineageConfig(no_such_knob=1.0)  # type: ignore[call-arg]
 
 
-def long_session(history_blocks: int) -> tuple[Lineage, ClusterView, ReplicaId]:
-    """Four replicas at 10,000 tokens/s and one conversation of `history_blocks` blocks
-    served once."""
-    states = replicas(4)
-    v = dataclasses.replace(view(states), prefill=measured_meter({i: 10_000.0 for i in range(4)}))
-    p = Lineage(LineageConfig(), PolicyContext(states))
-    first = turn("s", tuple(range(1, history_blocks + 1)), 0)
-    home = p.choose(first, v).first
-    assert home is not None
-    p.dispatched(first, home)
-    p.placed(first, home)
-    p.finished(first, home, True, 0.1)
-    return p, v, home
-
-
-def next_long_turn(p: Lineage, v: ClusterView, history_blocks: int) -> str:
-    return p.choose(turn("s", tuple(range(1, history_blocks + 2)), 1), v).reason
-
-
 def test_past_the_bound_a_session_stays_while_moving_costs_more_than_it_saves() -> None:
     # 400 blocks queued there: 20.5 s, the mean 5.1 s, 15.4 s over it (past the 8 s bound).
     # A 350-block history (179K tokens) would take 17.9 s to recompute elsewhere: it stays.
-    p, v, home = long_session(350)
+    p, v, home = setup(history=350)
     queue(p, home, requests=1, blocks=400)
-    assert next_long_turn(p, v, 350) == "sticky"
+    assert next_turn(p, v, history=350) == "sticky"
     # A 100-block history (5.1 s to recompute) moves with the same queue.
-    short, short_view, short_home = long_session(100)
+    short, short_view, short_home = setup(history=100)
     queue(short, short_home, requests=1, blocks=400)
-    assert next_long_turn(short, short_view, 100) == "bounded_load"
+    assert next_turn(short, short_view, history=100) == "bounded_load"
     # Twice the queue (41 s, 30.7 s over the mean) moves the long one too.
     queue(p, home, requests=1, blocks=400)
-    assert next_long_turn(p, v, 350) == "bounded_load"
+    assert next_turn(p, v, history=350) == "bounded_load"
