@@ -448,3 +448,72 @@ def test_bounds_of_the_generated_shapes_and_a_run_placed_on_them(tmp_path: Path)
     assert len(placed) == 1 and float(placed[0][4].rstrip("%")) == bounds["samples"]
     wrong = _script("bench_bounds.py", "--traces", "nosuch")
     assert wrong.returncode == 2 and "unknown trace" in wrong.stderr
+
+
+def _lineage_runs(path: Path, speed: float, runs: list[tuple[str, str, list[float]]]) -> Path:
+    """A `bench_lineage.py --json` file: (router, cell, [hit, mean, p99, imbalance]) each."""
+    keys = ("hit", "ttft_mean", "ttft_p99", "imbal_unc")
+    path.write_bytes(
+        orjson.dumps(
+            {
+                "args": {"prefill_speed": speed},
+                "runs": [
+                    {"router": router, "cell": cell, "skipped": None, "figures": dict(zip(keys, f))}
+                    for router, cell, f in runs
+                ],
+            }
+        )
+    )
+    return path
+
+
+def test_lineage_judge_compares_medians_with_the_best_peer_of_each_cell(tmp_path: Path) -> None:
+    """Each figure against the best peer, header or not, whichever peer that is; the
+    imbalance judged only under the heavier load; a skipped run leaves no figures."""
+    bare, sent = "forks / growing / without header", "forks / growing / with header"
+    full = _lineage_runs(
+        tmp_path / "full.json",
+        1.0,
+        [
+            ("kvgate", bare, [0.82, 1.00, 4.0, 1.9]),
+            ("kvgate", bare, [0.80, 1.20, 6.0, 1.9]),
+            ("kvgate", bare, [0.81, 1.10, 5.0, 1.9]),
+            ("sglang-cache_aware", bare, [0.80, 2.00, 5.0, 1.1]),
+            ("vllm-consistent_hash", sent, [0.79, 1.25, 9.0, 1.1]),
+        ],
+    )
+    half = _lineage_runs(
+        tmp_path / "half.json",
+        0.5,
+        [
+            ("kvgate", bare, [0.80, 2.0, 8.0, 1.30]),
+            ("sglang-manual", sent, [0.81, 4.0, 9.0, 1.20]),
+        ],
+    )
+    done = _script("judge_lineage.py", str(full), str(half))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    # Full speed: hit 81% >= 80%; mean 1.10 = 0.88x the header peer's 1.25; p99 5.0 = 1.00x
+    # the cache-aware peer's 5.0; no imbalance target.
+    assert "met      hit 81.0% against 80.0% (sglang-cache_aware)" in out
+    assert "met      mean 1.10 s = 0.88x 1.25 (vllm-consistent_hash, header)" in out
+    assert "NOT met  p99 5.00 s = 1.00x 5.00 (sglang-cache_aware)" in out
+    assert "| kvgate | without | 3 | 81.0 (80.0..82.0) | 1.10 (1.00..1.20) |" in out
+    # Half speed: hit below the peer's; mean 0.50x, p99 8.0 <= 0.9 x 9.0; imbalance over 1.25.
+    assert "NOT met  hit 80.0% against 81.0% (sglang-manual, header)" in out
+    assert "NOT met  imbalance 1.30; target 1.25" in out
+    assert "forks / growing, prefill x0.5" in out
+    assert out.rstrip().endswith("4 of 7 targets met (medians over the repeats)")
+
+
+def test_lineage_judge_says_what_it_cannot_judge(tmp_path: Path) -> None:
+    cell = "agent / turns / without header"
+    only = _lineage_runs(tmp_path / "a.json", 1.0, [("kvgate", cell, [0.8, 1.0, 2.0, 1.1])])
+    done = _script("judge_lineage.py", str(only))
+    assert done.returncode == 0 and "no peer runs: nothing judged" in done.stdout
+    peers = _lineage_runs(tmp_path / "b.json", 1.0, [("sglang-manual", cell, [0.8, 1.0, 2.0, 1.1])])
+    done = _script("judge_lineage.py", str(peers))
+    assert "no runs of kvgate without a header" in done.stdout
+    (tmp_path / "bad.json").write_text("{}")
+    done = _script("judge_lineage.py", str(tmp_path / "bad.json"))
+    assert done.returncode == 2 and "cannot read the runs" in done.stderr
