@@ -122,7 +122,7 @@ def verdicts(group: Group, rows: Rows, router: str, ratio: float, bound: float) 
         lines.append(
             _line(
                 mine <= ratio * theirs,
-                f"{name} {mine:.2f} s = {mine / theirs:.2f}x {theirs:.2f} ({by}); "
+                f"{name} {mine:.2f} s = {mine / theirs:.3f}x {theirs:.2f} ({by}); "
                 f"target {ratio:g}x",
             )
         )

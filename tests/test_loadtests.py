@@ -496,8 +496,8 @@ def test_lineage_judge_compares_medians_with_the_best_peer_of_each_cell(tmp_path
     # Full speed: hit 81% >= 80%; mean 1.10 = 0.88x the header peer's 1.25; p99 5.0 = 1.00x
     # the cache-aware peer's 5.0; no imbalance target.
     assert "met      hit 81.0% against 80.0% (sglang-cache_aware)" in out
-    assert "met      mean 1.10 s = 0.88x 1.25 (vllm-consistent_hash, header)" in out
-    assert "NOT met  p99 5.00 s = 1.00x 5.00 (sglang-cache_aware)" in out
+    assert "met      mean 1.10 s = 0.880x 1.25 (vllm-consistent_hash, header)" in out
+    assert "NOT met  p99 5.00 s = 1.000x 5.00 (sglang-cache_aware)" in out
     assert "| kvgate | without | 3 | 81.0 (80.0..82.0) | 1.10 (1.00..1.20) |" in out
     # Half speed: hit below the peer's; mean 0.50x, p99 8.0 <= 0.9 x 9.0; imbalance over 1.25.
     assert "NOT met  hit 80.0% against 81.0% (sglang-manual, header)" in out
