@@ -147,7 +147,7 @@ def main() -> int:
     args = parser.parse_args()
     try:
         groups = load(args.files)
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, AttributeError, TypeError) as exc:
         print(f"cannot read the runs: {exc}", file=sys.stderr)
         return 2
     met = total = 0

@@ -514,6 +514,8 @@ def test_lineage_judge_says_what_it_cannot_judge(tmp_path: Path) -> None:
     peers = _lineage_runs(tmp_path / "b.json", 1.0, [("sglang-manual", cell, [0.8, 1.0, 2.0, 1.1])])
     done = _script("judge_lineage.py", str(peers))
     assert "no runs of kvgate without a header" in done.stdout
-    (tmp_path / "bad.json").write_text("{}")
-    done = _script("judge_lineage.py", str(tmp_path / "bad.json"))
-    assert done.returncode == 2 and "cannot read the runs" in done.stderr
+    cell_without_layout = '{"runs": [{"cell": "agent", "router": "kvgate", "figures": {"hit": 1}}]}'
+    for n, text in enumerate(("{}", "[]", cell_without_layout)):
+        (bad := tmp_path / f"bad{n}.json").write_text(text)
+        done = _script("judge_lineage.py", str(bad))
+        assert done.returncode == 2 and "cannot read the runs" in done.stderr, text
