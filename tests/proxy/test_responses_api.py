@@ -8,8 +8,8 @@ import openai
 import pytest
 
 from gateway.sim.server import SimEngine
-from gateway.testing.servers import RunningGateway
-from gateway.types import EngineLoad
+from gateway.testing.servers import RunningGateway, gateway
+from gateway.types import EngineLoad, ReplicaId
 
 MODEL = "kvgate-sim"
 
@@ -126,17 +126,29 @@ async def test_codex_session_header_is_a_session_id(
 
 
 async def test_a_continuation_stays_even_when_its_replica_is_saturated(
-    client: openai.AsyncOpenAI, gw: RunningGateway
+    engines: list[SimEngine],
 ) -> None:
     """A saturated replica sheds its ordinary sessions; a continuation cannot move (no other
     replica has its answer), so it is pinned there."""
+    # The load is published by hand, so no scrape may overwrite it: a request to a quiet
+    # replica wakes its scraper, and that read of the idle engine could land after.
+    async with (
+        gateway(engines, scrape={"enabled": False}) as gw,
+        openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0) as client,
+    ):
+        await _saturated_replica_keeps_its_continuation(client, gw)
+
+
+async def _saturated_replica_keeps_its_continuation(
+    client: openai.AsyncOpenAI, gw: RunningGateway
+) -> None:
     # Other conversations first: the gateway measures the replicas' prefill speed from
     # their first tokens, and the sticky bound is in seconds of queued prefill at it.
     for k in range(9):
         await _turn(client, f"warm-up conversation {k} " * 8, None, False)
     first, replica = await _turn(client, "a conversation under load", None, False)
     cluster = gw.state.cluster
-    busy = cluster.members[replica].id
+    busy = cluster.members[ReplicaId(replica)].id
 
     def saturate() -> None:
         cluster.publish_load(
