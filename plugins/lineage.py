@@ -40,28 +40,18 @@ conversation's lineage inferred from the prompt (gateway.lineage). Per request:
   preambles; the small weight that stood here, ``cold_session_weight``, at 0, halved or
   doubled moved no issue-45 shape beyond its seeds' spread). A session moved by the bound
   ranks its old replica last, or that replica's cache would win it straight back.
-* **Hot preambles spread.** A high ``cache_weight`` makes a fork of one conversation
-  follow its cache (the cluster saves that prefill), but would also pile every new session
-  of an agent kind onto the replica that first cached the kind's preamble. So the policy
-  counts new sessions per branch point (the last cached hash they open with); once
-  ``hot_after`` have branched there, the prefix is a shared preamble and a new session
-  from it goes only to replicas whose load score (live sessions over their mean, plus
-  those sessions' latest prompt tokens, what their next turns send, over their mean) is
-  within ``2 x session_band`` of the lowest, by cost among those. Hot preambles spread,
-  hot sessions stay.
-* **Deep prefixes pull.** A hot branch point is not always a preamble: four forks of one
-  conversation, or a parent resuming after them, branch at its whole history, held by one
-  replica. What tells them apart is the depth the band would throw away: the prefix the
-  best replica holds beyond what most replicas hold (a preamble every replica holds
-  costs nothing to spread). The band is worth it while that is at most what a new session
-  will send later (its expected further turns times a continued turn's uncached prefill,
-  both measured from placements: requests per new session, and the prompt tokens a
-  continued turn did not find cached). Deeper than that, the request follows the prefix
-  to its replica, unless that replica's load is over the sticky bound or exceeds the
-  least loaded replica's by more than that prefix (tokens queued against tokens
-  recomputed; each live session there counts as the prefill its further turns will
-  bring, or one agent kind's sessions all follow its preamble to one replica). Until a
-  continued turn has been seen nothing is measured and the band decides alone.
+* **Hot preambles spread, deep prefixes pull** (plugins/spread.py). A high ``cache_weight``
+  makes a fork of one conversation follow its cache, but would pile every new session of
+  an agent kind onto the replica that first cached the kind's preamble. Once ``hot_after``
+  new sessions have branched at a prefix, a new session from it goes only to the replicas
+  within ``2 x session_band`` of the lowest load score (live sessions and their context
+  tokens), by cost among those; unless the prefix the best replica holds beyond what most
+  replicas hold is longer than what a new session will send later (one conversation's
+  history, not a preamble): then the request follows it to its replica, unless that
+  replica's load is over the sticky bound or exceeds the least loaded replica's by more
+  than that prefix (tokens queued against tokens recomputed; each live session there
+  counts as the prefill its further turns will bring, or one agent kind's sessions all
+  follow its preamble to one replica).
 
 With KV cache events (gateway.kvevents), ``view.cache_evidence`` says what each replica
 really holds of the prompt: ``uncached_r`` then comes from it for every replica it knows
@@ -83,7 +73,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -104,9 +93,8 @@ from plugins.kv_pressure import KvPressure, token_weight
 from plugins.live_sessions import LiveSessions
 from plugins.load_model import TieBreaker, mix
 from plugins.prefix_index import DEFAULT_CAPACITY_TOKENS, PrefixIndex
+from plugins.spread import BranchPoints, SessionTraffic, band, beyond_common
 
-# Memory of the requests-per-session counts, per request: the last few thousand weigh.
-_COUNT_MEMORY = 1.0 - 1.0 / 4096
 # The running means of uncached prefill (per request, per continued turn): their weight
 # per sample, the value before any, and the floor of the per-request one. Constants, not
 # settings: in `kvgate simulate` (docs/routing.md, issue 45, third) halving or doubling
@@ -237,14 +225,9 @@ class Lineage:
         self._speeds: dict[ReplicaId, float] = {}  # measured prefill tokens/s, per view
         self._capacity_seen: dict[ReplicaId, int] = {}
         self._block_tokens = 512  # of the requests' prefix hashes, learnt from them
-        # New sessions per branch point (the last cached hash they opened with), LRU-bounded.
-        self._branches: OrderedDict[int, int] = OrderedDict()
+        self._branches = BranchPoints(config.max_sessions)
         self._evidence: CacheEvidence | None = None
-        # Measured from placements: decayed counts of requests and of new sessions (their
-        # ratio, requests per session) and the mean uncached prefill of a continued turn.
-        self._requests = 0.0
-        self._new_sessions = 0.0
-        self._turn_tokens: float | None = None
+        self._traffic = SessionTraffic(_UNIT_ALPHA)
         self._pressure = KvPressure()
         self.membership_changed(context.replicas)
 
@@ -306,46 +289,24 @@ class Lineage:
         if hashes:
             self._block_tokens = request.block_tokens or 1
             if self.config.session_band is not None and home is None:
-                self._count_branch(hashes, self.index.matched(replica, hashes))
+                self._branches.opened(hashes, self.index.matched(replica, hashes))
             self.index.record(replica, hashes, self._block_tokens)
         self.sessions.place(request.session_key, replica, self._now, request.prompt_tokens)
 
     def _count_request(
         self, request: RouteRequest, replica: ReplicaId, home: ReplicaId | None
     ) -> None:
-        """Requests per session and a continued turn's uncached prefill (see `_owed`)."""
-        keep = _COUNT_MEMORY
-        self._requests = self._requests * keep + 1.0
+        """Requests per session and a continued turn's uncached prefill (spread.py)."""
         if home is None:
-            self._new_sessions = self._new_sessions * keep + 1.0
+            self._traffic.new_session()
             return
-        self._new_sessions *= keep
-        if home != replica or not request.prefix_hashes:
+        hashes = request.prefix_hashes
+        if home != replica or not hashes:
+            self._traffic.continued(None)
             return
         bt = request.block_tokens or 1
-        turn = float(
-            max(0, request.prompt_tokens - self.index.matched(replica, request.prefix_hashes) * bt)
-        )
-        if self._turn_tokens is None:
-            self._turn_tokens = turn
-        else:
-            self._turn_tokens += _UNIT_ALPHA * (turn - self._turn_tokens)
-
-    def _owed(self) -> float | None:
-        """Tokens a new session is expected to send after its first request (its further
-        turns' uncached prefill), or None before any continued turn was measured."""
-        if self._turn_tokens is None or self._new_sessions <= 0:
-            return None
-        turns = self._requests / self._new_sessions
-        return max(0.0, turns - 1.0) * self._turn_tokens
-
-    def _count_branch(self, hashes: Sequence[int], depth: int) -> None:
-        if depth <= 0:
-            return
-        branches, point = self._branches, hashes[depth - 1]
-        branches[point] = branches.pop(point, 0) + 1
-        if len(branches) > self.config.max_sessions:
-            branches.popitem(last=False)
+        turn = max(0, request.prompt_tokens - self.index.matched(replica, hashes) * bt)
+        self._traffic.continued(float(turn))
 
     def finished(
         self, request: RouteRequest, replica: ReplicaId, ok: bool, latency_s: float
@@ -548,7 +509,7 @@ class Lineage:
         """The prefix the best replica holds beyond what most replicas hold is longer
         than what a new session will send later, and that replica is within the load
         bound: spreading would recompute more than it balances (only on the band's path)."""
-        owed = self._owed()
+        owed = self._traffic.owed()
         if owed is None:
             return False
         replicas = view.replicas
@@ -560,12 +521,10 @@ class Lineage:
                 cached.append(min(prompt, precise[r.id]))
             else:
                 cached.append(min(prompt, matched.get(i, 0) * bt))
-        majority = len(replicas) // 2 + 1
-        common = heapq.nlargest(majority, cached)[-1]
-        best = max(cached)
-        if best - common <= owed:
+        at, deeper = beyond_common(cached)
+        if deeper <= owed:
             return False
-        holder = replicas[cached.index(best)].id
+        holder = replicas[at].id
         if self._over_queue(holder, view):
             return False
         # Tokens for tokens: waiting behind the holder's queue beyond the least loaded
@@ -579,36 +538,23 @@ class Lineage:
         counts = self.sessions.counts.get
         load = self._load(holder, view, unit) + per_session * counts(holder, 0)
         least = min(self._load(r.id, view, unit) + per_session * counts(r.id, 0) for r in replicas)
-        return load - least <= best - common
+        return load - least <= deeper
 
     def _band(
         self, request: RouteRequest, view: ClusterView, matched: dict[int, int]
     ) -> frozenset[ReplicaId] | None:
-        """The replicas a new session from a hot prefix may go to, or None (no band).
-
-        The band is on live sessions and their context tokens together: sessions alone
-        let a few long conversations pile onto one replica (its token volume and KV
-        pressure then run far ahead), tokens alone let many young ones pile up. Two
-        separate bands can leave no replica in both.
-        """
+        """The replicas a new session from a hot prefix may go to, or None (no band)."""
         cfg = self.config
         if cfg.session_band is None or not matched:
             return None
         depth = max(matched.values())
-        if self._branches.get(request.prefix_hashes[depth - 1], 0) < cfg.hot_after:
+        if self._branches.sessions_at(request.prefix_hashes, depth) < cfg.hot_after:
             return None
         replicas = view.replicas
         counts, tokens = self.sessions.counts.get, self.sessions.tokens.get
-        n = len(replicas)
         live = [counts(r.id, 0) for r in replicas]
         mass = [tokens(r.id, 0) for r in replicas]
-        # One dimensionless score, each count over its mean. The band is at least one
-        # session's worth on each ratio: at light load a share of the mean admits no one.
-        mean_live = max(1.0, sum(live) / n)
-        mean_mass = max(1.0, sum(mass) / n)
-        score = [c / mean_live + m / mean_mass for c, m in zip(live, mass, strict=True)]
-        cap = min(score) + max(2.0 / mean_live, 2.0 * cfg.session_band)
-        return frozenset(r.id for r, x in zip(replicas, score, strict=True) if x <= cap)
+        return band(replicas, live, mass, cfg.session_band)
 
     def _failover_order(
         self, first: ReplicaId, key: str, view: ClusterView
