@@ -61,19 +61,24 @@ async def test_engine_kinds_come_from_replicas_and_scrape_overrides() -> None:
     await app.state.gateway.client.aclose()
 
 
-@pytest.mark.parametrize(("probe_every", "reconnects"), [(0.35, False), (0.9, True)])
+@pytest.mark.parametrize(("probe_every", "reconnects"), [(0.3, False), (1.8, True)])
 async def test_quiet_probes_keep_the_connection_the_quiet_reads_reuse(
     probe_every: float, reconnects: bool
 ) -> None:
-    """Engines close a connection idle for their keep-alive (5 s for vLLM and SGLang; 0.6 s
+    """Engines close a connection idle for their keep-alive (5 s for vLLM and SGLang; 1.2 s
     here). Quiet probes under it keep one open, and the quiet reads, less often than the
-    keep-alive, go over it: no new connection. Probes over it reconnect each time."""
+    keep-alive, go over it: no new connection. Probes over it reconnect each time.
+
+    The margins are wide (probes 0.9 s inside the keep-alive) because a loaded CI machine
+    delays timers by tenths of a second. One connect is allowed on the quiet side: a read
+    that starts while a probe is in flight opens a second connection once. Reads that did
+    not reuse the kept connection would reconnect each time, twice or more here."""
     async with (
-        sim_engines(1, "instant", keep_alive_s=0.6) as engines,
+        sim_engines(1, "instant", keep_alive_s=1.2) as engines,
         gateway(
             engines,
             health={"interval_s": 0.2, "idle_interval_s": probe_every},
-            scrape={"interval_s": 0.05, "idle_interval_s": 1.0, "stale_after_s": 0.5},
+            scrape={"interval_s": 0.05, "idle_interval_s": 2.0, "stale_after_s": 0.5},
         ) as gw,
     ):
         state = gw.state
@@ -90,8 +95,8 @@ async def test_quiet_probes_keep_the_connection_the_quiet_reads_reuse(
             return await real_connect(*args, **kwargs)
 
         client._connect = counting  # type: ignore[method-assign]
-        await asyncio.sleep(1.5)  # quiet: probes at probe_every, reads every second
+        await asyncio.sleep(2.5)  # quiet: probes at probe_every, reads every 2 s
         connects, reads = 0, engines[0].metrics_requests
-        await asyncio.sleep(3.0)
+        await asyncio.sleep(4.5)
         assert engines[0].metrics_requests - reads >= 2
-        assert (connects >= 2) if reconnects else (connects == 0), connects
+        assert (connects >= 2) if reconnects else (connects <= 1), connects
