@@ -70,7 +70,7 @@ def test_the_band_admits_replicas_near_the_lowest_score() -> None:
     assert chosen == frozenset(r.id for r in states[:3])
 
 
-def test_with_no_band_configured_a_session_or_two_above_the_lowest_is_still_in() -> None:
+def test_with_a_zero_band_one_session_above_the_lowest_is_still_in() -> None:
     states = replicas(3)
     # Two live sessions on average: the band is 2 / 2 wide on the session ratio, so the
     # replica one session above the lowest is in and the one five above is not.
