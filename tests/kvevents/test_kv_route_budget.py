@@ -295,7 +295,7 @@ async def test_a_client_leaving_during_the_wait_releases_everything() -> None:
     async with (
         sim_engines(2, "tiny", kv_events=KVEventsOptions()) as engines,
         gateway(engines, **settings(engines, 1000.0, timeout_s=5.0, executor="thread")) as gw,
-        httpx.AsyncClient(base_url=gw.url, timeout=0.2) as http,
+        httpx.AsyncClient(base_url=gw.url, timeout=httpx.Timeout(5.0, read=0.2)) as http,
     ):
         feature = await synced(gw, engines)
         slow = feature.stage.renderer = SlowRenderer(1.5)

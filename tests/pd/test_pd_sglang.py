@@ -103,7 +103,7 @@ async def test_client_disconnect_cancels_both_legs(rig_factory: Any) -> None:
         try:
             await rig.http.post(
                 "/v1/chat/completions",
-                timeout=httpx.Timeout(0.5),
+                timeout=httpx.Timeout(5.0, read=0.5),  # a slow connect is not the leave
                 json={
                     "model": "kvgate-sim",
                     "messages": [{"role": "user", "content": "v " * 3000}],

@@ -116,7 +116,7 @@ async def test_stall_stops_mid_stream_and_keeps_connection_open() -> None:
 async def test_stall_non_streaming_never_answers() -> None:
     async with (
         SimCluster(1, test_profile(), faults=FaultConfig(stall=0)) as cluster,
-        httpx.AsyncClient(base_url=cluster.urls[0], timeout=0.3) as c,
+        httpx.AsyncClient(base_url=cluster.urls[0], timeout=httpx.Timeout(5.0, read=0.3)) as c,
     ):
         with pytest.raises(httpx.ReadTimeout):
             await c.post("/v1/chat/completions", json=chat_body("hello", max_tokens=3))

@@ -279,7 +279,9 @@ async def test_non_streaming_disconnect_aborts_too() -> None:
     prof = test_profile(decode_base_s=0.01)
     async with SimCluster(1, prof) as cluster:
         engine = cluster.engines[0]
-        async with httpx.AsyncClient(base_url=cluster.urls[0], timeout=0.2) as c:
+        async with httpx.AsyncClient(
+            base_url=cluster.urls[0], timeout=httpx.Timeout(5.0, read=0.2)
+        ) as c:
             with pytest.raises(httpx.ReadTimeout):
                 await c.post("/v1/chat/completions", json=chat_body(LONG, max_tokens=500))
         await eventually(lambda: engine.aborted == 1 and engine.blocks_in_use == 0)
